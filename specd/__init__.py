@@ -1,0 +1,3 @@
+"""specd: a local code-completion daemon with lossless speculative decoding."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,167 @@
+"""The ``specd`` command line.
+
+Each subcommand parses its flags here and hands off to the module that owns the work
+(engine, daemon, bench, demo). Heavy imports (torch, transformers) happen inside the
+handlers, so ``specd --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from specd import __version__
+from specd.config import ConfigError, load_config
+
+EXIT_USAGE = 2
+
+DESCRIPTION = """\
+specd keeps a code model pair (target + draft) resident and answers fill-in-the-middle
+completions with lossless speculative decoding: drafts come from a small draft model and
+from prompt lookup over your open buffers, and the target verifies them in one forward pass.
+
+Config: $XDG_CONFIG_HOME/specd/config.toml, overridden by SPECD_<SECTION>_<KEY> environment
+variables, overridden by flags. `specd doctor` shows the effective values and their sources.
+"""
+
+
+def _model_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--model", metavar="DIR_OR_ID", help="target model (local dir or hub id)")
+    group.add_argument("--draft-model", metavar="DIR_OR_ID", help="draft model sharing the target's tokenizer")
+    group.add_argument("--device", help="torch device: auto, cpu, cuda, cuda:N")
+    group.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weights dtype")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """CLI flags as config overrides (None means 'not given')."""
+    get = lambda name: getattr(args, name, None)  # noqa: E731
+    return {
+        "model.target": get("model"),
+        "model.draft": get("draft_model"),
+        "model.device": get("device"),
+        "model.dtype": get("dtype"),
+        "log.level": get("log_level"),
+        "daemon.socket": get("socket"),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specd", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"specd {__version__}")
+    parser.add_argument("--config", metavar="FILE", help="config file (default: $XDG_CONFIG_HOME/specd/config.toml)")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
+    parser.add_argument("--socket", metavar="PATH", help="daemon socket (default: $XDG_RUNTIME_DIR/specd/specd.sock)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="run the daemon in the foreground",
+                       description="Load the model pair once and serve completions on the local socket.")
+    _model_flags(p)
+    p.add_argument("--idle-unload", type=int, metavar="SECONDS", help="release models after this idle time (0 = never)")
+    p.add_argument("--tcp", metavar="HOST:PORT", help="also listen on loopback TCP (needs daemon.tcp_token)")
+
+    p = sub.add_parser("complete", help="complete a file at a position and print the completion",
+                       description="Complete FILE at --line/--col. Goes through a running daemon when one "
+                                   "answers (starting one unless --no-spawn or --local); --local runs the "
+                                   "engine in this process.")
+    p.add_argument("file", help="source file to complete in")
+    p.add_argument("--line", type=int, required=True, help="cursor line, 1-based")
+    p.add_argument("--col", type=int, required=True, help="cursor column in characters, 0-based")
+    _model_flags(p)
+    p.add_argument("--max-tokens", type=int, help="most tokens to generate")
+    p.add_argument("--no-draft", action="store_true", help="don't use the draft model")
+    p.add_argument("--no-lookup", action="store_true", help="don't use prompt lookup")
+    p.add_argument("--single-line", action="store_true", help="stop at the end of the line")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=int, help="sampling seed")
+    p.add_argument("--json", action="store_true", help="print a JSON object with text, prompt_ids, token_ids, stats")
+    p.add_argument("--local", action="store_true", help="run the engine in this process, no daemon")
+    p.add_argument("--no-spawn", action="store_true", help="don't start a daemon when none runs")
+
+    p = sub.add_parser("status", help="show the running daemon's state",
+                       description="Ask the daemon for its models, device, memory, caches, acceptance, latency.")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    sub.add_parser("stop", help="ask the running daemon to shut down gracefully")
+
+    p = sub.add_parser("bench", help="measure specd against HF generate, assisted generation and prompt lookup",
+                       description="Run workloads from real source files through plain HF generate(), HF "
+                                   "assisted generation, HF prompt lookup and specd (with ablations), side "
+                                   "by side on the same models and prompts; print ratios.")
+    _model_flags(p)
+    p.add_argument("--corpus", metavar="DIR", help="source files to build workloads from (default: held-out stdlib modules)")
+    p.add_argument("--workloads", default="line,edit_replay,cold", help="comma-separated: line, edit_replay, cold")
+    p.add_argument("--methods", help="comma-separated subset of methods to run")
+    p.add_argument("--limit", type=int, default=12, help="completions per workload")
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens per completion")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="PNG", help="write a latency CDF and speedup plot")
+    p.add_argument("--seed", type=int, default=0, help="workload sampling seed")
+
+    p = sub.add_parser("install-service", help="install the systemd user units",
+                       description="Write specd.socket and specd.service into the user unit directory.")
+    p.add_argument("--enable", action="store_true", help="also run systemctl --user daemon-reload and enable --now")
+    p.add_argument("--unit-dir", metavar="DIR", help="where to write (default: $XDG_CONFIG_HOME/systemd/user)")
+
+    p = sub.add_parser("doctor", help="print the effective config, the device, and whether the models load",
+                       description="Show each config value and where it came from, the torch device found, "
+                                   "and try loading the configured models.")
+    _model_flags(p)
+    p.add_argument("--no-load", action="store_true", help="skip loading the models")
+
+    p = sub.add_parser("train-demo", help="train the embedded demo model pair (CPU, about an hour)",
+                       description="Train a byte-level BPE tokenizer and a target + draft model pair on the "
+                                   "Python standard library (minus held-out modules) with a FIM objective.")
+    p.add_argument("--out", metavar="DIR", help="output directory (default: the package's demo folder)")
+    p.add_argument("--minutes", type=float, help="training time budget in minutes")
+    p.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _handler(command: str) -> Callable[[argparse.Namespace, Any], int]:
+    if command == "doctor":
+        from specd.doctor import run_doctor
+        return run_doctor
+    if command == "complete":
+        from specd.complete_cmd import run_complete
+        return run_complete
+    if command in ("serve", "status", "stop", "install-service"):
+        from specd.daemon import commands
+        return getattr(commands, command.replace("-", "_"))
+    if command == "bench":
+        from specd.bench.run import run_bench
+        return run_bench
+    if command == "train-demo":
+        from specd.demo.train import run_train_demo
+        return run_train_demo
+    raise AssertionError(command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        cfg = load_config(args.config, overrides=_overrides(args))
+    except ConfigError as err:
+        print(f"specd: config error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    from specd.logs import setup_logging
+
+    setup_logging(cfg["log.level"], cfg.log_file)
+    try:
+        return _handler(args.command)(args, cfg) or 0
+    except ConfigError as err:
+        print(f"specd: config error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
