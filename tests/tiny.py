@@ -1,0 +1,119 @@
+"""Tiny random-weight model pairs built in code, so no test downloads anything.
+
+``make_tiny_pair(root, arch)`` writes a byte-level BPE tokenizer with Qwen2.5-Coder-style FIM
+tokens and a target + draft model of the given architecture (llama, qwen2, gpt2) into
+``root/target`` and ``root/draft``, loadable with AutoModelForCausalLM / AutoTokenizer.
+
+Weights are drawn with a large init range so the next-token distribution is peaked: greedy
+equality tests then compare argmaxes that are not decided by float rounding noise.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+FIM_TOKENS = [
+    "<|endoftext|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+]
+
+CORPUS = Path(__file__).parent / "data" / "corpus"
+
+
+def corpus_texts() -> list[str]:
+    """Training text for the tiny tokenizer: our fixture sources plus a few stdlib files."""
+    import sysconfig
+
+    texts = [p.read_text(encoding="utf-8") for p in sorted(CORPUS.glob("*.py"))]
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for name in ("textwrap.py", "bisect.py", "colorsys.py", "fnmatch.py"):
+        path = stdlib / name
+        if path.exists():
+            texts.append(path.read_text(encoding="utf-8"))
+    texts.append("héllo wörld — 你好 🎉 ünïcödé\n")
+    return texts
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_json(vocab_size: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=FIM_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus_texts(), trainer=trainer)
+    return tok.to_str()
+
+
+def make_tokenizer(vocab_size: int = 512):
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_tokenizer_json(vocab_size)),
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=FIM_TOKENS[1:],
+    )
+    return tok
+
+
+def make_model(arch: str, vocab_size: int, hidden: int, layers: int, seed: int, init_range: float = 0.4):
+    import torch
+    from transformers import (
+        AutoModelForCausalLM,
+        GPT2Config,
+        LlamaConfig,
+        Qwen2Config,
+    )
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab_size, initializer_range=init_range, bos_token_id=0, eos_token_id=0)
+    if arch == "llama":
+        config = LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                             tie_word_embeddings=False, **common)
+    elif arch == "qwen2":
+        config = Qwen2Config(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                             tie_word_embeddings=True, **common)
+    elif arch == "gpt2":
+        config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=4096, **common)
+    else:
+        raise ValueError(arch)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # init_range alone leaves norms at 1 and biases at 0; spread the logits out
+        model.lm_head.weight.mul_(4.0) if not config.tie_word_embeddings else None
+    return model.eval()
+
+
+def make_tiny_pair(root: Path, arch: str = "llama", vocab_size: int = 512) -> tuple[Path, Path]:
+    """Write a tokenizer + target (4 layers) + draft (1 layer) of ``arch`` under root."""
+    root = Path(root)
+    tok = make_tokenizer(vocab_size)
+    vocab = len(tok)
+    for name, hidden, layers, seed in (("target", 64, 4, 1), ("draft", 32, 1, 2)):
+        out = root / name
+        if (out / "config.json").exists():
+            continue
+        model = make_model(arch, vocab, hidden, layers, seed)
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+    return root / "target", root / "draft"
+
+
+if __name__ == "__main__":
+    print(make_tiny_pair(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "llama"))
