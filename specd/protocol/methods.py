@@ -1,0 +1,38 @@
+"""Method names and the protocol version, defined once for the daemon, the client and the LSP."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+# Bumped when a method changes incompatibly; adding methods or optional fields does not bump it.
+PROTOCOL_VERSION = 1
+
+
+class Method(str, Enum):
+    HELLO = "hello"
+    OPEN = "open"
+    CHANGE = "change"
+    CLOSE = "close"
+    COMPLETE = "complete"
+    CANCEL = "cancel"
+    STATUS = "status"
+    SHUTDOWN = "shutdown"
+
+
+# Notification the daemon sends when it cannot tie an error to a request (undecodable bytes,
+# a message with no readable msgid, a refused connection): params [{"code", "message"}].
+ERROR_NOTIFICATION = "specd/error"
+
+# Position encodings a cursor or edit range may use for its ``character`` field, named as in
+# LSP's positionEncoding: utf-32 counts code points, utf-16 counts UTF-16 code units (LSP's
+# default), utf-8 counts bytes (Neovim's column).
+POSITION_ENCODINGS = ("utf-32", "utf-16", "utf-8")
+
+CAPABILITIES = (
+    "buffers",  # open/change/close with versions
+    "ranged_edits",
+    "cancel",
+    "supersede",  # a new complete for a document cancels its in-flight one
+    "stateless_complete",  # complete with text= and no open document
+    "extra_context",
+)

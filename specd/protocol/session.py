@@ -1,0 +1,225 @@
+"""One msgpack-rpc connection on asyncio streams, usable by either end.
+
+The read loop decodes frames, answers requests through ``handler`` (each in its own task, so
+a long ``complete`` never holds up a ``cancel`` on the same connection), routes responses to
+the requests this end sent, and passes notifications to ``on_notification``. Every handler
+exception becomes an error response carrying the request's own msgid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any, Awaitable, Callable
+
+from specd.protocol.errors import ErrorCode, RpcError
+from specd.protocol.framing import READ_CHUNK, FrameDecoder, FrameError, pack
+from specd.protocol.messages import (
+    MAX_MSGID,
+    InvalidMessage,
+    MessageType,
+    Notification,
+    Request,
+    Response,
+    parse_message,
+)
+from specd.protocol.methods import ERROR_NOTIFICATION
+
+log = logging.getLogger("specd.protocol")
+
+RequestHandler = Callable[[Request], Awaitable[Any]]
+NotificationHandler = Callable[[Notification], Awaitable[None] | None]
+
+# Requests one connection may have running at once; past it the session stops reading until
+# some finish, so a client that floods without reading cannot grow the daemon's memory.
+MAX_CONCURRENT_REQUESTS = 64
+
+# After the peer's EOF, how long requests already read may take to answer before being cut.
+ANSWER_GRACE_S = 5.0
+
+
+class Session:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        max_frame_bytes: int,
+        handler: RequestHandler | None = None,
+        on_notification: NotificationHandler | None = None,
+        name: str = "session",
+        on_eof: Callable[[], None] | None = None,
+    ):
+        self.reader = reader
+        self.writer = writer
+        self.handler = handler
+        self.on_notification = on_notification
+        self.on_eof = on_eof
+        self.name = name
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._msgids = itertools.cycle(range(1, MAX_MSGID + 1))
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
+        self._closed = False
+        self.close_reason: RpcError | None = None
+
+    # -- sending ---------------------------------------------------------------------------
+
+    def _write(self, obj: Any) -> None:
+        if self._closed or self.writer.is_closing():
+            return
+        self.writer.write(pack(obj))
+
+    async def _flush(self) -> None:
+        try:
+            await self.writer.drain()
+        except (ConnectionError, RuntimeError):
+            pass
+
+    async def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        """Send a request and wait for its result; raise RpcError for an error response."""
+        msgid, future = self.send_request(method, params)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise RpcError(ErrorCode.TIMEOUT, f"no answer to {method} within {timeout} s") from None
+        finally:
+            self._pending.pop(msgid, None)
+
+    def send_request(self, method: str, params: dict[str, Any] | None = None) -> tuple[int, asyncio.Future[Any]]:
+        if self._closed:
+            raise self.close_reason or RpcError(ErrorCode.CONNECTION_LOST, "connection closed")
+        msgid = next(self._msgids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[msgid] = future
+        self._write(Request(msgid, method, params or {}).to_wire())
+        return msgid, future
+
+    async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        self._write(Notification(method, params or {}).to_wire())
+        await self._flush()
+
+    async def send_error_notification(self, error: RpcError) -> None:
+        await self.notify(ERROR_NOTIFICATION, error.to_wire())
+
+    # -- receiving -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve the connection until EOF, a broken stream or ``close()``."""
+        try:
+            while not self._closed:
+                try:
+                    data = await self.reader.read(READ_CHUNK)
+                except (ConnectionError, OSError):
+                    break
+                if not data:
+                    break
+                try:
+                    objects = self._decoder.feed(data)
+                except FrameError as err:
+                    # The stream cannot be resynchronised after undecodable bytes: say why, close.
+                    self.close_reason = RpcError(err.code, err.message)
+                    await self.send_error_notification(self.close_reason)
+                    break
+                for obj in objects:
+                    await self._dispatch(obj)
+        finally:
+            # The peer stopped sending (or broke the stream). Let the owner cancel this peer's
+            # work, give the requests already taken a moment to answer (a client that only
+            # half-closed still reads them), then close.
+            if self.on_eof is not None:
+                self.on_eof()
+            await self._settle(ANSWER_GRACE_S)
+            await self.close()
+
+    async def _settle(self, timeout: float) -> None:
+        if not self._tasks:
+            return
+        _, still_running = await asyncio.wait(list(self._tasks), timeout=timeout)
+        for task in still_running:
+            task.cancel()
+        if still_running:
+            await asyncio.wait(still_running, timeout=1.0)
+
+    async def _dispatch(self, obj: Any) -> None:
+        try:
+            message = parse_message(obj)
+        except InvalidMessage as err:
+            if err.msgid is not None:
+                self._write(Response(err.msgid, err.to_wire(), None).to_wire())
+                await self._flush()
+            else:
+                await self.send_error_notification(err)
+            return
+        if isinstance(message, Request):
+            await self._slots.acquire()
+            task = asyncio.create_task(self._answer(message), name=f"{self.name}:{message.method}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif isinstance(message, Response):
+            future = self._pending.pop(message.msgid, None)
+            if future is None or future.done():
+                log.debug("%s: response to unknown msgid %s", self.name, message.msgid)
+            elif message.error is not None:
+                future.set_exception(RpcError.from_wire(message.error))
+            else:
+                future.set_result(message.result)
+        elif self.on_notification is not None:
+            try:
+                outcome = self.on_notification(message)
+                if asyncio.iscoroutine(outcome):
+                    await outcome
+            except Exception:  # a notification has nobody to answer: log it and go on
+                log.exception("%s: notification %s failed", self.name, message.method)
+
+    async def _answer(self, request: Request) -> None:
+        try:
+            if self.handler is None:
+                raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"this end serves no methods ({request.method})")
+            result = await self.handler(request)
+            response = Response(request.msgid, None, result)
+        except RpcError as err:
+            response = Response(request.msgid, err.to_wire(), None)
+        except asyncio.CancelledError:
+            response = Response(request.msgid, RpcError(ErrorCode.CANCELLED, "request cancelled").to_wire(), None)
+        except Exception as err:  # every handler failure still answers the request
+            log.exception("%s: %s failed", self.name, request.method)
+            error = RpcError(ErrorCode.INTERNAL_ERROR, f"{type(err).__name__}: {err}")
+            response = Response(request.msgid, error.to_wire(), None)
+        finally:
+            self._slots.release()
+        try:
+            self._write(response.to_wire())
+        except (TypeError, ValueError, OverflowError) as err:  # a result msgpack cannot carry
+            log.error("%s: cannot encode the result of %s: %s", self.name, request.method, err)
+            error = RpcError(ErrorCode.INTERNAL_ERROR, f"result not encodable: {err}")
+            self._write(Response(request.msgid, error.to_wire(), None).to_wire())
+        await self._flush()
+
+    # -- closing ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def wait_answered(self) -> None:
+        """Wait until every request this end is answering has been answered."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        reason = self.close_reason or RpcError(ErrorCode.CONNECTION_LOST, "connection closed")
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(reason)
+        self._pending.clear()
+        try:
+            self.writer.close()
+            await self.writer.wait_closed()
+        except (ConnectionError, OSError, RuntimeError):
+            pass
