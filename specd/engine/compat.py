@@ -1,0 +1,70 @@
+"""Every transformers call whose spelling changes between versions lives here.
+
+Supported: transformers 5.x. Known differences handled:
+- the cache keyword of ``forward``: ``past_key_values`` (5.0 - 5.2x) became ``cache`` (later 5.x);
+- ``DynamicCache.crop`` takes a negative count of tokens to drop in 5.x (4.x took a length);
+- ``DynamicCache(config=...)`` builds per-layer caches (sliding-window layers included).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg(model_cls: type) -> str:
+    params = inspect.signature(model_cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+@functools.lru_cache(maxsize=None)
+def _accepts(model_cls: type, name: str) -> bool:
+    return name in inspect.signature(model_cls.forward).parameters
+
+
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def cache_length(cache: DynamicCache) -> int:
+    return int(cache.get_seq_length())
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` positions. A rollback is a crop, never a recompute."""
+    drop = cache_length(cache) - length
+    if drop < 0:
+        raise ValueError(f"cannot crop a cache of {cache_length(cache)} tokens to {length}")
+    if drop:
+        cache.crop(-drop)
+
+
+def cache_nbytes(cache: DynamicCache) -> int:
+    total = 0
+    for layer in getattr(cache, "layers", []):
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+@torch.inference_mode()
+def forward(model: PreTrainedModel, input_ids: torch.Tensor, cache: DynamicCache, last_only: bool = False) -> torch.Tensor:
+    """Run ``input_ids`` [1, T] after what ``cache`` holds; return float32 logits [T, V] (or [1, V])."""
+    past = cache_length(cache)
+    positions = torch.arange(past, past + input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+    kwargs = {_cache_kwarg(type(model)): cache, "use_cache": True, "position_ids": positions}
+    if last_only and _accepts(type(model), "logits_to_keep"):
+        kwargs["logits_to_keep"] = 1
+    out = model(input_ids=input_ids, **kwargs)
+    logits = out.logits[0]
+    return (logits[-1:] if last_only else logits).float()
+
+
+def is_oom(err: BaseException) -> bool:
+    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()

@@ -1,0 +1,91 @@
+"""Drafters propose tokens; the target verifies them. One interface, no branching on type.
+
+``propose(seq, k) -> Draft``: up to k tokens to follow ``seq``. ``Draft.probs`` holds the
+drafter's distribution q for each token (the draft model), or None for a deterministic
+proposal (prompt lookup), which the verifier treats as a point mass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from specd.engine.kvcache import KVState
+from specd.engine.lookup import NgramIndex, lookup
+from specd.engine.sampling import SamplingParams, probabilities, sample
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    source: str
+    probs: torch.Tensor | None = None  # q: [len(tokens), V], None = deterministic
+    ngram: int = 0  # lookup: length of the matched n-gram
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY = Draft([], "none")
+
+
+class Drafter(Protocol):
+    def propose(self, seq: Sequence[int], k: int) -> Draft: ...
+
+
+class LookupDrafter:
+    """Longest n-gram match of the context's tail: the context itself (the current document's
+    prompt plus what has been generated), then other open buffers, then the workspace corpus."""
+
+    def __init__(self, context_index: NgramIndex, others: Sequence[tuple[str, NgramIndex]]):
+        self.context_index = context_index
+        self.others = list(others)
+
+    def propose(self, seq: Sequence[int], k: int) -> Draft:
+        self.context_index.sync(seq)  # incremental: only the newly accepted tokens are indexed
+        match = lookup(seq, k, [("lookup:current", self.context_index), *self.others])
+        if match is None:
+            return EMPTY
+        return Draft(match.tokens, match.source, None, match.ngram)
+
+
+class ModelDrafter:
+    """Chain from the draft model; stops early when its confidence falls below a threshold."""
+
+    source = "draft"
+
+    def __init__(self, state: KVState, vocab_size: int, sampling: SamplingParams, confidence: float,
+                 generator: torch.Generator | None = None):
+        self.state = state
+        self.vocab_size = vocab_size  # the target's: q must index the same token ids as p
+        self.sampling = sampling
+        self.confidence = confidence
+        self.generator = generator
+
+    def _fit_vocab(self, q: torch.Tensor) -> torch.Tensor:
+        if q.shape[-1] == self.vocab_size:
+            return q
+        if q.shape[-1] > self.vocab_size:
+            q = q[..., : self.vocab_size]
+            return q / q.sum(-1, keepdim=True)
+        return torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[-1]))
+
+    def propose(self, seq: Sequence[int], k: int) -> Draft:
+        if k <= 0:
+            return EMPTY
+        logits = self.state.logits_after(seq)  # [1, V]
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        while True:
+            q = self._fit_vocab(probabilities(logits[-1], self.sampling))  # [V]
+            token = sample(q, self.sampling, self.generator)
+            if tokens and q[token].item() < self.confidence:
+                break
+            tokens.append(token)
+            probs.append(q)
+            if len(tokens) == k:
+                break
+            logits = self.state.extend([token], last_only=True)
+        return Draft(tokens, self.source, torch.stack(probs))

@@ -1,0 +1,300 @@
+"""The engine: a resident model pair, open documents, per-document KV caches, completions.
+
+Thread model: ``complete``, ``release`` and ``ensure_loaded`` run on one thread (the daemon's
+model worker). Document methods (``open_document`` ...) may be called from any thread; they
+only swap texts under a lock, and the token indexes are rebuilt lazily by the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable
+
+import torch
+
+from specd.engine import compat
+from specd.engine.decode import AdaptiveLength, DraftPlanner, speculative_decode
+from specd.engine.drafters import LookupDrafter, ModelDrafter
+from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
+from specd.engine.lookup import NgramIndex
+from specd.engine.models import ModelPair, load_pair
+from specd.engine.prompt import FimTemplate, PromptBuilder, detect_family
+from specd.engine.sampling import SamplingParams
+from specd.engine.stops import StopRules
+from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, SourceStats
+
+log = logging.getLogger(__name__)
+
+MAX_OTHER_BUFFERS = 8  # open buffers searched by lookup, most recently edited first
+ANONYMOUS = "<anonymous>"
+
+
+@dataclass
+class EngineOptions:
+    target: str = ""
+    draft: str = ""
+    device: str = "auto"
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    fim_family: str = "auto"
+    max_tokens: int = 128
+    prefix_tokens: int = 1536
+    suffix_tokens: int = 512
+    use_draft_model: bool = True
+    use_lookup: bool = True
+    kv_reuse: bool = True
+    draft_max: int = 8
+    lookup_max: int = 16
+    draft_confidence: float = 0.3
+    cache_budget_mb: int = 2048
+    time_budget_ms: int = 5000
+
+    @classmethod
+    def from_config(cls, cfg) -> "EngineOptions":
+        values = {**cfg.section("model"), **cfg.section("engine")}
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@dataclass
+class _Document:
+    text: str
+    version: int = 0
+    updated: float = field(default_factory=time.monotonic)
+    index: NgramIndex | None = None  # tokens of the whole text, built on first use
+    index_version: int = -1
+
+
+class Engine:
+    def __init__(self, options: EngineOptions, pair: ModelPair | None = None,
+                 loader: Callable[[EngineOptions], ModelPair] | None = None):
+        self.options = options
+        self._loader = loader or _load_from_options
+        self._docs: dict[str, _Document] = {}
+        self._corpus: dict[str, _Document] = {}
+        self._lock = threading.Lock()
+        self.caches = CacheStore(options.cache_budget_mb * 1024 * 1024)
+        self.totals: dict[str, SourceStats] = {}
+        self.requests = 0
+        self.oom_retries = 0
+        self.pair: ModelPair | None = None
+        self.template: FimTemplate | None = None
+        if pair is not None:
+            self._install(pair)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, cfg) -> "Engine":
+        engine = cls(EngineOptions.from_config(cfg))
+        engine.ensure_loaded()
+        return engine
+
+    def _install(self, pair: ModelPair) -> None:
+        self.pair = pair
+        self.template = detect_family(pair.tokenizer, pair.target_name, self.options.fim_family)
+        self.prompts = PromptBuilder(pair.tokenizer, self.template, self.options.prefix_tokens,
+                                     self.options.suffix_tokens)
+        self.stop_ids = self.prompts.stop_ids()
+        self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
+        log.info("engine ready: target %s, draft %s, FIM family %s, device %s",
+                 pair.target_name, pair.draft_name, self.template.name, pair.device)
+
+    @property
+    def loaded(self) -> bool:
+        return self.pair is not None
+
+    def ensure_loaded(self) -> None:
+        if self.pair is None:
+            self._install(self._loader(self.options))
+
+    def release(self) -> None:
+        """Drop models and caches (idle policy); documents stay. ``ensure_loaded`` reloads."""
+        self.caches.clear()
+        self.pair = None
+        with self._lock:
+            for doc in (*self._docs.values(), *self._corpus.values()):
+                doc.index, doc.index_version = None, -1
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # -- documents -------------------------------------------------------------------------
+
+    def open_document(self, uri: str, text: str) -> None:
+        with self._lock:
+            self._docs[uri] = _Document(text)
+
+    def update_document(self, uri: str, text: str) -> None:
+        with self._lock:
+            doc = self._docs.get(uri)
+            if doc is None:
+                self._docs[uri] = _Document(text)
+            elif doc.text != text:
+                doc.text, doc.version, doc.updated = text, doc.version + 1, time.monotonic()
+
+    def close_document(self, uri: str) -> None:
+        with self._lock:
+            self._docs.pop(uri, None)
+        self.caches.drop(uri)
+
+    def set_corpus_file(self, name: str, text: str | None) -> None:
+        """Extra lookup corpus (workspace files); ``None`` removes one."""
+        with self._lock:
+            if text is None:
+                self._corpus.pop(name, None)
+            else:
+                self._corpus[name] = _Document(text)
+
+    def document_text(self, uri: str) -> str | None:
+        with self._lock:
+            doc = self._docs.get(uri)
+            return doc.text if doc else None
+
+    def _index_of(self, doc: _Document) -> NgramIndex:
+        if doc.index is None or doc.index_version != doc.version:
+            doc.index = NgramIndex(self.prompts.encode(doc.text))
+            doc.index_version = doc.version
+        return doc.index
+
+    def _lookup_sources(self, current: str | None) -> list[tuple[str, NgramIndex]]:
+        with self._lock:
+            others = sorted((d for u, d in self._docs.items() if u != current), key=lambda d: -d.updated)
+            corpus = list(self._corpus.values())
+        sources = [("lookup:open", self._index_of(d)) for d in others[:MAX_OTHER_BUFFERS]]
+        return sources + [("lookup:workspace", self._index_of(d)) for d in corpus]
+
+    # -- completion ------------------------------------------------------------------------
+
+    def complete(self, req: CompletionRequest, cancel: threading.Event | None = None) -> CompletionResult:
+        self.ensure_loaded()
+        text = req.text if req.text is not None else (self.document_text(req.uri) if req.uri else None)
+        if text is None:
+            raise EngineError(f"document {req.uri!r} is not open and no text was given")
+        offset = len(text) if req.offset is None else req.offset
+        if not 0 <= offset <= len(text):
+            raise EngineError(f"cursor offset {offset} is out of range 0..{len(text)}")
+        try:
+            return self._complete(req, text, offset, cancel)
+        except Exception as err:
+            if not compat.is_oom(err):
+                raise
+            # Out of memory: drop every other document's cache and this one's, retry once.
+            self.oom_retries += 1
+            log.warning("out of memory during completion; evicting caches and retrying once")
+            self.caches.evict_except(None)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            try:
+                return self._complete(req, text, offset, cancel)
+            except Exception as again:
+                if compat.is_oom(again):
+                    self.caches.clear()
+                    raise EngineError("out of memory even after evicting all caches; "
+                                      "lower engine.prefix_tokens or use a smaller model") from None
+                raise
+
+    def _option(self, value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    def _complete(self, req: CompletionRequest, text: str, offset: int,
+                  cancel: threading.Event | None) -> CompletionResult:
+        started = time.monotonic()
+        pair, opts = self.pair, self.options
+        use_draft = self._option(req.use_draft_model, opts.use_draft_model) and pair.draft is not None
+        use_lookup = self._option(req.use_lookup, opts.use_lookup)
+        kv_reuse = self._option(req.kv_reuse, opts.kv_reuse)
+        max_tokens = max(1, self._option(req.max_tokens, opts.max_tokens))
+        budget_s = self._option(req.time_budget_ms, opts.time_budget_ms) / 1000.0
+        sampling = SamplingParams(max(0.0, req.temperature), req.top_p)
+        generator = None
+        if not sampling.greedy:
+            generator = torch.Generator().manual_seed(req.seed if req.seed is not None
+                                                      else int(time.time_ns() % 2**31))
+
+        prompt = self.prompts.build(text, offset, req.extra_context, req.path or req.uri)
+        key = req.uri or ANONYMOUS
+        state = self.caches.get(key) if kv_reuse and req.uri else None
+        if state is None:
+            state = DocumentState(KVState(pair.target), KVState(pair.draft) if pair.draft is not None else None)
+        # Prefill: the target must hold prompt[:-1]; reuse the longest common prefix.
+        reused = min(common_prefix(state.target.ids, prompt.ids), len(prompt.ids) - 1)
+        state.target.rollback(reused)
+        if len(prompt.ids) - 1 > reused:
+            state.target.extend(prompt.ids[reused:-1], last_only=True)
+        prefill_s = time.monotonic() - started
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("completion cancelled")
+
+        lookup = LookupDrafter(state.context_index, self._lookup_sources(req.uri)) if use_lookup else None
+        model = None
+        if use_draft:
+            model = ModelDrafter(state.draft, self.vocab_size, sampling, opts.draft_confidence, generator)
+        planner = DraftPlanner(lookup, model, AdaptiveLength(min(4, opts.draft_max), opts.draft_max),
+                               AdaptiveLength(opts.lookup_max, opts.lookup_max))
+        stop = StopRules(pair.tokenizer, self.stop_ids, req.single_line,
+                         prompt.indent if req.stop_at_block_end else None)
+        target_forwards_before = state.target.forwards
+        draft_forwards_before = state.draft.forwards if state.draft else 0
+        outcome = speculative_decode(state.target, list(prompt.ids), planner, sampling, max_tokens, stop,
+                                     deadline=started + budget_s, cancel=cancel, generator=generator)
+        if kv_reuse and req.uri:
+            self.caches.put(key, state)
+            self.caches.enforce_budget(keep=key)
+        self.requests += 1
+        for name, s in planner.stats.items():
+            total = self.totals.setdefault(name, SourceStats())
+            total.proposed += s.proposed
+            total.accepted += s.accepted
+            total.steps += s.steps
+        total_s = time.monotonic() - started
+        return CompletionResult(
+            text=stop.text(),
+            token_ids=outcome.tokens,
+            prompt_ids=list(prompt.ids),
+            stop_reason=outcome.stop_reason,
+            target_forwards=outcome.target_forwards,
+            draft_forwards=(state.draft.forwards - draft_forwards_before) if state.draft else 0,
+            prefill_computed=len(prompt.ids) - 1 - reused,
+            prefill_reused=reused,
+            sources=planner.stats,
+            prefill_ms=prefill_s * 1000,
+            first_token_ms=(prefill_s + outcome.first_token_s) * 1000,
+            total_ms=total_s * 1000,
+        )
+
+    # -- reporting -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        info = self.pair.describe() if self.pair else {"target": self.options.target or "demo", "draft": self.options.draft}
+        return {
+            "loaded": self.loaded,
+            "models": info,
+            "fim_family": self.template.name if self.template else None,
+            "documents": len(self._docs),
+            "corpus_files": len(self._corpus),
+            "cache": {"documents": len(self.caches), "bytes": self.caches.nbytes(),
+                      "budget_bytes": self.caches.budget_bytes, "evictions": self.caches.evictions},
+            "requests": self.requests,
+            "oom_retries": self.oom_retries,
+            "acceptance": {name: {"proposed": s.proposed, "accepted": s.accepted, "rate": round(s.rate, 4)}
+                           for name, s in self.totals.items()},
+        }
+
+
+def _load_from_options(options: EngineOptions) -> ModelPair:
+    target, draft = options.target, options.draft
+    if not target:
+        from specd.demo import demo_pair_paths
+
+        paths = demo_pair_paths()
+        if paths is None:
+            raise ModelLoadError("no model configured (model.target) and the embedded demo pair is not "
+                                 "built; set model.target to a local dir or hub id, or run `specd train-demo`")
+        log.warning("no model configured: using the embedded demo pair (a tiny model trained on the Python "
+                    "standard library). Set model.target / model.draft in %s for a real code model, "
+                    "e.g. Qwen/Qwen2.5-Coder-1.5B with Qwen/Qwen2.5-Coder-0.5B as draft.", "config.toml")
+        target, draft = str(paths[0]), draft or str(paths[1])
+    return load_pair(target, draft or None, options.device, options.dtype, options.trust_remote_code)

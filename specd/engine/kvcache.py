@@ -1,0 +1,142 @@
+"""KV state of one model for one token sequence, and the per-document LRU that holds them.
+
+``KVState`` is the small explicit cache object the decode loop works with: it knows which token
+ids its cache holds (``ids``), extends by running new tokens, and rolls back by cropping.
+Invariant: ``len(state.ids) == cache length``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from specd.engine import compat
+from specd.engine.lookup import NgramIndex
+
+log = logging.getLogger(__name__)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the usual case, compared at C speed
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class KVState:
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+        self.device = model.device
+        self.cache = compat.new_cache(model)
+        self.ids: list[int] = []
+        self.forwards = 0
+
+    def rollback(self, length: int) -> None:
+        """Forget everything after the first ``length`` tokens (a crop, not a recompute)."""
+        if length < len(self.ids):
+            compat.crop_cache(self.cache, length)
+            del self.ids[length:]
+
+    def extend(self, new_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
+        """Run ``new_ids`` after the held tokens; logits [len(new_ids), V] (or [1, V] when last_only)."""
+        input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
+        logits = compat.forward(self.model, input_ids, self.cache, last_only=last_only)
+        self.ids.extend(new_ids)
+        self.forwards += 1
+        return logits
+
+    def sync(self, seq: Sequence[int], last_only: bool = True) -> torch.Tensor | None:
+        """Make the cache hold exactly ``seq``: reuse the common prefix, run the rest.
+
+        Returns the logits of the tokens run (None when nothing needed running).
+        """
+        keep = common_prefix(self.ids, seq)
+        self.rollback(keep)
+        if keep == len(seq):
+            return None
+        return self.extend(seq[keep:], last_only=last_only)
+
+    def logits_after(self, seq: Sequence[int]) -> torch.Tensor:
+        """Logits [1, V] for the token after ``seq``, reusing whatever prefix the cache holds."""
+        self.rollback(min(common_prefix(self.ids, seq), len(seq) - 1))
+        return self.extend(seq[len(self.ids):], last_only=True)
+
+    def nbytes(self) -> int:
+        return compat.cache_nbytes(self.cache)
+
+    def reset(self) -> None:
+        self.cache = compat.new_cache(self.model)
+        self.ids = []
+
+
+@dataclass
+class DocumentState:
+    """What the engine keeps per document between requests: both models' KV states."""
+
+    target: KVState
+    draft: KVState | None
+    context_index: NgramIndex = field(default_factory=NgramIndex)  # lookup index of the last context
+    last_used: float = field(default_factory=time.monotonic)
+
+    def nbytes(self) -> int:
+        return self.target.nbytes() + (self.draft.nbytes() if self.draft else 0)
+
+
+class CacheStore:
+    """LRU of DocumentState under a byte budget. The state in use is never evicted."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = budget_bytes
+        self._docs: OrderedDict[str, DocumentState] = OrderedDict()
+        self.evictions = 0
+
+    def get(self, key: str) -> DocumentState | None:
+        state = self._docs.get(key)
+        if state is not None:
+            self._docs.move_to_end(key)
+            state.last_used = time.monotonic()
+        return state
+
+    def put(self, key: str, state: DocumentState) -> None:
+        self._docs[key] = state
+        self._docs.move_to_end(key)
+
+    def drop(self, key: str) -> None:
+        self._docs.pop(key, None)
+
+    def clear(self) -> None:
+        self._docs.clear()
+
+    def evict_except(self, keep: str | None) -> int:
+        """Evict every document but ``keep``; returns how many went (the OOM path)."""
+        victims = [k for k in self._docs if k != keep]
+        for key in victims:
+            del self._docs[key]
+        self.evictions += len(victims)
+        return len(victims)
+
+    def enforce_budget(self, keep: str | None = None) -> None:
+        total = self.nbytes()
+        for key in list(self._docs):
+            if total <= self.budget_bytes:
+                break
+            if key == keep:
+                continue
+            total -= self._docs.pop(key).nbytes()
+            self.evictions += 1
+            log.debug("evicted KV cache of %s (budget %d bytes)", key, self.budget_bytes)
+
+    def nbytes(self) -> int:
+        return sum(state.nbytes() for state in self._docs.values())
+
+    def __len__(self) -> int:
+        return len(self._docs)

@@ -1,0 +1,212 @@
+"""Fill-in-the-middle prompts: templates per model family (data), detection, token windows.
+
+Prompt layout is chosen so typing at the cursor invalidates as little KV cache as possible:
+extra context chunks first (stable across keystrokes), then, for families trained suffix-first
+(SPM), the suffix before the prefix, so a keystroke only changes the prompt's tail. The prefix
+window starts on a line that is a multiple of ``WINDOW_STEP_LINES``, so the start moves in
+coarse jumps instead of sliding with every character.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specd.engine.types import ContextChunk, EngineError
+
+PREFIX, SUFFIX = "{prefix}", "{suffix}"
+WINDOW_STEP_LINES = 32
+CHARS_PER_TOKEN_CAP = 12  # no tokenizer packs more chars than this into a token, on average
+
+
+@dataclass(frozen=True)
+class FimTemplate:
+    name: str
+    psm: tuple[str, ...]  # parts: special-token strings and the PREFIX / SUFFIX placeholders
+    spm: tuple[str, ...] | None = None  # suffix-first layout, when the family was trained on it
+    stop_tokens: tuple[str, ...] = ()
+    repo_name: str | None = None  # repo-level context, Qwen2.5-Coder / StarCoder2 style
+    file_sep: str | None = None
+    bos: bool = False  # prepend the tokenizer's BOS token
+    marker: str | None = None  # a vocabulary entry that identifies the family
+
+    def layout(self, suffix_first: bool) -> tuple[str, ...]:
+        return self.spm if suffix_first and self.spm else self.psm
+
+
+_QWEN_STOPS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|im_end|>",
+               "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+TEMPLATES: dict[str, FimTemplate] = {
+    "qwen": FimTemplate(
+        "qwen", ("<|fim_prefix|>", PREFIX, "<|fim_suffix|>", SUFFIX, "<|fim_middle|>"),
+        stop_tokens=_QWEN_STOPS, repo_name="<|repo_name|>", file_sep="<|file_sep|>", marker="<|fim_prefix|>"),
+    # The embedded demo pair: Qwen tokens, trained on both PSM and SPM.
+    "demo": FimTemplate(
+        "demo", ("<|fim_prefix|>", PREFIX, "<|fim_suffix|>", SUFFIX, "<|fim_middle|>"),
+        spm=("<|fim_suffix|>", SUFFIX, "<|fim_prefix|>", PREFIX, "<|fim_middle|>"),
+        stop_tokens=_QWEN_STOPS, repo_name="<|repo_name|>", file_sep="<|file_sep|>"),
+    "starcoder": FimTemplate(
+        "starcoder", ("<fim_prefix>", PREFIX, "<fim_suffix>", SUFFIX, "<fim_middle>"),
+        stop_tokens=("<|endoftext|>", "<file_sep>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>"),
+        repo_name="<repo_name>", file_sep="<file_sep>", marker="<fim_prefix>"),
+    "deepseek": FimTemplate(
+        "deepseek", ("<｜fim▁begin｜>", PREFIX, "<｜fim▁hole｜>", SUFFIX, "<｜fim▁end｜>"),
+        stop_tokens=("<｜end▁of▁sentence｜>", "<|EOT|>", "<｜fim▁begin｜>"), bos=True, marker="<｜fim▁begin｜>"),
+    "codellama": FimTemplate(
+        "codellama", ("▁<PRE>", "▁", PREFIX, "▁<SUF>", SUFFIX, "▁<MID>"),
+        stop_tokens=("▁<EOT>", "</s>"), bos=True, marker="▁<PRE>"),
+    "codestral": FimTemplate(
+        "codestral", ("[SUFFIX]", SUFFIX, "[PREFIX]", PREFIX),
+        stop_tokens=("</s>",), bos=True, marker="[SUFFIX]"),
+    # Any causal LM without FIM tokens: complete from the prefix alone.
+    "plain": FimTemplate("plain", (PREFIX,), stop_tokens=()),
+}
+
+
+def detect_family(tokenizer, model_dir: str | None = None, override: str = "auto") -> FimTemplate:
+    """Family from config override, else a ``specd.json`` beside the weights, else the vocabulary."""
+    if override and override != "auto":
+        if override not in TEMPLATES:
+            raise EngineError(f"unknown FIM family {override!r} (known: {', '.join(TEMPLATES)})")
+        return TEMPLATES[override]
+    if model_dir and (Path(model_dir) / "specd.json").is_file():
+        meta = json.loads((Path(model_dir) / "specd.json").read_text(encoding="utf-8"))
+        if meta.get("fim_family") in TEMPLATES:
+            return TEMPLATES[meta["fim_family"]]
+    vocab = tokenizer.get_vocab()
+    for template in TEMPLATES.values():
+        if template.marker and template.marker in vocab:
+            return template
+    return TEMPLATES["plain"]
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    prefix_start: int  # char offset where the prefix window starts
+    suffix_end: int  # char offset where the suffix window ends
+    indent: str  # leading whitespace of the cursor's line (for the block-end stop rule)
+    cursor_line_tail: str = ""  # text after the cursor on its line
+    chunks_used: list[str] = field(default_factory=list)
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer, template: FimTemplate, prefix_tokens: int, suffix_tokens: int,
+                 extra_tokens: int = 512):
+        self.tokenizer = tokenizer
+        self.template = template
+        self.prefix_tokens = prefix_tokens
+        self.suffix_tokens = suffix_tokens
+        self.extra_tokens = extra_tokens
+        self.suffix_first = template.spm is not None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def special(self, token: str) -> list[int]:
+        token_id = self.tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == self.tokenizer.unk_token_id:
+            return self.encode(token)
+        return [token_id]
+
+    def stop_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        for token in self.template.stop_tokens:
+            token_id = self.tokenizer.convert_tokens_to_ids(token)
+            if token_id is not None and token_id != self.tokenizer.unk_token_id:
+                ids.add(token_id)
+        return ids
+
+    def _prefix_window(self, text: str, offset: int) -> tuple[int, list[int]]:
+        """Start offset (a line start on a coarse grid) and tokens of the prefix window."""
+        floor = max(0, offset - self.prefix_tokens * CHARS_PER_TOKEN_CAP)
+        # Anchors: starts of lines whose absolute number is on the grid, at or after the floor.
+        if floor == 0:
+            pos = 0
+        else:
+            newline = text.find("\n", floor - 1, offset)
+            pos = newline + 1 if newline >= 0 else -1
+        anchors: list[int] = []
+        line_no = text.count("\n", 0, pos) if pos >= 0 else 0
+        while 0 <= pos <= offset:
+            if line_no % WINDOW_STEP_LINES == 0:
+                anchors.append(pos)
+            newline = text.find("\n", pos, offset)
+            if newline < 0:
+                break
+            pos, line_no = newline + 1, line_no + 1
+        if anchors:
+            # One encode with offsets estimates every anchor's token count; then exact encodes
+            # from the first anchor estimated to fit (usually one).
+            first = anchors[0]
+            spans = self.tokenizer(text[first:offset], add_special_tokens=False,
+                                   return_offsets_mapping=True)["offset_mapping"]
+            starts = [s for s, _ in spans]
+            for i, start in enumerate(anchors):
+                estimate = len(starts) - bisect.bisect_left(starts, start - first)
+                if estimate > self.prefix_tokens + 2:
+                    continue
+                ids = self.encode(text[start:offset])
+                if len(ids) <= self.prefix_tokens:
+                    return start, ids
+        # The last grid stretch alone is over budget: take the tokens nearest the cursor.
+        start = anchors[-1] if anchors else floor
+        ids = self.encode(text[start:offset])
+        return start, ids[-self.prefix_tokens:]
+
+    def _suffix_window(self, text: str, offset: int) -> tuple[int, list[int]]:
+        if self.suffix_tokens == 0 or offset >= len(text):
+            return offset, []
+        end = min(len(text), offset + self.suffix_tokens * CHARS_PER_TOKEN_CAP)
+        while True:
+            ids = self.encode(text[offset:end])
+            if len(ids) <= self.suffix_tokens or end <= offset:
+                return end, ids
+            # Cut at a line end, shrinking in proportion to the overshoot.
+            target = offset + int((end - offset) * self.suffix_tokens / len(ids) * 0.95)
+            newline = text.rfind("\n", offset, target)
+            end = newline + 1 if newline > offset else target
+
+    def _context_ids(self, chunks: list[ContextChunk], path: str | None) -> tuple[list[int], list[str]]:
+        if not chunks or not self.template.file_sep:
+            return [], []
+        ids: list[int] = []
+        used: list[str] = []
+        for chunk in chunks:
+            piece = self.special(self.template.file_sep) + self.encode(f"{chunk.path}\n{chunk.text}\n")
+            if len(ids) + len(piece) > self.extra_tokens:
+                continue
+            ids += piece
+            used.append(chunk.path)
+        if ids:
+            ids = self.special(self.template.repo_name) + self.encode("workspace\n") + ids if self.template.repo_name else ids
+            ids += self.special(self.template.file_sep) + self.encode(f"{path or 'current'}\n")
+        return ids, used
+
+    def build(self, text: str, offset: int, chunks: list[ContextChunk] | None = None,
+              path: str | None = None) -> Prompt:
+        if not 0 <= offset <= len(text):
+            raise EngineError(f"cursor offset {offset} is out of range 0..{len(text)}")
+        prefix_start, prefix_ids = self._prefix_window(text, offset)
+        suffix_end, suffix_ids = self._suffix_window(text, offset)
+        context_ids, used = self._context_ids(chunks or [], path)
+        ids: list[int] = []
+        if self.template.bos and self.tokenizer.bos_token_id is not None:
+            ids.append(self.tokenizer.bos_token_id)
+        ids += context_ids
+        for part in self.template.layout(self.suffix_first):
+            if part == PREFIX:
+                ids += prefix_ids
+            elif part == SUFFIX:
+                ids += suffix_ids
+            else:
+                ids += self.special(part)
+        line_start = text.rfind("\n", 0, offset) + 1
+        line = text[line_start:offset]
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        line_end = text.find("\n", offset)
+        tail = text[offset: line_end if line_end >= 0 else len(text)]
+        return Prompt(ids, prefix_start, suffix_end, indent, tail, used)
