@@ -31,9 +31,10 @@ class ErrorCode(str, Enum):
     ENGINE_ERROR = "engine_error"
     MODEL_LOAD_ERROR = "model_load_error"
     SHUTTING_DOWN = "shutting_down"
-    # Client side only: no answer came in time, or the daemon went away.
+    # Client side only: no answer came in time, the daemon went away, or none runs.
     TIMEOUT = "timeout"
     CONNECTION_LOST = "connection_lost"
+    DAEMON_UNAVAILABLE = "daemon_unavailable"  # nothing answers at the socket (and none could be started)
     INTERNAL_ERROR = "internal_error"
 
 

@@ -1,0 +1,423 @@
+"""A small client for the daemon's socket API, synchronous and asyncio.
+
+    from specd.client import Client
+    with Client.connect_unix(cfg.socket_path) as client:
+        client.open_document("file:///x.py", text)
+        result = client.complete(uri="file:///x.py", cursor={"line": 3, "character": 8})
+
+``Client`` is for the CLI, scripts and tests (a reader thread resolves replies, so several
+threads may share one client and ``cancel`` can be sent while a ``complete`` waits).
+``AsyncClient`` is the same API on asyncio for the LSP front end. ``ensure_daemon`` connects,
+or starts ``python -m specd serve`` detached and waits for its socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from specd.protocol.errors import ErrorCode, RpcError
+from specd.protocol.framing import READ_CHUNK, FrameDecoder, FrameError, pack
+from specd.protocol.messages import MAX_MSGID, InvalidMessage, Notification, Request, Response, parse_message
+from specd.protocol.methods import ERROR_NOTIFICATION, Method
+from specd.protocol.session import Session
+
+log = logging.getLogger("specd.client")
+
+# Replies can carry long completions plus stats; the client side allows more than a request.
+CLIENT_MAX_FRAME = 64 * 1024 * 1024
+CONNECT_TIMEOUT_S = 5.0
+SPAWN_TIMEOUT_S = 60.0  # for the socket to answer; model loading happens after that
+
+
+class DaemonUnavailable(RpcError):
+    """Nothing answers at the socket, and no daemon could be (or was allowed to be) started."""
+
+    def __init__(self, message: str):
+        super().__init__(ErrorCode.DAEMON_UNAVAILABLE, message)
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}
+
+
+class _Methods:
+    """The daemon's methods as calls; ``request`` is sync in Client, a coroutine in AsyncClient."""
+
+    def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        raise NotImplementedError
+
+    def hello(self, client: str = "specd.client", token: str | None = None, timeout: float | None = 10.0):
+        return self.request(Method.HELLO.value, _params(client=client, token=token), timeout)
+
+    def open_document(self, uri: str, text: str, version: int = 0, language: str | None = None,
+                      timeout: float | None = 30.0):
+        return self.request(Method.OPEN.value, _params(uri=uri, text=text, version=version, language=language), timeout)
+
+    def change_document(self, uri: str, version: int | None = None, *, text: str | None = None,
+                        edits: list[dict[str, Any]] | None = None, encoding: str | None = None,
+                        timeout: float | None = 30.0):
+        return self.request(
+            Method.CHANGE.value, _params(uri=uri, version=version, text=text, edits=edits, encoding=encoding), timeout
+        )
+
+    def close_document(self, uri: str, timeout: float | None = 10.0):
+        return self.request(Method.CLOSE.value, {"uri": uri}, timeout)
+
+    def complete(self, uri: str | None = None, cursor: Any = None, *, text: str | None = None,
+                 options: dict[str, Any] | None = None, extra_context: list[dict[str, str]] | None = None,
+                 path: str | None = None, encoding: str | None = None, timeout: float | None = 300.0):
+        params = _params(uri=uri, cursor=cursor, text=text, options=options, extra_context=extra_context,
+                         path=path, encoding=encoding)
+        return self.request(Method.COMPLETE.value, params, timeout)
+
+    def cancel(self, msgid: int | None = None, uri: str | None = None, timeout: float | None = 10.0):
+        return self.request(Method.CANCEL.value, _params(msgid=msgid, uri=uri), timeout)
+
+    def status(self, timeout: float | None = 10.0):
+        return self.request(Method.STATUS.value, {}, timeout)
+
+    def shutdown(self, timeout: float | None = 30.0):
+        return self.request(Method.SHUTDOWN.value, {}, timeout)
+
+
+# -- synchronous -------------------------------------------------------------------------------
+
+
+class Client(_Methods):
+    def __init__(self, sock: socket.socket, *, max_frame_bytes: int = CLIENT_MAX_FRAME):
+        self.sock = sock
+        self.sock.settimeout(None)
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._pending: dict[int, concurrent.futures.Future[Any]] = {}
+        self._msgids = itertools.cycle(range(1, MAX_MSGID + 1))
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self.server_error: RpcError | None = None  # last specd/error notification (why we were refused)
+        self.notifications: list[Notification] = []
+        self._reader = threading.Thread(target=self._read_loop, name="specd-client-reader", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def connect_unix(cls, path: str | os.PathLike[str], timeout: float = CONNECT_TIMEOUT_S) -> Client:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(os.fspath(path))
+        except OSError as err:
+            sock.close()
+            raise DaemonUnavailable(f"no daemon at {path}: {err.strerror or err}") from None
+        return cls(sock)
+
+    @classmethod
+    def connect_tcp(cls, host: str, port: int, token: str, timeout: float = CONNECT_TIMEOUT_S) -> Client:
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as err:
+            raise DaemonUnavailable(f"no daemon at {host}:{port}: {err.strerror or err}") from None
+        client = cls(sock)
+        client.hello(token=token)
+        return client
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def send_request(self, method: str, params: dict[str, Any] | None = None) -> tuple[int, concurrent.futures.Future[Any]]:
+        """Send without waiting: (msgid, future). For concurrent requests and ``cancel(msgid)``."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise self.server_error or RpcError(ErrorCode.CONNECTION_LOST, "connection closed")
+            msgid = next(self._msgids)
+            self._pending[msgid] = future
+        try:
+            self._send(Request(msgid, str(method.value if isinstance(method, Method) else method), params or {}).to_wire())
+        except OSError as err:
+            with self._lock:
+                self._pending.pop(msgid, None)
+            raise RpcError(ErrorCode.CONNECTION_LOST, f"cannot send: {err}") from None
+        return msgid, future
+
+    def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        msgid, future = self.send_request(method, params)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise RpcError(ErrorCode.TIMEOUT, f"no answer to {method} within {timeout} s") from None
+        finally:
+            with self._lock:
+                self._pending.pop(msgid, None)
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        self._send(Notification(str(method.value if isinstance(method, Method) else method), params or {}).to_wire())
+
+    def send_raw(self, data: bytes) -> None:
+        """Write bytes as they are (tests use it to send malformed frames)."""
+        with self._send_lock:
+            self.sock.sendall(data)
+
+    def _send(self, obj: Any) -> None:
+        self.send_raw(pack(obj))
+
+    def _read_loop(self) -> None:
+        reason: RpcError | None = None
+        try:
+            while True:
+                data = self.sock.recv(READ_CHUNK)
+                if not data:
+                    break
+                for obj in self._decoder.feed(data):
+                    self._receive(obj)
+        except FrameError as err:
+            reason = RpcError(err.code, f"bad reply from the daemon: {err.message}")
+        except OSError:
+            pass
+        self._fail_pending(reason or self.server_error or RpcError(ErrorCode.CONNECTION_LOST, "the daemon closed the connection"))
+
+    def _receive(self, obj: Any) -> None:
+        try:
+            message = parse_message(obj)
+        except InvalidMessage:
+            log.debug("ignoring a malformed message from the daemon: %r", obj)
+            return
+        if isinstance(message, Response):
+            with self._lock:
+                future = self._pending.pop(message.msgid, None)
+            if future is None or future.done():
+                return
+            if message.error is not None:
+                future.set_exception(RpcError.from_wire(message.error))
+            else:
+                future.set_result(message.result)
+        elif isinstance(message, Notification):
+            if message.method == ERROR_NOTIFICATION:
+                self.server_error = RpcError.from_wire(message.params)
+            self.notifications.append(message)
+            del self.notifications[:-100]
+
+    def _fail_pending(self, reason: RpcError) -> None:
+        with self._lock:
+            self._closed = True
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(reason)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        if self._reader is not threading.current_thread():
+            self._reader.join(2)
+
+
+# -- asyncio -----------------------------------------------------------------------------------
+
+
+class AsyncClient(_Methods):
+    """The same calls on asyncio: ``await client.complete(...)``."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.server_error: RpcError | None = None
+        self.session = Session(
+            reader, writer, max_frame_bytes=CLIENT_MAX_FRAME, on_notification=self._on_notification, name="client"
+        )
+        self._runner = asyncio.create_task(self.session.run(), name="specd-client")
+
+    @classmethod
+    async def connect_unix(cls, path: str | os.PathLike[str], timeout: float = CONNECT_TIMEOUT_S) -> AsyncClient:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_unix_connection(os.fspath(path), limit=READ_CHUNK), timeout
+            )
+        except (OSError, asyncio.TimeoutError) as err:
+            raise DaemonUnavailable(f"no daemon at {path}: {getattr(err, 'strerror', None) or err or 'timeout'}") from None
+        return cls(reader, writer)
+
+    @classmethod
+    async def connect_tcp(cls, host: str, port: int, token: str, timeout: float = CONNECT_TIMEOUT_S) -> AsyncClient:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        except (OSError, asyncio.TimeoutError) as err:
+            raise DaemonUnavailable(f"no daemon at {host}:{port}: {err}") from None
+        client = cls(reader, writer)
+        await client.hello(token=token)
+        return client
+
+    def _on_notification(self, note: Notification) -> None:
+        if note.method == ERROR_NOTIFICATION:
+            self.server_error = RpcError.from_wire(note.params)
+            self.session.close_reason = self.server_error
+
+    async def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+        return await self.session.request(str(method.value if isinstance(method, Method) else method), params, timeout)
+
+    def send_request(self, method: str, params: dict[str, Any] | None = None) -> tuple[int, asyncio.Future[Any]]:
+        return self.session.send_request(str(method.value if isinstance(method, Method) else method), params)
+
+    async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        await self.session.notify(str(method.value if isinstance(method, Method) else method), params)
+
+    @property
+    def closed(self) -> bool:
+        return self.session.closed
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._runner)
+
+    async def close(self) -> None:
+        await self.session.close()
+        self._runner.cancel()
+        try:
+            await self._runner
+        except (asyncio.CancelledError, Exception):
+            pass
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+# -- finding or starting the daemon -------------------------------------------------------------
+
+
+def spawn_log_path(cfg: Any) -> Path:
+    from specd.config import state_dir
+
+    return state_dir() / "spawn.log"
+
+
+def _child_environment(cfg: Any) -> dict[str, str]:
+    """Our environment plus the config this process was given, so the daemon sees the same."""
+    env = dict(os.environ)
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+    if getattr(cfg, "file", None):
+        env["SPECD_CONFIG"] = str(cfg.file)
+    for dotted, source in getattr(cfg, "sources", {}).items():
+        if source == "command line":  # flags do not reach the child; environment overrides do
+            value = cfg[dotted]
+            env["SPECD_" + dotted.replace(".", "_").upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def spawn_daemon(cfg: Any) -> subprocess.Popen[bytes]:
+    """Start ``python -m specd serve`` in its own session, its stderr kept in the spawn log."""
+    log_path = spawn_log_path(cfg)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specd", "serve"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env=_child_environment(cfg),
+            cwd="/",
+            start_new_session=True,  # survives the editor or LSP process that started it
+            close_fds=True,
+        )
+    # Reap it whenever it exits, so a daemon that dies while we live leaves no zombie.
+    threading.Thread(target=proc.wait, name="specd-daemon-reaper", daemon=True).start()
+    return proc
+
+
+def last_spawn_error(cfg: Any) -> str:
+    """The last line the spawned daemon wrote to stderr (its one-line reason for exiting)."""
+    try:
+        lines = spawn_log_path(cfg).read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if line.startswith("specd:"):
+            return line
+    return lines[-1] if lines else ""
+
+
+def ensure_daemon(cfg: Any, spawn: bool = True, timeout: float = SPAWN_TIMEOUT_S) -> Client:
+    """Connect to the daemon at ``cfg.socket_path``, starting one first when none answers."""
+    path = Path(cfg.socket_path)
+    try:
+        return Client.connect_unix(path)
+    except DaemonUnavailable as err:
+        if not spawn:
+            raise DaemonUnavailable(f"{err.message} (start one with `specd serve`)") from None
+    proc = spawn_daemon(cfg)
+    deadline = time.monotonic() + timeout
+    delay = 0.02
+    while time.monotonic() < deadline:
+        try:
+            return Client.connect_unix(path)
+        except DaemonUnavailable:
+            pass
+        if proc.poll() is not None:
+            # It exited: maybe because another daemon won a start-up race (then it answers now).
+            try:
+                return Client.connect_unix(path)
+            except DaemonUnavailable:
+                reason = last_spawn_error(cfg) or f"exit status {proc.returncode}"
+                raise DaemonUnavailable(f"the daemon did not start: {reason} (log: {spawn_log_path(cfg)})") from None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+    raise DaemonUnavailable(f"no daemon answered at {path} within {timeout:.0f} s (log: {spawn_log_path(cfg)})")
+
+
+def complete_via_daemon(
+    cfg: Any,
+    text: str,
+    *,
+    line: int | None = None,
+    character: int | None = None,
+    offset: int | None = None,
+    path: str | os.PathLike[str] | None = None,
+    options: dict[str, Any] | None = None,
+    spawn: bool = True,
+    timeout: float = 300.0,
+) -> dict[str, Any]:
+    """Complete ``text`` at a cursor through the daemon and return the result map.
+
+    The cursor is ``offset`` (code points) or ``line`` + ``character`` (both 0-based, character
+    in code points). ``path`` names the file: it keys the daemon's per-document KV cache
+    (``file://`` URI) and appears in repo-level prompts. Raises RpcError (DaemonUnavailable
+    when nothing answers and ``spawn`` is off or the spawned daemon failed).
+    """
+    if offset is not None:
+        cursor: Any = {"offset": offset}
+    elif line is not None and character is not None:
+        cursor = {"line": line, "character": character}
+    else:
+        raise ValueError("give offset, or line and character")
+    uri = Path(path).resolve().as_uri() if path is not None else None
+    client = ensure_daemon(cfg, spawn=spawn)
+    try:
+        return client.complete(uri=uri, cursor=cursor, text=text, options=options,
+                               path=os.fspath(path) if path is not None else None, timeout=timeout)
+    except RpcError as err:
+        if err.code == ErrorCode.CONNECTION_LOST.value and (reason := last_spawn_error(cfg)):
+            raise RpcError(ErrorCode.CONNECTION_LOST, f"the daemon went away: {reason}") from None
+        raise
+    finally:
+        client.close()

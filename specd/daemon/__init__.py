@@ -1,0 +1,1 @@
+"""The specd daemon: socket server, model worker thread, open buffers, systemd integration."""

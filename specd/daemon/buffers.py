@@ -1,0 +1,251 @@
+"""Open documents: text + version, full or ranged edits, and cursor conversion.
+
+Everything here runs on the daemon's event loop; nothing is shared with the worker thread
+except immutable ``str`` snapshots. Positions follow LSP: lines are split at ``\\r\\n``, ``\\r``
+or ``\\n``, lines and characters count from 0, a character past the end of its line means the
+end of the line, and the unit of ``character`` is chosen per request (utf-32 = code points,
+utf-16 = LSP's default, utf-8 = bytes as Neovim counts columns).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from specd.protocol.errors import ErrorCode, RpcError
+from specd.protocol.methods import POSITION_ENCODINGS
+
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+def utf8_size(text: str, limit: int) -> int:
+    """UTF-8 length of ``text``, computed exactly only when it could be near ``limit``."""
+    if len(text) * 4 <= limit:
+        return len(text)  # surely under the limit; the exact figure is not needed
+    return len(text.encode("utf-8", errors="surrogatepass"))
+
+
+def _param_error(message: str) -> RpcError:
+    return RpcError(ErrorCode.INVALID_PARAMS, message)
+
+
+def _int(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _param_error(f"{name} must be an integer")
+    return value
+
+
+def check_encoding(value: Any) -> str:
+    if value is None:
+        return "utf-32"
+    if value not in POSITION_ENCODINGS:
+        raise _param_error(f"encoding must be one of {', '.join(POSITION_ENCODINGS)}")
+    return value
+
+
+class TextIndex:
+    """Line starts of one text, for position <-> offset conversion (built once per version)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self._starts: list[int] | None = None
+
+    @property
+    def line_starts(self) -> list[int]:
+        if self._starts is None:
+            self._starts = [0] + [m.end() for m in LINE_BREAK.finditer(self.text)]
+        return self._starts
+
+    def line_text(self, line: int) -> str:
+        starts = self.line_starts
+        end = starts[line + 1] if line + 1 < len(starts) else len(self.text)
+        return LINE_BREAK.sub("", self.text[starts[line]:end])  # without its line break
+
+    def offset(self, line: int, character: int, encoding: str = "utf-32") -> int:
+        """Code-point offset of a (line, character) position."""
+        starts = self.line_starts
+        if line < 0 or line >= len(starts):
+            raise RpcError(ErrorCode.OUT_OF_RANGE, f"line {line} outside the document (0..{len(starts) - 1})")
+        if character < 0:
+            raise RpcError(ErrorCode.OUT_OF_RANGE, f"character {character} is negative")
+        text = self.line_text(line)
+        if encoding == "utf-32":
+            chars = min(character, len(text))
+        elif encoding == "utf-16":
+            # A position inside a surrogate pair rounds down to the character's start.
+            units = text.encode("utf-16-le", errors="surrogatepass")[: 2 * character]
+            chars = len(units.decode("utf-16-le", errors="ignore"))
+        else:  # utf-8: a position inside a multi-byte character rounds down likewise
+            chars = len(text.encode("utf-8", errors="surrogatepass")[:character].decode("utf-8", errors="ignore"))
+        return starts[line] + chars
+
+    def position(self, offset: int) -> tuple[int, int]:
+        """(line, code-point character) of a code-point offset."""
+        line = bisect.bisect_right(self.line_starts, offset) - 1
+        return line, offset - self.line_starts[line]
+
+    def byte_offset_to_char(self, byte_offset: int) -> int:
+        data = self.text.encode("utf-8", errors="surrogatepass")
+        if byte_offset < 0 or byte_offset > len(data):
+            raise RpcError(ErrorCode.OUT_OF_RANGE, f"byte offset {byte_offset} outside the document (0..{len(data)})")
+        return len(data[:byte_offset].decode("utf-8", errors="ignore"))
+
+    def char_offset(self, offset: int) -> int:
+        if offset < 0 or offset > len(self.text):
+            raise RpcError(ErrorCode.OUT_OF_RANGE, f"offset {offset} outside the document (0..{len(self.text)})")
+        return offset
+
+
+def resolve_cursor(index: TextIndex, cursor: Any, encoding: Any = None) -> int:
+    """A cursor in any accepted form -> code-point offset into ``index.text``.
+
+    Accepted: an integer (code-point offset); ``{"offset": n}``; ``{"byte_offset": n}``;
+    ``{"line": l, "character": c}`` or ``{"line": l, "col": c}`` with an optional
+    ``"encoding"`` (utf-32 default, utf-16, utf-8).
+    """
+    if isinstance(cursor, int) and not isinstance(cursor, bool):
+        return index.char_offset(cursor)
+    if not isinstance(cursor, dict):
+        raise _param_error("cursor must be an integer offset or a map (offset, byte_offset, or line + character)")
+    encoding = check_encoding(cursor.get("encoding", encoding))
+    if "offset" in cursor:
+        return index.char_offset(_int(cursor["offset"], "cursor.offset"))
+    if "byte_offset" in cursor:
+        return index.byte_offset_to_char(_int(cursor["byte_offset"], "cursor.byte_offset"))
+    if "line" in cursor:
+        character = cursor.get("character", cursor.get("col"))
+        if character is None:
+            raise _param_error("cursor with a line needs a character (or col)")
+        return index.offset(_int(cursor["line"], "cursor.line"), _int(character, "cursor.character"), encoding)
+    raise _param_error("cursor needs offset, byte_offset, or line + character")
+
+
+@dataclass
+class Document:
+    uri: str
+    text: str
+    version: int
+    language: str | None = None
+    owners: set[int] = field(default_factory=set)  # connection ids that opened it
+    _index: TextIndex | None = None
+
+    @property
+    def index(self) -> TextIndex:
+        if self._index is None or self._index.text is not self.text:
+            self._index = TextIndex(self.text)
+        return self._index
+
+
+def apply_edits(text: str, edits: list[Any], encoding: str) -> str:
+    """Apply edits in order, each to the result of the one before (LSP's contentChanges)."""
+    for number, edit in enumerate(edits):
+        if not isinstance(edit, dict):
+            raise _param_error(f"edits[{number}] must be a map")
+        new_text = edit.get("text")
+        if not isinstance(new_text, str):
+            raise _param_error(f"edits[{number}].text must be a string")
+        if "range" in edit:
+            rng = edit["range"]
+            if not isinstance(rng, dict) or not isinstance(rng.get("start"), dict) or not isinstance(rng.get("end"), dict):
+                raise _param_error(f"edits[{number}].range must be {{start: {{line, character}}, end: {{line, character}}}}")
+            index = TextIndex(text)
+            start = resolve_cursor(index, rng["start"], encoding)
+            end = resolve_cursor(index, rng["end"], encoding)
+        elif "start" in edit or "end" in edit:
+            start = _int(edit.get("start"), f"edits[{number}].start")
+            end = _int(edit.get("end", start), f"edits[{number}].end")
+            for value in (start, end):
+                if value < 0 or value > len(text):
+                    raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: offset {value} outside the document (0..{len(text)})")
+        else:  # no range: the whole text
+            text = new_text
+            continue
+        if start > end:
+            raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: start {start} is after end {end}")
+        text = text[:start] + new_text + text[end:]
+    return text
+
+
+class BufferStore:
+    """The documents editors have open, bounded in count and size."""
+
+    def __init__(self, max_documents: int, max_document_bytes: int):
+        self.max_documents = max_documents
+        self.max_document_bytes = max_document_bytes
+        self.docs: dict[str, Document] = {}
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def total_chars(self) -> int:
+        return sum(len(doc.text) for doc in self.docs.values())
+
+    def check_size(self, text: str, what: str) -> None:
+        size = utf8_size(text, self.max_document_bytes)
+        if size > self.max_document_bytes:
+            raise RpcError(
+                ErrorCode.DOCUMENT_TOO_LARGE,
+                f"{what} is {size} bytes, over the limit of {self.max_document_bytes} (daemon.max_document_bytes)",
+                {"bytes": size, "limit": self.max_document_bytes},
+            )
+
+    def get(self, uri: str) -> Document:
+        doc = self.docs.get(uri)
+        if doc is None:
+            raise RpcError(ErrorCode.UNKNOWN_DOCUMENT, f"document {uri!r} is not open")
+        return doc
+
+    def open(self, uri: str, text: str, version: int, owner: int, language: str | None = None) -> Document:
+        """Open (or reopen, replacing text and version) a document."""
+        self.check_size(text, uri)
+        doc = self.docs.get(uri)
+        if doc is None:
+            if len(self.docs) >= self.max_documents:
+                raise RpcError(
+                    ErrorCode.TOO_MANY_DOCUMENTS,
+                    f"{len(self.docs)} documents are open, the limit (daemon.max_documents); close one first",
+                    {"limit": self.max_documents},
+                )
+            doc = self.docs[uri] = Document(uri, text, version, language)
+        else:
+            doc.text, doc.version = text, version
+            doc.language = language or doc.language
+        doc.owners.add(owner)
+        return doc
+
+    def change(self, uri: str, version: int | None, edits: list[Any] | None, text: str | None, encoding: str) -> Document:
+        """Apply a full text or ranged edits atomically: on any error the document is unchanged."""
+        doc = self.get(uri)
+        if version is not None and version <= doc.version:
+            raise RpcError(
+                ErrorCode.STALE_VERSION,
+                f"version {version} is not newer than the document's {doc.version}",
+                {"version": doc.version},
+            )
+        new_text = text if text is not None else apply_edits(doc.text, edits or [], encoding)
+        self.check_size(new_text, uri)
+        doc.text = new_text
+        doc.version = version if version is not None else doc.version + 1
+        return doc
+
+    def close(self, uri: str, owner: int) -> bool:
+        """Drop ``owner``'s hold on ``uri``; return True when the document is gone."""
+        doc = self.get(uri)
+        doc.owners.discard(owner)
+        if doc.owners:
+            return False
+        del self.docs[uri]
+        return True
+
+    def release_owner(self, owner: int) -> list[str]:
+        """A connection went away: close what only it held. Returns the closed URIs."""
+        closed = []
+        for uri, doc in list(self.docs.items()):
+            if owner in doc.owners:
+                doc.owners.discard(owner)
+                if not doc.owners:
+                    del self.docs[uri]
+                    closed.append(uri)
+        return closed

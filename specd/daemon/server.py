@@ -1,0 +1,759 @@
+"""The daemon: asyncio socket server in front of the model worker.
+
+One ``Daemon`` owns the listeners (a Unix socket, bound here or passed by systemd, and an
+optional loopback TCP listener that needs a token), the open buffers, the model worker and
+the per-request bookkeeping (supersede, cancel, latency). Handlers are short: validate the
+params, touch the buffers, submit a job, await it. The loop never waits on the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import fcntl
+import hmac
+import importlib
+import ipaddress
+import itertools
+import logging
+import os
+import signal
+import socket
+import stat
+import struct
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from specd import __version__
+from specd.daemon import systemd
+from specd.daemon.buffers import BufferStore, TextIndex, check_encoding, resolve_cursor
+from specd.daemon.worker import FAILED, LOADING, READY, STARTING, DocumentMirror, Job, ModelWorker
+from specd.protocol.errors import ErrorCode, RpcError
+from specd.protocol.messages import Notification, Request
+from specd.protocol.methods import CAPABILITIES, POSITION_ENCODINGS, PROTOCOL_VERSION, Method
+from specd.protocol.session import Session
+
+log = logging.getLogger("specd.daemon")
+
+# Test hook: "module:callable" building the engine from the config instead of specd.engine.
+ENGINE_FACTORY_ENV = "SPECD_TEST_ENGINE_FACTORY"
+
+LATENCY_WINDOW = 1000  # completions the latency percentiles are computed over
+SHUTDOWN_GRACE_S = 10.0  # beyond the time budget, how long a running completion may finish
+
+
+class StartupError(Exception):
+    """The daemon cannot start (socket in use, bad TCP config); the message is one line."""
+
+
+# -- sockets ------------------------------------------------------------------------------------
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The connecting process's uid from SO_PEERCRED (Linux), or None where unavailable."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return uid
+
+
+def prepare_socket_dir(path: Path) -> None:
+    """Create the socket's directory 0700, or check an existing one is ours and private."""
+    directory = path.parent
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = directory.stat()
+    if info.st_uid != os.getuid():
+        raise StartupError(f"{directory} belongs to uid {info.st_uid}, not to us (uid {os.getuid()})")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(directory, 0o700)
+
+
+def socket_is_live(path: Path, timeout: float = 1.0) -> bool:
+    """True when something accepts connections on the Unix socket at ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(timeout)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def bind_unix(path: Path) -> socket.socket:
+    """Bind a listening Unix socket with mode 0600, replacing a stale file a crashed daemon left."""
+    prepare_socket_dir(path)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise StartupError(f"{path} exists and is not a socket; not touching it")
+        if socket_is_live(path):
+            raise StartupError(f"another daemon is already serving {path}")
+        log.info("removing stale socket %s", path)
+        path.unlink()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket file is born 0600: no window where others could connect
+    try:
+        sock.bind(str(path))
+    except OSError as err:
+        sock.close()
+        raise StartupError(f"cannot bind {path}: {err.strerror}") from None
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    return sock
+
+
+def bind_tcp(spec: str) -> socket.socket:
+    """A loopback-only TCP listener for ``HOST:PORT``."""
+    host, sep, port_text = spec.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port_text.isdigit():
+        raise StartupError(f"daemon.tcp must be HOST:PORT, got {spec!r}")
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise StartupError(f"daemon.tcp host must be a loopback address, got {host!r}") from None
+    if not address.is_loopback:
+        raise StartupError(f"daemon.tcp host {host} is not a loopback address; specd only listens on loopback")
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port_text)))
+    except OSError as err:
+        sock.close()
+        raise StartupError(f"cannot listen on {spec}: {err.strerror}") from None
+    sock.listen(128)
+    return sock
+
+
+class RuntimeLock:
+    """An flock next to the socket, held for the daemon's life: one daemon per socket path."""
+
+    def __init__(self, socket_path: Path):
+        self.path = socket_path.with_name(socket_path.name + ".lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        prepare_socket_dir(self.path)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise StartupError(f"another specd daemon holds {self.path}") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# -- engine -------------------------------------------------------------------------------------
+
+
+def load_engine(cfg: Any) -> Any:
+    hook = os.environ.get(ENGINE_FACTORY_ENV)
+    if hook:
+        module_name, _, attr = hook.partition(":")
+        return getattr(importlib.import_module(module_name), attr)(cfg)
+    from specd.engine import Engine  # torch and transformers load here, in the worker thread
+
+    return Engine.from_config(cfg)
+
+
+def _error_code(err: BaseException) -> str:
+    code = getattr(err, "code", None)
+    return code if isinstance(code, str) else ErrorCode.ENGINE_ERROR.value
+
+
+# -- parameters ---------------------------------------------------------------------------------
+
+
+def _str(params: dict[str, Any], name: str, required: bool = True) -> str | None:
+    value = params.get(name)
+    if value is None and not required:
+        return None
+    if isinstance(value, bytes):  # tolerate msgpack bin from clients that do not mark strings
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} is not valid UTF-8") from None
+    if not isinstance(value, str):
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be a string")
+    return value
+
+
+def _opt_int(params: dict[str, Any], name: str, low: int | None = None, high: int | None = None) -> int | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be an integer")
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be between {low} and {high}")
+    return value
+
+
+def _opt_bool(params: dict[str, Any], name: str) -> bool | None:
+    value = params.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be a boolean")
+    return value
+
+
+def _opt_float(params: dict[str, Any], name: str, low: float, high: float) -> float | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (low <= value <= high):
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be a number between {low} and {high}")
+    return float(value)
+
+
+COMPLETE_OPTIONS = (
+    "max_tokens", "single_line", "stop_at_block_end", "temperature", "top_p", "seed",
+    "time_budget_ms", "use_draft_model", "use_lookup", "kv_reuse",
+)
+MAX_TOKENS_LIMIT = 4096
+
+
+def completion_options(options: Any) -> dict[str, Any]:
+    """Validate ``complete``'s options map into CompletionRequest keyword arguments."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise RpcError(ErrorCode.INVALID_PARAMS, "options must be a map")
+    unknown = sorted(str(key) for key in options if key not in COMPLETE_OPTIONS)
+    if unknown:
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"unknown option(s) {', '.join(unknown)}; known: {', '.join(COMPLETE_OPTIONS)}")
+    out: dict[str, Any] = {
+        "max_tokens": _opt_int(options, "max_tokens", 1, MAX_TOKENS_LIMIT),
+        "seed": _opt_int(options, "seed", 0, 2**63 - 1),
+        "time_budget_ms": _opt_int(options, "time_budget_ms", 1, 600_000),
+        "temperature": _opt_float(options, "temperature", 0.0, 100.0),
+        "top_p": _opt_float(options, "top_p", 0.0, 1.0),
+    }
+    for name in ("single_line", "stop_at_block_end", "use_draft_model", "use_lookup", "kv_reuse"):
+        out[name] = _opt_bool(options, name)
+    # Leave out what was not given, so the engine's and CompletionRequest's defaults apply.
+    return {key: value for key, value in out.items() if value is not None}
+
+
+# -- bookkeeping --------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Connection:
+    id: int
+    session: Session | None = None
+    transport: str = "unix"  # unix | tcp
+    uid: int | None = None
+    authenticated: bool = True  # TCP connections start False until hello presents the token
+    client: str = ""
+    jobs: dict[int, Job] = field(default_factory=dict)  # msgid -> running complete
+
+
+class LatencyWindow:
+    def __init__(self, size: int = LATENCY_WINDOW):
+        self.samples: collections.deque[float] = collections.deque(maxlen=size)
+
+    def add(self, ms: float) -> None:
+        self.samples.append(ms)
+
+    def summary(self) -> dict[str, Any]:
+        ordered = sorted(self.samples)
+        if not ordered:
+            return {"count": 0, "p50": None, "p95": None, "max": None}
+
+        def pick(q: float) -> float:
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+        return {"count": len(ordered), "p50": pick(0.50), "p95": pick(0.95), "max": round(ordered[-1], 2)}
+
+
+def process_memory() -> dict[str, Any]:
+    """This process's resident memory, MiB (current and peak)."""
+    out: dict[str, Any] = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    key = "rss_mb" if line.startswith("VmRSS") else "peak_rss_mb"
+                    out[key] = round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        import resource
+
+        out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return out
+
+
+# -- the daemon ---------------------------------------------------------------------------------
+
+
+class Daemon:
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        engine_factory: Callable[[], Any] | None = None,
+        allowed_uid: int | None = None,
+        idle_unload_s: float | None = None,
+        tcp: str | None = None,
+    ):
+        self.cfg = cfg
+        self.socket_path = Path(cfg.socket_path)
+        self.max_frame_bytes = cfg["daemon.max_frame_bytes"]
+        self.max_connections = cfg["daemon.max_connections"]
+        self.tcp_spec = cfg["daemon.tcp"] if tcp is None else tcp
+        self.tcp_token = cfg["daemon.tcp_token"]
+        self.allowed_uid = os.getuid() if allowed_uid is None else allowed_uid
+        self.buffers = BufferStore(cfg["daemon.max_documents"], cfg["daemon.max_document_bytes"])
+        idle = cfg["daemon.idle_unload_s"] if idle_unload_s is None else idle_unload_s
+        self.worker = ModelWorker(engine_factory or (lambda: load_engine(cfg)), idle, self._on_worker_state)
+        self.mirror = DocumentMirror(lambda: self.worker.engine)
+        self.connections: dict[int, Connection] = {}
+        self._ids = itertools.count(1)
+        self.jobs_by_uri: dict[str, Job] = {}
+        self.latency = LatencyWindow()
+        self.counts = collections.Counter()
+        self.started_at = time.time()
+        self.shutting_down = False
+        self.exit_code = 0
+        self._stop = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._servers: list[asyncio.base_events.Server] = []
+        self._bound_socket: tuple[Path, int] | None = None  # (path, inode) we must remove at exit
+        self._lock = RuntimeLock(self.socket_path)
+        self._ready_announced = False
+        self.handlers: dict[str, Callable[[Connection, dict[str, Any], Request], Awaitable[Any]]] = {
+            Method.HELLO: self.hello,
+            Method.OPEN: self.open,
+            Method.CHANGE: self.change,
+            Method.CLOSE: self.close,
+            Method.COMPLETE: self.complete,
+            Method.CANCEL: self.cancel,
+            Method.STATUS: self.status,
+            Method.SHUTDOWN: self.shutdown,
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _listeners(self, activated: list[socket.socket]) -> list[socket.socket]:
+        unix = [s for s in activated if s.family == socket.AF_UNIX]
+        inet = [s for s in activated if s.family in (socket.AF_INET, socket.AF_INET6)]
+        if not unix:
+            sock = bind_unix(self.socket_path)
+            self._bound_socket = (self.socket_path, self.socket_path.stat().st_ino)
+            unix = [sock]
+        if self.tcp_spec and not inet:
+            if not self.tcp_token:
+                raise StartupError("daemon.tcp is set but daemon.tcp_token is empty; a TCP listener needs a token")
+            inet = [bind_tcp(self.tcp_spec)]
+        for sock in unix + inet:
+            sock.setblocking(False)
+        return unix + inet
+
+    async def run(self, activated: list[socket.socket] | None = None) -> int:
+        """Serve until SIGTERM/SIGINT or the shutdown method; return the exit code."""
+        self._loop = asyncio.get_running_loop()
+        activated = systemd.listen_fds() if activated is None else activated
+        if not any(s.family == socket.AF_UNIX for s in activated):
+            self._lock.acquire()  # under socket activation systemd guarantees one instance
+        try:
+            listeners = self._listeners(activated)
+        except BaseException:
+            self._lock.release()
+            raise
+        for sock in listeners:
+            if sock.family == socket.AF_UNIX:
+                server = await asyncio.start_unix_server(self._accept_unix, sock=sock)
+            else:
+                server = await asyncio.start_server(self._accept_tcp, sock=sock)
+            self._servers.append(server)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(signum, self.request_stop, f"signal {signal.Signals(signum).name}")
+        log.info("listening on %s%s (pid %d)", self.socket_path, " (socket-activated)" if activated else "", os.getpid())
+        systemd.notify("STATUS=loading models")
+        self.mirror.start()
+        self.worker.start()
+        watchdog = asyncio.create_task(self._watchdog())
+        try:
+            await self._stop.wait()
+        finally:
+            watchdog.cancel()
+            await self._shutdown()
+        return self.exit_code
+
+    def request_stop(self, why: str = "shutdown", exit_code: int = 0) -> None:
+        if not self._stop.is_set():
+            log.info("stopping: %s", why)
+            self.exit_code = exit_code
+        self._stop.set()
+
+    def _on_worker_state(self, state: str) -> None:
+        """Called on the worker thread; hop to the loop."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._state_changed, state)
+
+    def _state_changed(self, state: str) -> None:
+        if state == READY:
+            systemd.notify("STATUS=ready")
+            if not self._ready_announced:
+                self._ready_announced = True
+                systemd.notify("READY=1")
+                log.info("models loaded in %.1f s; ready", self.worker.load_seconds or 0.0)
+                self.mirror.replay({uri: doc.text for uri, doc in self.buffers.docs.items()})
+        elif state == FAILED:
+            message = f"cannot load models: {self.worker.load_error}"
+            print(f"specd: {message}", file=sys.stderr, flush=True)
+            systemd.notify(f"STATUS={message}")
+            self.request_stop("model load failed", exit_code=1)
+        elif state == LOADING:
+            systemd.notify("STATUS=loading models")
+        else:
+            systemd.notify(f"STATUS={state}")
+
+    async def _watchdog(self) -> None:
+        interval = systemd.watchdog_interval()
+        if interval is None:
+            return
+        while True:
+            # The ping says "the loop turns and the model thread lives"; a wedged loop stops it.
+            if self.worker.is_alive() or self.worker.state in (STARTING, LOADING):
+                systemd.notify("WATCHDOG=1")
+            await asyncio.sleep(interval)
+
+    async def _shutdown(self) -> None:
+        self.shutting_down = True
+        systemd.notify("STOPPING=1")
+        for server in self._servers:
+            server.close()
+        self._remove_socket_file()
+        # Queued work is refused now; the running completion gets a bounded time to finish.
+        self.worker._drain_queue()
+        current = self.worker.current
+        if current is not None:
+            budget_s = self.cfg["engine.time_budget_ms"] / 1000 + SHUTDOWN_GRACE_S
+            await asyncio.wait([asyncio.wrap_future(current.future)], timeout=budget_s)
+            current.request_cancel("the daemon is shutting down")
+        sessions = [c.session for c in self.connections.values() if c.session is not None]
+        if sessions:
+            await asyncio.wait([asyncio.create_task(s.wait_answered()) for s in sessions], timeout=5)
+        for session in sessions:
+            await session.close()
+        await asyncio.to_thread(self.worker.stop, 10)
+        self.mirror.stop()
+        self._lock.release()
+        log.info("stopped")
+
+    def _remove_socket_file(self) -> None:
+        """Remove the socket we bound, unless something else has replaced it meanwhile."""
+        if self._bound_socket is None:
+            return  # socket-activated: systemd owns the file
+        path, inode = self._bound_socket
+        try:
+            if path.stat().st_ino == inode:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+        self._bound_socket = None
+
+    # -- connections -----------------------------------------------------------------------
+
+    async def _accept_unix(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        uid = peer_uid(sock) if sock is not None else None
+        if uid is not None and uid != self.allowed_uid:
+            log.warning("refused a connection from uid %s (serving uid %s)", uid, self.allowed_uid)
+            await self._refuse(writer, RpcError(ErrorCode.UNAUTHORIZED, f"uid {uid} may not use this daemon"))
+            return
+        await self._serve(reader, writer, Connection(next(self._ids), transport="unix", uid=uid))
+
+    async def _accept_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._serve(reader, writer, Connection(next(self._ids), transport="tcp", authenticated=False))
+
+    async def _refuse(self, writer: asyncio.StreamWriter, error: RpcError) -> None:
+        from specd.protocol.framing import pack
+        from specd.protocol.methods import ERROR_NOTIFICATION
+
+        try:
+            writer.write(pack(Notification(ERROR_NOTIFICATION, error.to_wire()).to_wire()))
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Connection) -> None:
+        if self.shutting_down:
+            await self._refuse(writer, RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down"))
+            return
+        if len(self.connections) >= self.max_connections:
+            await self._refuse(writer, RpcError(
+                ErrorCode.TOO_MANY_CONNECTIONS,
+                f"{len(self.connections)} clients are connected, the limit (daemon.max_connections)",
+            ))
+            return
+        conn.session = Session(
+            reader, writer,
+            max_frame_bytes=self.max_frame_bytes,
+            handler=lambda request: self._dispatch(conn, request),
+            on_notification=lambda note: self._notification(conn, note),
+            on_eof=lambda: self._disconnected(conn),
+            name=f"conn{conn.id}",
+        )
+        self.connections[conn.id] = conn
+        log.debug("conn%d: connected (%s, uid %s)", conn.id, conn.transport, conn.uid)
+        try:
+            await conn.session.run()
+        finally:
+            self.connections.pop(conn.id, None)
+            for uri in self.buffers.release_owner(conn.id):
+                self.mirror.close(uri)
+            log.debug("conn%d: closed", conn.id)
+
+    def _disconnected(self, conn: Connection) -> None:
+        for job in list(conn.jobs.values()):
+            job.request_cancel("the client disconnected")
+
+    async def _dispatch(self, conn: Connection, request: Request) -> Any:
+        handler = self.handlers.get(request.method)
+        if handler is None:
+            raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"no method {request.method!r}; known: {', '.join(m.value for m in Method)}")
+        if not conn.authenticated and request.method != Method.HELLO:
+            raise RpcError(ErrorCode.UNAUTHORIZED, "send hello with the token first (TCP connections need daemon.tcp_token)")
+        if self.shutting_down and request.method not in (Method.STATUS, Method.HELLO):
+            raise RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
+        return await handler(conn, request.params, request)
+
+    async def _notification(self, conn: Connection, note: Notification) -> None:
+        # Notifications have no answer; only cancel makes sense as one (Neovim's rpcnotify).
+        if note.method == Method.CANCEL and conn.authenticated:
+            await self.cancel(conn, note.params, None)
+        else:
+            log.debug("conn%d: ignored notification %s", conn.id, note.method)
+
+    # -- methods ---------------------------------------------------------------------------
+
+    def _models(self) -> dict[str, Any]:
+        return {"target": self.cfg["model.target"] or "demo", "draft": self.cfg["model.draft"] or None}
+
+    async def hello(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        if conn.transport == "tcp" and not conn.authenticated:
+            token = params.get("token")
+            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.tcp_token.encode()):
+                assert conn.session is not None
+                # Answer, then drop the connection: a wrong token gets one try per connection.
+                asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(conn.session.close()))
+                raise RpcError(ErrorCode.UNAUTHORIZED, "missing or wrong token")
+            conn.authenticated = True
+        client = params.get("client")
+        conn.client = client if isinstance(client, str) else ""
+        return {
+            "server": "specd",
+            "version": __version__,
+            "protocol": PROTOCOL_VERSION,
+            "pid": os.getpid(),
+            "capabilities": list(CAPABILITIES),
+            "methods": [m.value for m in Method],
+            "position_encodings": list(POSITION_ENCODINGS),
+            "models": self._models(),
+            "state": self.worker.state,
+            "limits": {
+                "max_frame_bytes": self.max_frame_bytes,
+                "max_document_bytes": self.buffers.max_document_bytes,
+                "max_documents": self.buffers.max_documents,
+                "max_connections": self.max_connections,
+            },
+        }
+
+    async def open(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        uri = _str(params, "uri")
+        text = _str(params, "text")
+        version = _opt_int(params, "version", 0, 2**63 - 1) or 0
+        language = _str(params, "language", required=False)
+        doc = self.buffers.open(uri, text, version, conn.id, language)
+        self.mirror.set(uri, doc.text)
+        return {"uri": uri, "version": doc.version}
+
+    async def change(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        uri = _str(params, "uri")
+        version = _opt_int(params, "version", 0, 2**63 - 1)
+        text = _str(params, "text", required=False)
+        edits = params.get("edits")
+        if (text is None) == (edits is None):
+            raise RpcError(ErrorCode.INVALID_PARAMS, "change needs exactly one of text (full) or edits (ranged)")
+        if edits is not None and not isinstance(edits, list):
+            raise RpcError(ErrorCode.INVALID_PARAMS, "edits must be an array")
+        encoding = check_encoding(params.get("encoding"))
+        doc = self.buffers.change(uri, version, edits, text, encoding)
+        self.mirror.set(uri, doc.text)
+        return {"uri": uri, "version": doc.version}
+
+    async def close(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        uri = _str(params, "uri")
+        closed = self.buffers.close(uri, conn.id)
+        if closed:
+            self.mirror.close(uri)
+            job = self.jobs_by_uri.get(uri)
+            if job is not None:
+                job.request_cancel("the document was closed")
+        return {"uri": uri, "closed": closed}
+
+    def _completion_request(self, params: dict[str, Any]) -> tuple[Any, int | None]:
+        from specd.engine.types import CompletionRequest, ContextChunk
+
+        uri = _str(params, "uri", required=False)
+        text = _str(params, "text", required=False)
+        version = None
+        if text is None:
+            if uri is None:
+                raise RpcError(ErrorCode.INVALID_PARAMS, "complete needs uri (an open document) or text")
+            doc = self.buffers.get(uri)
+            text, version, index = doc.text, doc.version, doc.index
+        else:
+            self.buffers.check_size(text, "text")
+            index = TextIndex(text)
+        if "cursor" not in params:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "complete needs a cursor")
+        offset = resolve_cursor(index, params["cursor"], params.get("encoding"))
+        extra = params.get("extra_context") or []
+        if not isinstance(extra, list):
+            raise RpcError(ErrorCode.INVALID_PARAMS, "extra_context must be an array of {path, text}")
+        chunks = []
+        for number, item in enumerate(extra):
+            if not isinstance(item, dict):
+                raise RpcError(ErrorCode.INVALID_PARAMS, f"extra_context[{number}] must be a map {{path, text}}")
+            chunk_text = _str(item, "text")
+            self.buffers.check_size(chunk_text, f"extra_context[{number}]")
+            chunks.append(ContextChunk(path=_str(item, "path"), text=chunk_text))
+        request = CompletionRequest(
+            uri=uri,
+            text=text,
+            offset=offset,
+            path=_str(params, "path", required=False),
+            extra_context=chunks,
+            **completion_options(params.get("options")),
+        )
+        return request, version
+
+    async def complete(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        req, version = self._completion_request(params)
+        received = time.monotonic()
+        msgid = request.msgid if request is not None else 0
+        job = Job(fn=lambda engine, cancel: engine.complete(req, cancel).to_dict(), label=f"complete {req.uri or '<text>'}", key=req.uri)
+        if req.uri is not None:
+            previous = self.jobs_by_uri.get(req.uri)
+            if previous is not None:
+                previous.request_cancel(f"superseded by a newer complete for {req.uri}")
+                self.counts["superseded"] += 1
+            self.jobs_by_uri[req.uri] = job
+        conn.jobs[msgid] = job
+        self.worker.submit(job)
+        try:
+            result = await asyncio.wrap_future(job.future)
+        except (asyncio.CancelledError, Exception) as err:
+            if isinstance(err, asyncio.CancelledError):  # this request's task was cut (connection closing)
+                job.request_cancel(job.cancel_reason or "the request was cancelled")
+            self.counts["cancelled" if job.cancel.is_set() else "failed"] += 1
+            if job.cancel.is_set() or isinstance(err, asyncio.CancelledError) or _error_code(err) == ErrorCode.CANCELLED:
+                raise RpcError(ErrorCode.CANCELLED, job.cancel_reason or "cancelled") from None
+            if isinstance(err, RpcError):
+                raise
+            raise RpcError(_error_code(err), str(err) or type(err).__name__) from None
+        finally:
+            conn.jobs.pop(msgid, None)
+            if req.uri is not None and self.jobs_by_uri.get(req.uri) is job:
+                del self.jobs_by_uri[req.uri]
+        done = time.monotonic()
+        self.latency.add((done - received) * 1000)
+        self.counts["completed"] += 1
+        started = job.started_at or received
+        result.update(
+            uri=req.uri,
+            version=version,
+            offset=req.offset,
+            queued_ms=round((started - received) * 1000, 2),
+            latency_ms=round((done - received) * 1000, 2),
+        )
+        return result
+
+    async def cancel(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        msgid = _opt_int(params, "msgid", 0, 2**32 - 1)
+        uri = _str(params, "uri", required=False)
+        if msgid is None and uri is None:
+            raise RpcError(ErrorCode.INVALID_PARAMS, "cancel needs msgid (of a complete on this connection) or uri")
+        targets = []
+        if msgid is not None and msgid in conn.jobs:
+            targets.append(conn.jobs[msgid])
+        if uri is not None and uri in self.jobs_by_uri:
+            targets.append(self.jobs_by_uri[uri])
+        for job in targets:
+            job.request_cancel("cancelled by the client")
+        return {"cancelled": len(targets)}
+
+    async def status(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        engine_stats: dict[str, Any] = {}
+        engine = self.worker.engine
+        if engine is not None:
+            try:  # off the loop: stats may walk caches; a failure must not fail status
+                engine_stats = await asyncio.wait_for(asyncio.to_thread(engine.stats), timeout=5)
+            except Exception as err:
+                engine_stats = {"error": f"{type(err).__name__}: {err}"}
+        current = self.worker.current
+        out = {
+            "state": self.worker.state,
+            "pid": os.getpid(),
+            "version": __version__,
+            "protocol": PROTOCOL_VERSION,
+            "socket": str(self.socket_path),
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "loaded_at": self.worker.loaded_at,
+            "load_seconds": self.worker.load_seconds,
+            "idle_unload_s": self.worker.idle_unload_s,
+            "models": engine_stats.get("models", self._models()),
+            "device": engine_stats.get("device"),
+            "dtype": engine_stats.get("dtype"),
+            "memory": {**process_memory(), **({"device": engine_stats["memory"]} if "memory" in engine_stats else {})},
+            "cache": engine_stats.get("cache"),
+            "acceptance": engine_stats.get("acceptance"),
+            "latency_ms": self.latency.summary(),
+            "requests": {
+                "completed": self.counts["completed"],
+                "cancelled": self.counts["cancelled"],
+                "failed": self.counts["failed"],
+                "superseded": self.counts["superseded"],
+                "queued": self.worker.queued(),
+                "running": current.label if current is not None else None,
+            },
+            "documents": {"open": len(self.buffers), "chars": self.buffers.total_chars()},
+            "connections": len(self.connections),
+            "engine": engine_stats,
+        }
+        if self.worker.load_error is not None:
+            out["last_error"] = str(self.worker.load_error)
+        return out
+
+    async def shutdown(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        # The graceful path waits for this very answer to be written before closing sessions.
+        self.request_stop(f"shutdown requested by conn{conn.id}")
+        return {"ok": True}
+
+
+async def serve_forever(cfg: Any, **kwargs: Any) -> int:
+    return await Daemon(cfg, **kwargs).run()

@@ -1,0 +1,260 @@
+"""The one thread that does model work, and the thread that mirrors buffers into the engine.
+
+``ModelWorker`` owns the engine: it loads it, runs jobs one at a time in arrival order,
+releases the models after an idle period and reloads them for the next job. The event loop
+only submits jobs and awaits their futures, so it never blocks on the model.
+
+A job carries a ``threading.Event`` the engine polls between decoding steps; setting it
+(``cancel``/supersede/disconnect/shutdown) makes ``engine.complete`` raise ``Cancelled``. A job
+cancelled before it starts never reaches the engine: its future is cancelled at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger("specd.worker")
+
+# Worker states, as `status` reports them.
+STARTING = "starting"
+LOADING = "loading"
+READY = "ready"
+UNLOADED = "unloaded"
+FAILED = "failed"  # the first load failed; the daemon exits
+STOPPED = "stopped"
+
+EngineFactory = Callable[[], Any]
+
+
+@dataclass(eq=False)
+class Job:
+    fn: Callable[[Any, threading.Event], Any]  # (engine, cancel) -> result
+    label: str = "job"
+    key: str | None = None  # the document it works on, for supersede
+    cancel: threading.Event = field(default_factory=threading.Event)
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    cancel_reason: str = ""
+    enqueued_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+
+    def request_cancel(self, reason: str) -> None:
+        """Stop this job: at once if still queued, at the engine's next step if running."""
+        if not self.cancel.is_set():
+            self.cancel_reason = reason
+            self.cancel.set()
+        self.future.cancel()  # only succeeds while the job is still queued
+
+    @property
+    def running(self) -> bool:
+        return self.started_at is not None and not self.future.done()
+
+
+_STOP = object()
+
+
+class ModelWorker:
+    def __init__(
+        self,
+        load_engine: EngineFactory,
+        idle_unload_s: float = 0,
+        on_state: Callable[[str], None] | None = None,
+    ):
+        self._load_engine = load_engine
+        self.idle_unload_s = idle_unload_s
+        self._on_state = on_state
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="specd-model-worker", daemon=True)
+        self.engine: Any = None
+        self.state = STARTING
+        self.load_error: BaseException | None = None
+        self.current: Job | None = None
+        self.loaded_at: float | None = None
+        self.last_activity = time.monotonic()
+        self.load_seconds: float | None = None
+
+    # -- the event loop's side -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> Job:
+        self._queue.put(job)
+        return job
+
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the running job, fail the queued ones (their futures are cancelled), stop."""
+        self._drain_queue()
+        self._queue.put(_STOP)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _drain_queue(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, Job):
+                item.request_cancel("the daemon is shutting down")
+
+    # -- the worker thread -----------------------------------------------------------------
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        if self._on_state is not None:
+            try:
+                self._on_state(state)
+            except Exception:  # the callback must never kill the model thread
+                log.exception("state callback failed")
+
+    def _ensure_loaded(self) -> None:
+        """Load (first time) or reload (after an idle release) the engine; raises on failure."""
+        if self.state == READY:
+            return
+        self._set_state(LOADING)
+        started = time.monotonic()
+        try:
+            if self.engine is None:
+                self.engine = self._load_engine()
+            else:
+                self.engine.ensure_loaded()
+        except BaseException as err:
+            self.load_error = err
+            first_load = self.engine is None
+            self._set_state(FAILED if first_load else UNLOADED)
+            raise
+        self.load_seconds = time.monotonic() - started
+        self.loaded_at = time.time()
+        self.load_error = None
+        self._set_state(READY)
+
+    def _maybe_unload(self) -> None:
+        idle = time.monotonic() - self.last_activity
+        if self.state == READY and self.idle_unload_s > 0 and idle >= self.idle_unload_s:
+            log.info("idle for %.0f s: releasing models and caches", idle)
+            try:
+                self.engine.release()
+            except Exception:
+                log.exception("release failed")
+            self._set_state(UNLOADED)
+
+    def _poll_interval(self) -> float:
+        if self.idle_unload_s <= 0:
+            return 1.0
+        return max(0.05, min(1.0, self.idle_unload_s / 4))
+
+    def _run(self) -> None:
+        try:
+            self._ensure_loaded()
+        except BaseException as err:  # reported through state FAILED and load_error
+            log.error("cannot load models: %s", err)
+            return
+        self.last_activity = time.monotonic()
+        while True:
+            try:
+                item = self._queue.get(timeout=self._poll_interval())
+            except queue.Empty:
+                self._maybe_unload()
+                continue
+            if item is _STOP:
+                break
+            self._run_job(item)
+            self.last_activity = time.monotonic()
+        self._set_state(STOPPED)
+
+    def _run_job(self, job: Job) -> None:
+        if not job.future.set_running_or_notify_cancel():
+            return  # cancelled while queued; its caller has its answer already
+        job.started_at = time.monotonic()
+        self.current = job
+        try:
+            self._ensure_loaded()
+            result = job.fn(self.engine, job.cancel)
+        except BaseException as err:  # handed to the awaiting request, never lost
+            job.future.set_exception(err)
+        else:
+            job.future.set_result(result)
+        finally:
+            self.current = None
+
+
+class DocumentMirror:
+    """Keeps the engine's view of open documents current, off the event loop.
+
+    Updates coalesce: only the latest text of each document is sent, so fast typing in a large
+    file costs one ``update_document`` per pause, not one per keystroke. Until the engine exists
+    updates are dropped; ``replay`` sends every open document once it does.
+    """
+
+    def __init__(self, get_engine: Callable[[], Any]):
+        self._get_engine = get_engine
+        self._pending: dict[str, str | None] = {}  # uri -> latest text, None = closed
+        self._known: set[str] = set()  # uris the engine has open
+        self._engine_seen: Any = None
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="specd-doc-mirror", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def set(self, uri: str, text: str) -> None:
+        with self._cond:
+            self._pending[uri] = text
+            self._cond.notify()
+
+    def close(self, uri: str) -> None:
+        with self._cond:
+            self._pending[uri] = None
+            self._cond.notify()
+
+    def replay(self, documents: dict[str, str]) -> None:
+        with self._cond:
+            self._pending.update(documents)
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                batch, self._pending = self._pending, {}
+            engine = self._get_engine()
+            if engine is None:
+                continue  # replay() resends everything once the engine exists
+            if engine is not self._engine_seen:
+                self._engine_seen, self._known = engine, set()
+            for uri, text in batch.items():
+                try:
+                    if text is None:
+                        if uri in self._known:
+                            self._known.discard(uri)
+                            engine.close_document(uri)
+                    elif uri in self._known:
+                        engine.update_document(uri, text)
+                    else:
+                        engine.open_document(uri, text)
+                        self._known.add(uri)
+                except Exception:  # the engine's lookup index is an optimisation: log, go on
+                    log.exception("engine document sync failed for %s", uri)

@@ -1,0 +1,123 @@
+"""Engines the daemon tests load through SPECD_TEST_ENGINE_FACTORY ("fake_engine:<name>").
+
+``fake``: no model at all, starts in milliseconds, answers "[<up to 12 chars before the
+cursor>]" so tests can check cursor conversion exactly. ``real``: specd's engine on the
+configured (tiny) models. Both hold a request whose text before the cursor contains ``#slow``
+for up to 5 s, polling the cancel event, so supersede and cancel tests are deterministic.
+Behaviour switches (environment): SPECD_TEST_FAKE_LOAD_S (load time), SPECD_TEST_FAKE_LOAD_FAIL
+(load raises ModelLoadError with this message).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, SourceStats
+
+SLOW_MARKER = "#slow"
+SLOW_SECONDS = 5.0
+
+
+def hold_if_slow(req: CompletionRequest, text: str, cancel: threading.Event | None) -> None:
+    if SLOW_MARKER not in text[: req.offset]:
+        return
+    deadline = time.monotonic() + SLOW_SECONDS
+    while time.monotonic() < deadline:
+        if cancel is not None and cancel.wait(0.01):
+            raise Cancelled("cancelled")
+
+
+class FakeEngine:
+    def __init__(self, cfg: Any):
+        self.cfg = cfg
+        self.documents: dict[str, str] = {}
+        self.lock = threading.Lock()
+        self.loaded = True
+        self.loads = 1
+        self.releases = 0
+        self.completions = 0
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> FakeEngine:
+        time.sleep(float(os.environ.get("SPECD_TEST_FAKE_LOAD_S", "0")))
+        if os.environ.get("SPECD_TEST_FAKE_LOAD_FAIL"):
+            raise ModelLoadError(os.environ["SPECD_TEST_FAKE_LOAD_FAIL"])
+        return cls(cfg)
+
+    def open_document(self, uri: str, text: str) -> None:
+        with self.lock:
+            self.documents[uri] = text
+
+    update_document = open_document
+
+    def close_document(self, uri: str) -> None:
+        with self.lock:
+            self.documents.pop(uri, None)
+
+    def complete(self, req: CompletionRequest, cancel: threading.Event | None = None) -> CompletionResult:
+        assert self.loaded, "complete() on a released engine"
+        text = req.text if req.text is not None else self.documents.get(req.uri or "")
+        if text is None:
+            raise EngineError(f"unknown document {req.uri}")
+        if req.offset is None or not 0 <= req.offset <= len(text):
+            raise EngineError(f"offset {req.offset} out of range")
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled")
+        hold_if_slow(req, text, cancel)
+        self.completions += 1
+        completion = f"[{text[max(0, req.offset - 12):req.offset]}]"
+        return CompletionResult(
+            text=completion, token_ids=[1, 2], prompt_ids=[3, 4, 5], stop_reason="max_tokens",
+            target_forwards=1, sources={"lookup": SourceStats(proposed=2, accepted=1, steps=1)},
+        )
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            documents = len(self.documents)
+        return {
+            "models": {"target": "fake-target", "draft": "fake-draft"},
+            "device": "cpu",
+            "dtype": "float32",
+            "loaded": self.loaded,
+            "loads": self.loads,
+            "releases": self.releases,
+            "cache": {"documents": documents, "bytes": 0},
+            "acceptance": {"lookup": {"proposed": 2 * self.completions, "accepted": self.completions}},
+        }
+
+    def release(self) -> None:
+        self.loaded = False
+        self.releases += 1
+
+    def ensure_loaded(self) -> None:
+        if not self.loaded:
+            self.loaded = True
+            self.loads += 1
+
+
+def fake(cfg: Any) -> FakeEngine:
+    return FakeEngine.from_config(cfg)
+
+
+class SlowCapableEngine:
+    """The real engine, plus the ``#slow`` hold in front of complete()."""
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+
+    def complete(self, req: CompletionRequest, cancel: threading.Event | None = None) -> CompletionResult:
+        text = req.text if req.text is not None else ""
+        hold_if_slow(req, text, cancel)
+        return self._engine.complete(req, cancel)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def real(cfg: Any) -> SlowCapableEngine:
+    from specd.engine import Engine
+
+    return SlowCapableEngine(Engine.from_config(cfg))
