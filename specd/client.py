@@ -140,16 +140,22 @@ class Client(_Methods):
         """Send without waiting: (msgid, future). For concurrent requests and ``cancel(msgid)``."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
-            if self._closed:
-                raise self.server_error or RpcError(ErrorCode.CONNECTION_LOST, "connection closed")
-            msgid = next(self._msgids)
-            self._pending[msgid] = future
+            closed = self._closed
+            if not closed:
+                msgid = next(self._msgids)
+                self._pending[msgid] = future
+        if closed:
+            raise self.server_error or RpcError(ErrorCode.CONNECTION_LOST, "connection closed")
         try:
             self._send(Request(msgid, str(method.value if isinstance(method, Method) else method), params or {}).to_wire())
         except OSError as err:
             with self._lock:
                 self._pending.pop(msgid, None)
-            raise RpcError(ErrorCode.CONNECTION_LOST, f"cannot send: {err}") from None
+            # The daemon may have said why it closed (too many connections, unauthorized): the
+            # reader thread is about to see that notification, so give it a moment.
+            if self._reader is not threading.current_thread():
+                self._reader.join(1.0)
+            raise self.server_error or RpcError(ErrorCode.CONNECTION_LOST, f"cannot send: {err}") from None
         return msgid, future
 
     def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:

@@ -23,6 +23,7 @@ import socket
 import stat
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -302,6 +303,21 @@ def process_memory() -> dict[str, Any]:
     return out
 
 
+def device_memory() -> dict[str, Any]:
+    """Accelerator memory in MiB, when the engine has put torch on a CUDA device."""
+    torch = sys.modules.get("torch")  # never imported here just to report
+    try:
+        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return {}
+        return {
+            "device_allocated_mb": round(torch.cuda.memory_allocated() / 2**20, 1),
+            "device_reserved_mb": round(torch.cuda.memory_reserved() / 2**20, 1),
+            "device_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+        }
+    except Exception:  # reporting must never fail status
+        return {}
+
+
 # -- the daemon ---------------------------------------------------------------------------------
 
 
@@ -385,8 +401,9 @@ class Daemon:
             else:
                 server = await asyncio.start_server(self._accept_tcp, sock=sock)
             self._servers.append(server)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            self._loop.add_signal_handler(signum, self.request_stop, f"signal {signal.Signals(signum).name}")
+        if threading.current_thread() is threading.main_thread():  # in-process tests run it on a thread
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(signum, self.request_stop, f"signal {signal.Signals(signum).name}")
         log.info("listening on %s%s (pid %d)", self.socket_path, " (socket-activated)" if activated else "", os.getpid())
         systemd.notify("STATUS=loading models")
         self.mirror.start()
@@ -419,6 +436,7 @@ class Daemon:
                 log.info("models loaded in %.1f s; ready", self.worker.load_seconds or 0.0)
                 self.mirror.replay({uri: doc.text for uri, doc in self.buffers.docs.items()})
         elif state == FAILED:
+            self.worker.fail_queued(self._load_failure())
             message = f"cannot load models: {self.worker.load_error}"
             print(f"specd: {message}", file=sys.stderr, flush=True)
             systemd.notify(f"STATUS={message}")
@@ -445,7 +463,7 @@ class Daemon:
             server.close()
         self._remove_socket_file()
         # Queued work is refused now; the running completion gets a bounded time to finish.
-        self.worker._drain_queue()
+        self.worker.fail_queued(self._load_failure())
         current = self.worker.current
         if current is not None:
             budget_s = self.cfg["engine.time_budget_ms"] / 1000 + SHUTDOWN_GRACE_S
@@ -654,6 +672,8 @@ class Daemon:
 
     async def complete(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
         req, version = self._completion_request(params)
+        if (failure := self._load_failure()) is not None:
+            raise failure
         received = time.monotonic()
         msgid = request.msgid if request is not None else 0
         job = Job(fn=lambda engine, cancel: engine.complete(req, cancel).to_dict(), label=f"complete {req.uri or '<text>'}", key=req.uri)
@@ -708,13 +728,8 @@ class Daemon:
         return {"cancelled": len(targets)}
 
     async def status(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
-        engine_stats: dict[str, Any] = {}
-        engine = self.worker.engine
-        if engine is not None:
-            try:  # off the loop: stats may walk caches; a failure must not fail status
-                engine_stats = await asyncio.wait_for(asyncio.to_thread(engine.stats), timeout=5)
-            except Exception as err:
-                engine_stats = {"error": f"{type(err).__name__}: {err}"}
+        engine_stats = await self._engine_stats()
+        models = engine_stats.get("models") if isinstance(engine_stats.get("models"), dict) else self._models()
         current = self.worker.current
         out = {
             "state": self.worker.state,
@@ -726,10 +741,10 @@ class Daemon:
             "loaded_at": self.worker.loaded_at,
             "load_seconds": self.worker.load_seconds,
             "idle_unload_s": self.worker.idle_unload_s,
-            "models": engine_stats.get("models", self._models()),
-            "device": engine_stats.get("device"),
-            "dtype": engine_stats.get("dtype"),
-            "memory": {**process_memory(), **({"device": engine_stats["memory"]} if "memory" in engine_stats else {})},
+            "models": models,
+            "device": engine_stats.get("device", models.get("device")),
+            "dtype": engine_stats.get("dtype", models.get("dtype")),
+            "memory": {**process_memory(), **device_memory()},
             "cache": engine_stats.get("cache"),
             "acceptance": engine_stats.get("acceptance"),
             "latency_ms": self.latency.summary(),
@@ -748,6 +763,24 @@ class Daemon:
         if self.worker.load_error is not None:
             out["last_error"] = str(self.worker.load_error)
         return out
+
+    async def _engine_stats(self) -> dict[str, Any]:
+        engine = self.worker.engine
+        if engine is None:
+            return {}
+        error: Exception | None = None
+        for _attempt in range(2):  # stats() reads counters the worker may be updating: retry once
+            try:  # off the loop: stats may walk caches
+                stats = await asyncio.wait_for(asyncio.to_thread(engine.stats), timeout=5)
+                return stats if isinstance(stats, dict) else {"stats": stats}
+            except Exception as err:
+                error = err
+        return {"error": f"{type(error).__name__}: {error}"}
+
+    def _load_failure(self) -> RpcError | None:
+        if self.worker.state != FAILED:
+            return None
+        return RpcError(ErrorCode.MODEL_LOAD_ERROR, f"cannot load models: {self.worker.load_error}")
 
     async def shutdown(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
         # The graceful path waits for this very answer to be written before closing sessions.

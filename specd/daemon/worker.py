@@ -92,7 +92,7 @@ class ModelWorker:
 
     def stop(self, timeout: float | None = None) -> None:
         """Finish the running job, fail the queued ones (their futures are cancelled), stop."""
-        self._drain_queue()
+        self.fail_queued(self.load_error if self.state == FAILED else None)
         self._queue.put(_STOP)
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -100,13 +100,18 @@ class ModelWorker:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def _drain_queue(self) -> None:
+    def fail_queued(self, error: BaseException | None = None) -> None:
+        """Answer every queued job: with ``error`` when given, else as cancelled."""
         while True:
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, Job):
+            if not isinstance(item, Job):
+                continue
+            if error is not None and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(error)
+            else:
                 item.request_cancel("the daemon is shutting down")
 
     # -- the worker thread -----------------------------------------------------------------

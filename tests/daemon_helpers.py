@@ -1,0 +1,161 @@
+"""Run the real daemon (``python -m specd serve``) as a subprocess in private XDG dirs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from specd.client import Client, DaemonUnavailable
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+
+
+def base_env(root: Path, engine: str = "fake", config: dict[str, Any] | None = None,
+             extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A clean environment: no SPECD_* from the caller, XDG dirs under ``root``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECD_", "LISTEN_", "NOTIFY_SOCKET", "WATCHDOG_"))}
+    for var, sub in (("XDG_RUNTIME_DIR", "run"), ("XDG_STATE_HOME", "state"), ("XDG_CONFIG_HOME", "config"),
+                     ("XDG_CACHE_HOME", "cache")):
+        path = root / sub
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        env[var] = str(path)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS)])
+    env["PYTHONUNBUFFERED"] = "1"
+    env["SPECD_TEST_ENGINE_FACTORY"] = f"fake_engine:{engine}"
+    for dotted, value in (config or {}).items():
+        env["SPECD_" + dotted.replace(".", "_").upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+    env.update(extra or {})
+    return env
+
+
+def wait_for(condition, timeout: float = 10.0, interval: float = 0.02, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {message}")
+
+
+class DaemonProcess:
+    def __init__(self, root: Path, engine: str = "fake", config: dict[str, Any] | None = None,
+                 env: dict[str, str] | None = None, args: tuple[str, ...] = ()):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.env = base_env(self.root, engine, config, env)
+        self.args = args
+        configured = (config or {}).get("daemon.socket")
+        self.socket_path = Path(configured) if configured else self.root / "run" / "specd" / "specd.sock"
+        self.stderr_path = self.root / "daemon.stderr"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # -- process ---------------------------------------------------------------------------
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "specd", "serve", *self.args]
+
+    def start(self, wait: bool = True, timeout: float = 60.0, **popen: Any) -> DaemonProcess:
+        with open(self.stderr_path, "ab") as stderr:
+            self.proc = subprocess.Popen(self.command(), env=self.env, cwd=str(REPO), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=stderr, **popen)
+        if wait:
+            self.wait_ready(timeout)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def wait_listening(self, timeout: float = 30.0) -> None:
+        def listening():
+            self._check_alive()
+            try:
+                Client.connect_unix(self.socket_path, timeout=1).close()
+                return True
+            except DaemonUnavailable:
+                return False
+
+        wait_for(listening, timeout, message=f"the daemon to listen on {self.socket_path}")
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+        self.wait_listening(timeout)
+        with self.client() as client:
+            def ready():
+                self._check_alive()
+                info = client.status()
+                return info if info["state"] == "ready" else None
+
+            return wait_for(ready, timeout, interval=0.05, message="state ready")
+
+    def _check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.stderr()}")
+
+    def client(self) -> Client:
+        return Client.connect_unix(self.socket_path)
+
+    def stderr(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """Best-effort cleanup for fixtures: SIGTERM, then SIGKILL."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.terminate(20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def rss_mb(self) -> float:
+        with open(f"/proc/{self.pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
+
+def raw_connect(path: Path, timeout: float = 5.0) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect(str(path))
+    return sock
+
+
+def read_all(sock: socket.socket, timeout: float = 5.0, limit: int = 16 * 1024 * 1024) -> bytes:
+    """Everything the peer sends until it closes (or ``timeout`` of silence)."""
+    sock.settimeout(timeout)
+    chunks = []
+    total = 0
+    while total < limit:
+        try:
+            data = sock.recv(65536)
+        except socket.timeout:
+            break
+        if not data:
+            break
+        chunks.append(data)
+        total += len(data)
+    return b"".join(chunks)
