@@ -556,3 +556,146 @@ def test_ensure_daemon_reports_a_failed_start(tmp_path, monkeypatch):
     with pytest.raises(RpcError) as info:
         complete_via_daemon(load_config(), "abc", offset=3)
     assert "target and draft tokenizers differ" in info.value.message
+
+
+# -- access: peer uid, TCP token --------------------------------------------------------------------
+
+
+class InProcessDaemon:
+    """A Daemon on a thread of this process, so a test can set what uid it serves."""
+
+    def __init__(self, root: Path, allowed_uid: int, listener: socket.socket | None = None):
+        from fake_engine import FakeEngine
+        from specd.config import load_config
+        from specd.daemon.server import Daemon
+
+        root.mkdir(parents=True, exist_ok=True)
+        self.socket_path = root / "run" / "specd.sock"
+        cfg = load_config(environ={"SPECD_DAEMON_SOCKET": str(self.socket_path)})
+        self.daemon = Daemon(cfg, engine_factory=lambda: FakeEngine(cfg), allowed_uid=allowed_uid)
+        self.activated = [listener] if listener is not None else []
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.exit_code = asyncio.run(self.daemon.run(activated=self.activated))
+
+    def __enter__(self) -> InProcessDaemon:
+        self.thread.start()
+        wait_for(lambda: self.daemon.worker.state == "ready", 10, message="in-process daemon ready")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.daemon._loop.call_soon_threadsafe(self.daemon.request_stop, "test over")
+        self.thread.join(20)
+        assert self.exit_code == 0
+
+
+def test_another_uid_is_refused_mocked(tmp_path):
+    """The daemon serves uid N+1 (mocked); our real uid N arrives through SO_PEERCRED and is refused."""
+    with InProcessDaemon(tmp_path, allowed_uid=os.getuid() + 1) as d:
+        with Client.connect_unix(d.daemon.socket_path) as c:
+            with pytest.raises(RpcError) as info:
+                c.hello()
+        assert info.value.code == "unauthorized" and str(os.getuid()) in info.value.message
+    with InProcessDaemon(tmp_path / "b", allowed_uid=os.getuid()) as d:  # and the right uid is served
+        with Client.connect_unix(d.daemon.socket_path) as c:
+            assert c.hello()["server"] == "specd"
+
+
+# Runs as another uid, so it may not be able to read our interpreter or site-packages: plain
+# Python, bytes in and out (the parent packs the request and unpacks the reply).
+REAL_UID_PROBE = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(sys.argv[1])
+s.sendall(bytes.fromhex(sys.argv[2]))
+reply = b""
+while True:
+    data = s.recv(4096)
+    if not data:
+        break
+    reply += data
+print(reply.hex())
+"""
+
+
+def _probe_interpreter() -> str | None:
+    """An interpreter uid 65534 can execute (ours may live under root's private home)."""
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        try:
+            done = subprocess.run([candidate, "-c", "pass"], user=65534, group=65534, capture_output=True, timeout=30)
+        except (PermissionError, FileNotFoundError):
+            continue
+        if done.returncode == 0:
+            return candidate
+    return None
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a client as another uid")
+def test_another_uid_is_refused_for_real(tmp_path):
+    """A client really running as uid 65534 (nobody). The socket is made world-reachable on purpose,
+    so only the SO_PEERCRED check stands between it and the daemon."""
+    try:
+        python = _probe_interpreter()
+    except OSError:
+        python = None
+    if python is None:
+        pytest.skip("this sandbox cannot run a process as uid 65534")
+    public = tmp_path / "public"
+    public.mkdir(mode=0o755)
+    for parent in (tmp_path, *tmp_path.parents):  # uid 65534 must be able to reach the socket
+        if parent.stat().st_mode & 0o001 == 0:
+            os.chmod(parent, parent.stat().st_mode | 0o011)
+    path = public / "specd.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, 0o666)
+    listener.listen()
+    with InProcessDaemon(tmp_path / "d", allowed_uid=os.getuid(), listener=listener):
+        done = subprocess.run([python, "-c", REAL_UID_PROBE, str(path), pack([0, 1, "hello", [{}]]).hex()],
+                              user=65534, group=65534, capture_output=True, text=True, timeout=30, cwd="/")
+    assert done.returncode == 0, done.stderr
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(bytes.fromhex(done.stdout.strip()))
+    replies = list(unpacker)
+    assert replies == [[2, "specd/error", [{"code": "unauthorized", "message": "uid 65534 may not use this daemon"}]]]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_tcp_listener_needs_the_token(tmp_path):
+    port = _free_port()
+    d = DaemonProcess(tmp_path / "d", config={"daemon.tcp_token": "s3cret"}, args=("--tcp", f"127.0.0.1:{port}")).start()
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        anonymous = Client(sock)
+        with pytest.raises(RpcError) as info:
+            anonymous.status()
+        assert info.value.code == "unauthorized"
+        with pytest.raises(RpcError) as info:
+            anonymous.hello(token="wrong")
+        assert info.value.code == "unauthorized"
+        wait_for(lambda: anonymous.closed, 5, message="the daemon to drop a wrong-token client")
+        with pytest.raises(RpcError):
+            Client.connect_tcp("127.0.0.1", port, token="")
+        with Client.connect_tcp("127.0.0.1", port, token="s3cret") as c:
+            assert c.complete(text="abc", cursor=3)["text"] == "[abc]"
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize("spec, config, message", [
+    ("0.0.0.0:{port}", {"daemon.tcp_token": "t"}, "not a loopback address"),
+    ("127.0.0.1:{port}", {}, "needs a token"),
+])
+def test_tcp_misconfiguration_refuses_to_start(tmp_path, spec, config, message):
+    d = DaemonProcess(tmp_path / "d", config=config, args=("--tcp", spec.format(port=_free_port())))
+    d.start(wait=False)
+    assert d.proc.wait(30) == 1
+    assert message in d.stderr()
+    assert not d.socket_path.exists()

@@ -35,8 +35,9 @@ from specd.daemon.buffers import BufferStore, TextIndex, check_encoding, resolve
 from specd.daemon.worker import FAILED, LOADING, READY, STARTING, DocumentMirror, Job, ModelWorker
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.messages import Notification, Request
-from specd.protocol.methods import CAPABILITIES, POSITION_ENCODINGS, PROTOCOL_VERSION, Method
-from specd.protocol.session import Session
+from specd.protocol.framing import pack
+from specd.protocol.methods import CAPABILITIES, ERROR_NOTIFICATION, POSITION_ENCODINGS, PROTOCOL_VERSION, Method
+from specd.protocol.session import Session, linger_close
 
 log = logging.getLogger("specd.daemon")
 
@@ -372,14 +373,22 @@ class Daemon:
     def _listeners(self, activated: list[socket.socket]) -> list[socket.socket]:
         unix = [s for s in activated if s.family == socket.AF_UNIX]
         inet = [s for s in activated if s.family in (socket.AF_INET, socket.AF_INET6)]
-        if not unix:
-            sock = bind_unix(self.socket_path)
-            self._bound_socket = (self.socket_path, self.socket_path.stat().st_ino)
-            unix = [sock]
-        if self.tcp_spec and not inet:
-            if not self.tcp_token:
-                raise StartupError("daemon.tcp is set but daemon.tcp_token is empty; a TCP listener needs a token")
-            inet = [bind_tcp(self.tcp_spec)]
+        if self.tcp_spec and not inet and not self.tcp_token:  # refuse before binding anything
+            raise StartupError("daemon.tcp is set but daemon.tcp_token is empty; a TCP listener needs a token")
+        bound: list[socket.socket] = []
+        try:
+            if not unix:
+                sock = bind_unix(self.socket_path)
+                bound.append(sock)
+                self._bound_socket = (self.socket_path, self.socket_path.stat().st_ino)
+                unix = [sock]
+            if self.tcp_spec and not inet:
+                inet = [bind_tcp(self.tcp_spec)]
+        except BaseException:
+            for sock in bound:
+                sock.close()
+            self._remove_socket_file()
+            raise
         for sock in unix + inet:
             sock.setblocking(False)
         return unix + inet
@@ -498,31 +507,27 @@ class Daemon:
         uid = peer_uid(sock) if sock is not None else None
         if uid is not None and uid != self.allowed_uid:
             log.warning("refused a connection from uid %s (serving uid %s)", uid, self.allowed_uid)
-            await self._refuse(writer, RpcError(ErrorCode.UNAUTHORIZED, f"uid {uid} may not use this daemon"))
+            await self._refuse(reader, writer, RpcError(ErrorCode.UNAUTHORIZED, f"uid {uid} may not use this daemon"))
             return
         await self._serve(reader, writer, Connection(next(self._ids), transport="unix", uid=uid))
 
     async def _accept_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._serve(reader, writer, Connection(next(self._ids), transport="tcp", authenticated=False))
 
-    async def _refuse(self, writer: asyncio.StreamWriter, error: RpcError) -> None:
-        from specd.protocol.framing import pack
-        from specd.protocol.methods import ERROR_NOTIFICATION
-
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, error: RpcError) -> None:
+        """Say why in one error notification, then close without serving anything."""
         try:
             writer.write(pack(Notification(ERROR_NOTIFICATION, error.to_wire()).to_wire()))
-            await writer.drain()
-            writer.close()
-            await writer.wait_closed()
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, RuntimeError):
             pass
+        await linger_close(reader, writer)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Connection) -> None:
         if self.shutting_down:
-            await self._refuse(writer, RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down"))
+            await self._refuse(reader, writer, RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down"))
             return
         if len(self.connections) >= self.max_connections:
-            await self._refuse(writer, RpcError(
+            await self._refuse(reader, writer, RpcError(
                 ErrorCode.TOO_MANY_CONNECTIONS,
                 f"{len(self.connections)} clients are connected, the limit (daemon.max_connections)",
             ))

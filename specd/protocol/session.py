@@ -39,6 +39,36 @@ MAX_CONCURRENT_REQUESTS = 64
 ANSWER_GRACE_S = 5.0
 
 
+# Closing a socket that still holds unread input makes the kernel send RST, and the peer may
+# lose the error we wrote just before. So after an error we half-close, then read and discard
+# for a moment (bounded in time and bytes) before closing.
+LINGER_S = 1.0
+LINGER_BYTES = 8 * 1024 * 1024
+
+
+async def linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Half-close, discard what the peer still sends (briefly), then close."""
+    try:
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LINGER_S
+        discarded = 0
+        while discarded < LINGER_BYTES and (left := deadline - loop.time()) > 0:
+            data = await asyncio.wait_for(reader.read(READ_CHUNK), left)
+            if not data:
+                break
+            discarded += len(data)
+    except (asyncio.TimeoutError, ConnectionError, OSError, RuntimeError):
+        pass
+    try:
+        writer.close()
+        await writer.wait_closed()
+    except (ConnectionError, OSError, RuntimeError):
+        pass
+
+
 class Session:
     def __init__(
         self,
@@ -63,6 +93,7 @@ class Session:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
         self._closed = False
+        self._linger = False  # close gently so the peer reads our last error
         self.close_reason: RpcError | None = None
 
     # -- sending ---------------------------------------------------------------------------
@@ -122,6 +153,7 @@ class Session:
                     # The stream cannot be resynchronised after undecodable bytes: say why, close.
                     self.close_reason = RpcError(err.code, err.message)
                     await self.send_error_notification(self.close_reason)
+                    self._linger = True
                     break
                 for obj in objects:
                     await self._dispatch(obj)
@@ -132,6 +164,10 @@ class Session:
             if self.on_eof is not None:
                 self.on_eof()
             await self._settle(ANSWER_GRACE_S)
+            if self._linger and not self._closed:
+                self._closed = True
+                self._fail_pending()
+                await linger_close(self.reader, self.writer)
             await self.close()
 
     async def _settle(self, timeout: float) -> None:
@@ -209,15 +245,18 @@ class Session:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _fail_pending(self) -> None:
         reason = self.close_reason or RpcError(ErrorCode.CONNECTION_LOST, "connection closed")
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(reason)
         self._pending.clear()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_pending()
         try:
             self.writer.close()
             await self.writer.wait_closed()
