@@ -1,0 +1,92 @@
+"""Shared fixtures. Tiny model pairs are built once per session, in code (no downloads)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import make_tiny_pair  # noqa: E402
+
+ARCHS = ("llama", "qwen2", "gpt2")
+SAMPLE_SOURCE = Path(__file__).parent / "data" / "sample_module.py"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_xdg(tmp_path, monkeypatch):
+    """No test reads or writes the real user's config, state or runtime dirs."""
+    for var, sub in (("XDG_CONFIG_HOME", "config"), ("XDG_STATE_HOME", "state"),
+                     ("XDG_RUNTIME_DIR", "run"), ("XDG_CACHE_HOME", "cache")):
+        if not os.environ.get(var, "").startswith(str(tmp_path)):
+            path = tmp_path / "xdg" / sub
+            path.mkdir(parents=True, exist_ok=True)
+            monkeypatch.setenv(var, str(path))
+    for name in list(os.environ):
+        if name.startswith("SPECD_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session")
+def tiny_pairs(tiny_root) -> dict[str, tuple[Path, Path]]:
+    """{arch: (target_dir, draft_dir)} for every test architecture."""
+    return {arch: make_tiny_pair(tiny_root / arch, arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def llama_pair(tiny_pairs) -> tuple[Path, Path]:
+    return tiny_pairs["llama"]
+
+
+@pytest.fixture(scope="session")
+def sample_source() -> str:
+    return SAMPLE_SOURCE.read_text(encoding="utf-8")
+
+
+# ---- daemon fixtures (below) ------------------------------------------------------------
+# Owned by the daemon/socket API work. Two shared daemons, started once per session:
+# ``daemon`` runs the real engine on the tiny llama pair; ``fake_daemon`` runs a model-free
+# engine (tests/fake_engine.py) for checks of the daemon's own mechanics. A request whose text
+# before the cursor holds "#slow" is held for up to 5 s in either (supersede/cancel tests).
+
+from daemon_helpers import DaemonProcess  # noqa: E402
+
+# Limits kept small so the limit tests need little data; fuzzing stays cheap too.
+SHARED_DAEMON_CONFIG = {
+    "daemon.max_frame_bytes": 1024 * 1024,
+    "daemon.max_document_bytes": 256 * 1024,
+    "daemon.max_documents": 32,
+    "daemon.max_connections": 48,
+    "engine.max_tokens": 16,
+    "engine.time_budget_ms": 3000,
+    "log.level": "debug",
+}
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory, tiny_root):
+    """The real daemon with the real engine on the tiny llama pair."""
+    target, draft = make_tiny_pair(tiny_root / "llama", "llama")
+    config = {**SHARED_DAEMON_CONFIG, "model.target": target, "model.draft": draft, "model.device": "cpu"}
+    proc = DaemonProcess(tmp_path_factory.mktemp("daemon"), engine="real", config=config)
+    proc.start(timeout=120)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_daemon(tmp_path_factory):
+    """The real daemon with a model-free engine: starts in a second, answers "[<text before cursor>]"."""
+    proc = DaemonProcess(tmp_path_factory.mktemp("fake-daemon"), engine="fake", config=SHARED_DAEMON_CONFIG)
+    proc.start()
+    yield proc
+    proc.stop()
+

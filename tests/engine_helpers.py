@@ -1,0 +1,55 @@
+"""Helpers shared by the engine tests: engines over tiny pairs, and the reference decoder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from specd.engine import CompletionResult
+from specd.engine.engine import Engine, EngineOptions
+from specd.engine.models import load_pair
+
+
+def make_near_draft(target_dir: Path, out: Path, noise: float = 0.02, seed: int = 3) -> Path:
+    """A draft that agrees with the target often but not always: the target plus weight noise.
+    Exercises partial acceptance, which a random draft (rejected) or the target (accepted) can't."""
+    if (out / "config.json").exists():
+        return out
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * noise * param.std().clamp(min=1e-3))
+    model.save_pretrained(out)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(target_dir).save_pretrained(out)
+    return out
+
+
+def make_engine(target: Path, draft: Path | None, **options) -> Engine:
+    opts = EngineOptions(target=str(target), draft=str(draft or ""), device="cpu", dtype="float32", **options)
+    return Engine(opts, pair=load_pair(str(target), str(draft) if draft else None, "cpu", "float32"))
+
+
+def reference_tokens(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """The target alone, greedy, through plain transformers generate(), no early stop."""
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def assert_lossless(engine: Engine, result: CompletionResult, max_tokens: int) -> None:
+    """The completion is exactly the target's greedy continuation, cut where a stop rule fired."""
+    reference = reference_tokens(engine.pair.target, result.prompt_ids, max_tokens)
+    n = len(result.token_ids)
+    assert result.token_ids == reference[:n], (result.stop_reason, result.token_ids, reference)
+    if result.stop_reason == "eos":
+        assert n < max_tokens and reference[n] in engine.stop_ids
+    elif result.stop_reason == "max_tokens":
+        assert n == max_tokens

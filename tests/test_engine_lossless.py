@@ -1,0 +1,90 @@
+"""Greedy speculative output equals the target alone (HF generate), token for token, in fp32,
+over random prompts and edit sequences, for Llama, Qwen2 and GPT-2, with every drafter mix."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine_helpers import assert_lossless, make_engine, make_near_draft
+from specd.engine import CompletionRequest
+
+MAX_TOKENS = 24
+MODES = {
+    "none": dict(use_draft_model=False, use_lookup=False),
+    "draft": dict(use_draft_model=True, use_lookup=False),
+    "lookup": dict(use_draft_model=False, use_lookup=True),
+    "both": dict(use_draft_model=True, use_lookup=True),
+}
+EDIT_TEXT = st.text(alphabet=st.sampled_from(list("abcdefxyz_ ()[]:=.,'\"\n    \t0123456789") + ["é", "你", "🎉"]),
+                    max_size=12)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_pairs, tiny_root):
+    """Per arch: one engine whose draft is the tiny random model (rejections) and one whose
+    draft is the target plus noise (partial acceptance)."""
+    out = {}
+    for arch, (target, draft) in tiny_pairs.items():
+        near = make_near_draft(target, tiny_root / arch / "near-draft")
+        out[arch] = {
+            "random": make_engine(target, draft, prefix_tokens=384, suffix_tokens=128),
+            "near": make_engine(target, near, prefix_tokens=384, suffix_tokens=128),
+        }
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_greedy_equals_target_alone(arch, engines, sample_source, data):
+    text = sample_source
+    uri = f"file:///lossless-{arch}.py"
+    for _ in range(data.draw(st.integers(1, 3), label="edits")):
+        # An edit somewhere (insert and/or delete), then a completion somewhere near it.
+        at = data.draw(st.integers(0, len(text)), label="edit at")
+        cut = data.draw(st.integers(0, 8), label="delete")
+        text = text[:at] + data.draw(EDIT_TEXT, label="insert") + text[at + cut:]
+        offset = data.draw(st.integers(max(0, at - 40), min(len(text), at + 40)), label="cursor")
+        engine = engines[arch][data.draw(st.sampled_from(["random", "near"]), label="draft")]
+        mode = data.draw(st.sampled_from(sorted(MODES)), label="mode")
+        request = CompletionRequest(uri=uri, text=text, offset=offset, max_tokens=MAX_TOKENS,
+                                    stop_at_block_end=False, kv_reuse=data.draw(st.booleans(), label="reuse"),
+                                    **MODES[mode])
+        result = engine.complete(request)
+        assert_lossless(engine, result, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_near_draft_is_accepted_and_still_lossless(arch, engines, sample_source):
+    """With a draft close to the target, drafts are accepted (fewer target forwards than
+    tokens), and the output is still exactly the target's."""
+    engine = engines[arch]["near"]
+    offset = sample_source.index("    def sell")
+    result = engine.complete(CompletionRequest(uri=f"file:///near-{arch}.py", text=sample_source, offset=offset,
+                                               max_tokens=MAX_TOKENS, stop_at_block_end=False,
+                                               use_lookup=False))
+    assert_lossless(engine, result, MAX_TOKENS)
+    assert result.sources["draft"].accepted > 0
+    assert result.target_forwards < len(result.token_ids)
+
+
+def test_lookup_drafts_from_other_open_buffers(engines, sample_source):
+    """A buffer that holds the continuation makes lookup propose it (source lookup:open)."""
+    engine = engines["llama"]["random"]
+    reference = engine.complete(CompletionRequest(text=sample_source[:3000], offset=3000, max_tokens=MAX_TOKENS,
+                                                  stop_at_block_end=False, use_lookup=False,
+                                                  use_draft_model=False))
+    # Another open buffer contains exactly what the target will produce after this context.
+    engine.open_document("file:///other.py", sample_source[2800:3000] + reference.text)
+    try:
+        result = engine.complete(CompletionRequest(uri="file:///lookup-open.py", text=sample_source[:3000],
+                                                   offset=3000, max_tokens=MAX_TOKENS, stop_at_block_end=False,
+                                                   use_draft_model=False))
+    finally:
+        engine.close_document("file:///other.py")
+    assert_lossless(engine, result, MAX_TOKENS)
+    assert result.token_ids == reference.token_ids
+    assert result.sources["lookup:open"].accepted > 0

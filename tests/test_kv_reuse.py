@@ -1,0 +1,121 @@
+"""Per-document KV-prefix reuse: a keystroke at the cursor re-prefills only the tokens from the
+edit on, and the output equals a cold run."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import assert_lossless, make_engine
+from specd.engine import CompletionRequest
+from specd.engine.kvcache import common_prefix
+
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def spm_engine(llama_pair):
+    """Suffix-first layout (the demo family's), so typing only changes the prompt's tail."""
+    target, draft = llama_pair
+    return make_engine(target, draft, fim_family="demo", prefix_tokens=2400, suffix_tokens=512)
+
+
+@pytest.fixture(scope="module")
+def psm_engine(llama_pair):
+    target, draft = llama_pair
+    return make_engine(target, draft, fim_family="qwen", prefix_tokens=1600, suffix_tokens=512)
+
+
+def request(text: str, offset: int, **kw) -> CompletionRequest:
+    return CompletionRequest(uri="file:///kv.py", text=text, offset=offset, max_tokens=MAX_TOKENS,
+                             stop_at_block_end=False, **kw)
+
+
+def test_one_character_edit_prefills_only_from_the_edit(spm_engine, sample_source):
+    text = sample_source * 2
+    cursor = text.index("    def restock", len(sample_source)) + len("    def rest")
+    first = spm_engine.complete(request(text, cursor))
+    assert len(first.prompt_ids) >= 2000
+    assert first.prefill_reused == 0 and first.prefill_computed == len(first.prompt_ids) - 1
+
+    typed = text[:cursor] + "o" + text[cursor:]  # the user types one character at the cursor
+    second = spm_engine.complete(request(typed, cursor + 1))
+    unchanged = common_prefix(first.prompt_ids, second.prompt_ids)
+    assert second.prefill_computed == len(second.prompt_ids) - 1 - unchanged
+    assert second.prefill_reused == unchanged
+    assert second.prefill_computed <= 4, "only the retokenized tail after the edit is prefilled"
+    assert unchanged >= len(second.prompt_ids) - 5
+
+    cold = spm_engine.complete(request(typed, cursor + 1, kv_reuse=False))
+    assert cold.prefill_reused == 0
+    assert cold.prompt_ids == second.prompt_ids
+    assert second.token_ids == cold.token_ids
+    assert_lossless(spm_engine, second, MAX_TOKENS)
+
+
+def test_typing_a_line_keeps_the_window_start(spm_engine, sample_source):
+    """Window starts move in coarse steps: a whole typed line reuses everything before it."""
+    text = sample_source
+    cursor = text.index("    def low_stock")
+    line = "    def extra(self) -> int:\n"
+    results = []
+    for i in range(0, len(line) + 1, 7):
+        partial = text[:cursor] + line[:i] + text[cursor:]
+        results.append(spm_engine.complete(request(partial, cursor + i)))
+    for before, after in zip(results, results[1:]):
+        assert after.prefill_reused >= len(before.prompt_ids) - 8
+        assert after.prefill_computed <= 12
+
+
+def test_prefix_first_layout_still_equals_cold(psm_engine, sample_source):
+    """PSM families re-prefill the suffix after an edit; output still equals a cold run."""
+    text = sample_source
+    cursor = text.index("    def tagged")
+    psm_engine.complete(request(text, cursor))
+    typed = text[:cursor] + "x" + text[cursor:]
+    warm = psm_engine.complete(request(typed, cursor + 1))
+    cold = psm_engine.complete(request(typed, cursor + 1, kv_reuse=False))
+    assert warm.prefill_reused > 0
+    assert warm.token_ids == cold.token_ids
+    assert_lossless(psm_engine, warm, MAX_TOKENS)
+
+
+def test_cache_budget_evicts_least_recently_used(llama_pair, sample_source):
+    target, draft = llama_pair
+    engine = make_engine(target, draft, cache_budget_mb=1)
+    for i in range(4):
+        engine.complete(CompletionRequest(uri=f"file:///doc{i}.py", text=sample_source, offset=2000 + i,
+                                          max_tokens=4))
+    assert engine.caches.nbytes() <= 1024 * 1024 or len(engine.caches) == 1
+    assert engine.caches.evictions > 0
+    assert engine.caches.get("file:///doc3.py") is not None  # the newest survives
+
+
+def test_out_of_memory_evicts_and_retries_once(llama_pair, sample_source, monkeypatch):
+    import torch
+
+    target, draft = llama_pair
+    engine = make_engine(target, draft)
+    engine.complete(CompletionRequest(uri="file:///a.py", text=sample_source, offset=500, max_tokens=4))
+    real = engine._complete
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_complete", flaky)
+    result = engine.complete(CompletionRequest(uri="file:///b.py", text=sample_source, offset=600, max_tokens=4))
+    assert len(calls) == 2 and result.prompt_ids and result.stop_reason
+    assert engine.caches.get("file:///a.py") is None  # evicted on the OOM path
+    assert engine.oom_retries == 1
+
+    def always(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(engine, "_complete", always)
+    from specd.engine import EngineError
+
+    with pytest.raises(EngineError, match="out of memory"):
+        engine.complete(CompletionRequest(uri="file:///b.py", text=sample_source, offset=600, max_tokens=4))
