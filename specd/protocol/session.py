@@ -207,7 +207,10 @@ class Session:
                 outcome = self.on_notification(message)
                 if asyncio.iscoroutine(outcome):
                     await outcome
-            except Exception:  # a notification has nobody to answer: log it and go on
+            except RpcError as err:  # no response to carry it: tell the peer in an error notification
+                log.debug("%s: notification %s refused: %s", self.name, message.method, err)
+                await self.send_error_notification(err)
+            except Exception:  # a bug on this side: log it and go on
                 log.exception("%s: notification %s failed", self.name, message.method)
 
     async def _answer(self, request: Request) -> None:
