@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Ask the daemon for its models, device, memory, caches, acceptance, latency.")
     p.add_argument("--json", action="store_true", help="print JSON")
 
-    sub.add_parser("stop", help="ask the running daemon to shut down gracefully")
+    sub.add_parser("stop", help="ask the running daemon to shut down gracefully",
+                   description="Send `shutdown` to the daemon on the socket: in-flight requests get their "
+                               "answers, then it exits and removes the socket file.")
 
     p = sub.add_parser("bench", help="measure specd against HF generate, assisted generation and prompt lookup",
                        description="Run workloads from real source files through plain HF generate(), HF "

@@ -38,7 +38,7 @@ class StopRules:
         if self.block_width is not None:
             cut = self._block_end(text)
             if cut is not None:
-                self._cut = cut
+                self._cut = len(text[:cut].rstrip(" \t\n"))  # blank lines before the dedent go too
                 return "block_end"
         return None
 

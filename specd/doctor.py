@@ -1,0 +1,69 @@
+"""``specd doctor``: the effective config with sources, the torch device, and a model load check."""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+
+from specd import __version__
+
+
+def _device_report() -> list[str]:
+    import torch
+
+    lines = [f"torch {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})"]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            lines.append(f"cuda:{i} {props.name}, {props.total_memory / 2**30:.1f} GiB")
+    else:
+        lines.append("no CUDA device: models run on the CPU in float32 (slow for real code models)")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        lines.append("mps: available")
+    return lines
+
+
+def run_doctor(args, cfg) -> int:
+    print(f"specd {__version__} on Python {platform.python_version()} ({sys.platform})")
+    print(f"config file: {cfg.file or 'none (defaults)'}")
+    print(f"socket:      {cfg.socket_path}")
+    print(f"log file:    {cfg.log_file}")
+    print()
+    rows = cfg.rows()
+    width = max(len(key) for key, _, _ in rows)
+    print("effective config:")
+    for key, value, source in rows:
+        shown = "***" if key == "daemon.tcp_token" and value else repr(value)
+        print(f"  {key:<{width}}  {shown:<28} ({source})")
+    print()
+    print("device:")
+    for line in _device_report():
+        print(f"  {line}")
+    import transformers
+
+    print(f"  transformers {transformers.__version__}")
+    if args.no_load:
+        return 0
+    print()
+    print("models:")
+    from specd.engine.engine import Engine, EngineOptions
+    from specd.engine.types import EngineError
+
+    started = time.monotonic()
+    try:
+        engine = Engine(EngineOptions.from_config(cfg))
+        engine.ensure_loaded()
+    except EngineError as err:
+        print(f"  FAILED: {err}")
+        return 1
+    info = engine.stats()["models"]
+    print(f"  target: {info['target']} ({info['target_params'] / 1e6:.1f}M params)")
+    if info["draft"]:
+        print(f"  draft:  {info['draft']} ({info['draft_params'] / 1e6:.1f}M params)")
+    else:
+        print("  draft:  none (prompt lookup drafting only)")
+    print(f"  device {info['device']}, dtype {info['dtype']}, FIM family {engine.template.name}, "
+          f"loaded in {time.monotonic() - started:.1f} s")
+    print("  OK")
+    return 0

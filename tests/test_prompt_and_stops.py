@@ -1,0 +1,111 @@
+"""FIM prompt building (families as data, token windows on a coarse grid) and stop rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from specd.engine.prompt import TEMPLATES, PromptBuilder, detect_family
+from specd.engine.stops import StopRules
+from specd.engine.types import ContextChunk, EngineError
+from tiny import make_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return make_tokenizer()
+
+
+def special(tokenizer, name):
+    return tokenizer.convert_tokens_to_ids(name)
+
+
+def test_family_detection_from_vocabulary_and_override(tokenizer, tmp_path):
+    assert detect_family(tokenizer).name == "qwen"
+    assert detect_family(tokenizer, override="starcoder").name == "starcoder"
+    (tmp_path / "specd.json").write_text('{"fim_family": "demo"}')
+    assert detect_family(tokenizer, str(tmp_path)).name == "demo"
+    with pytest.raises(EngineError, match="unknown FIM family"):
+        detect_family(tokenizer, override="nope")
+
+
+def test_every_family_has_prefix_and_suffix_slots():
+    for template in TEMPLATES.values():
+        assert "{prefix}" in template.psm
+        if template.name != "plain":
+            assert "{suffix}" in template.psm and template.stop_tokens
+
+
+def test_psm_and_spm_layouts(tokenizer):
+    text = "def f(x):\n    return x\n"
+    cursor = text.index("return")
+    psm = PromptBuilder(tokenizer, TEMPLATES["qwen"], 100, 100).build(text, cursor)
+    spm = PromptBuilder(tokenizer, TEMPLATES["demo"], 100, 100).build(text, cursor)
+    pre, suf, mid = (special(tokenizer, t) for t in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"))
+    assert psm.ids[0] == pre and psm.ids[-1] == mid and suf in psm.ids
+    assert spm.ids[0] == suf and spm.ids[-1] == mid
+    assert tokenizer.decode(spm.ids[1:spm.ids.index(pre)]) == text[cursor:]
+    assert tokenizer.decode(spm.ids[spm.ids.index(pre) + 1:-1]) == text[:cursor]
+    assert psm.indent == "    "
+
+
+def test_windows_are_fitted_in_tokens(tokenizer):
+    text = "".join(f"line_{i} = {i} * 2\n" for i in range(400))
+    cursor = len(text) // 2
+    builder = PromptBuilder(tokenizer, TEMPLATES["demo"], prefix_tokens=300, suffix_tokens=80)
+    prompt = builder.build(text, cursor)
+    prefix_ids = builder.encode(text[prompt.prefix_start:cursor])
+    suffix_ids = builder.encode(text[cursor:prompt.suffix_end])
+    assert len(prefix_ids) <= 300 and len(suffix_ids) <= 80
+    assert len(prompt.ids) == len(prefix_ids) + len(suffix_ids) + 3
+    assert prompt.prefix_start == 0 or text[prompt.prefix_start - 1] == "\n"
+
+
+def test_window_start_moves_in_coarse_steps(tokenizer):
+    text = "".join(f"value_{i} = compute({i})\n" for i in range(300))
+    builder = PromptBuilder(tokenizer, TEMPLATES["demo"], prefix_tokens=400, suffix_tokens=50)
+    starts = {builder.build(text, cursor).prefix_start for cursor in range(len(text) // 2, len(text) // 2 + 200, 3)}
+    assert len(starts) <= 2  # typing 200 characters moves the window start at most once
+
+
+def test_cursor_out_of_range_is_an_engine_error(tokenizer):
+    builder = PromptBuilder(tokenizer, TEMPLATES["qwen"], 100, 100)
+    with pytest.raises(EngineError, match="out of range"):
+        builder.build("abc", 4)
+
+
+def test_repo_level_context_chunks_come_first(tokenizer):
+    builder = PromptBuilder(tokenizer, TEMPLATES["qwen"], 100, 100)
+    prompt = builder.build("x = 1\n", 6, [ContextChunk("util.py", "def helper():\n    pass\n")], path="main.py")
+    assert prompt.ids[0] == special(tokenizer, "<|repo_name|>")
+    assert prompt.ids.count(special(tokenizer, "<|file_sep|>")) == 2
+    assert prompt.chunks_used == ["util.py"]
+
+
+def stop_on(tokenizer, text, **kw):
+    rules = StopRules(tokenizer, {special(tokenizer, "<|endoftext|>")}, kw.get("single_line", False),
+                      kw.get("indent"))
+    for token in tokenizer.encode(text):
+        reason = rules(token)
+        if reason:
+            return reason, rules.text()
+    return None, rules.text()
+
+
+def test_single_line_stops_at_the_first_newline_after_content(tokenizer):
+    assert stop_on(tokenizer, "return x\n    y = 2", single_line=True) == ("single_line", "return x")
+    assert stop_on(tokenizer, "\n    return x\nz", single_line=True) == ("single_line", "\n    return x")
+
+
+def test_block_end_stops_at_a_less_indented_line(tokenizer):
+    body = "total = 0\n        for v in values:\n            total += v\n        return total\n\ndef other():"
+    reason, text = stop_on(tokenizer, body, indent="        ")
+    assert reason == "block_end"
+    assert text == "total = 0\n        for v in values:\n            total += v\n        return total\n"[:-1]
+
+
+def test_eos_stops_without_adding_text(tokenizer):
+    rules = StopRules(tokenizer, {special(tokenizer, "<|endoftext|>")}, False, None)
+    for token in tokenizer.encode("abc"):
+        assert rules(token) is None
+    assert rules(special(tokenizer, "<|endoftext|>")) == "eos"
+    assert rules.text() == "abc"
