@@ -119,3 +119,19 @@ def test_out_of_memory_evicts_and_retries_once(llama_pair, sample_source, monkey
 
     with pytest.raises(EngineError, match="out of memory"):
         engine.complete(CompletionRequest(uri="file:///b.py", text=sample_source, offset=600, max_tokens=4))
+
+
+def test_typing_through_a_suggestion_drafts_from_its_rest(spm_engine, sample_source):
+    """The user types the first characters of the shown completion: its rest is proposed as the
+    draft (source lookup:previous) and the output is still lossless. (A random model moves its
+    prediction when text moves from after <|fim_middle|> into the prefix, so acceptance is
+    asserted on the trained demo pair in test_demo_engine.py.)"""
+    text = sample_source
+    cursor = text.index("        return ranked[:count]")
+    first = spm_engine.complete(request(text, cursor, use_draft_model=False))
+    typed = spm_engine.pair.tokenizer.decode(first.token_ids[:2])
+    assert first.text.startswith(typed) and len(first.text) > len(typed)
+    second = spm_engine.complete(request(text[:cursor] + typed + text[cursor:], cursor + len(typed),
+                                         use_draft_model=False))
+    assert_lossless(spm_engine, second, MAX_TOKENS)
+    assert second.sources["lookup:previous"].proposed > 0

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from specd.engine.drafters import EMPTY, Draft, LookupDrafter, ModelDrafter
+from specd.engine.drafters import EMPTY, ContinuationDrafter, Draft, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import KVState
 from specd.engine.sampling import SamplingParams, probabilities
 from specd.engine.types import Cancelled, SourceStats
@@ -46,12 +46,18 @@ class DraftPlanner:
     model: ModelDrafter | None
     model_length: AdaptiveLength
     lookup_length: AdaptiveLength
+    continuation: ContinuationDrafter | None = None
     stats: dict[str, SourceStats] = field(default_factory=dict)
     lookup_rate: float = 0.6  # running acceptance rate of lookup drafts
 
     def propose(self, seq: Sequence[int], room: int) -> Draft:
         if room <= 0:
             return EMPTY
+        if self.continuation is not None:
+            draft = self.continuation.propose(seq, room)
+            if draft.tokens:
+                return draft
+            self.continuation = None  # diverged or used up: it never proposes again
         match = self.lookup.propose(seq, min(room, self.lookup_length.current)) if self.lookup else EMPTY
         if match.tokens and (match.ngram >= LOOKUP_TRUSTED_NGRAM or self.model is None
                              or self.lookup_rate >= LOOKUP_MIN_RATE):
@@ -69,7 +75,7 @@ class DraftPlanner:
         stats.steps += 1
         if draft.source == ModelDrafter.source:
             self.model_length.update(len(draft), accepted)
-        else:
+        elif draft.source != ContinuationDrafter.source:
             self.lookup_length.update(len(draft), accepted)
             self.lookup_rate = 0.8 * self.lookup_rate + 0.2 * (accepted / len(draft))
 

@@ -13,7 +13,7 @@ from typing import Protocol, Sequence
 import torch
 
 from specd.engine.kvcache import KVState
-from specd.engine.lookup import NgramIndex, lookup
+from specd.engine.lookup import MAX_N, NgramIndex, lookup
 from specd.engine.sampling import SamplingParams, probabilities, sample
 
 
@@ -49,6 +49,24 @@ class LookupDrafter:
         if match is None:
             return EMPTY
         return Draft(match.tokens, match.source, None, match.ngram)
+
+
+class ContinuationDrafter:
+    """The document's previous completion minus what the user typed since: while the user types
+    through a suggestion, its rest is the best possible draft. It proposes only while the output
+    so far agrees with it; the first rejection ends it."""
+
+    source = "lookup:previous"
+
+    def __init__(self, prompt_length: int, tokens: list[int]):
+        self.prompt_length = prompt_length
+        self.tokens = tokens
+
+    def propose(self, seq: Sequence[int], k: int) -> Draft:
+        done = len(seq) - self.prompt_length
+        if done >= len(self.tokens) or list(seq[self.prompt_length:]) != self.tokens[:done]:
+            return EMPTY
+        return Draft(self.tokens[done:done + k], self.source, None, MAX_N)
 
 
 class ModelDrafter:

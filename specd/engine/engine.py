@@ -17,7 +17,7 @@ import torch
 
 from specd.engine import compat
 from specd.engine.decode import AdaptiveLength, DraftPlanner, speculative_decode
-from specd.engine.drafters import LookupDrafter, ModelDrafter
+from specd.engine.drafters import ContinuationDrafter, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
 from specd.engine.models import ModelPair, load_pair
@@ -233,13 +233,16 @@ class Engine:
         if use_draft:
             model = ModelDrafter(state.draft, self.vocab_size, sampling, opts.draft_confidence, generator)
         planner = DraftPlanner(lookup, model, AdaptiveLength(min(4, opts.draft_max), opts.draft_max),
-                               AdaptiveLength(opts.lookup_max, opts.lookup_max))
+                               AdaptiveLength(opts.lookup_max, opts.lookup_max),
+                               self._continuation(state, text, offset, len(prompt.ids)) if use_lookup else None)
         stop = StopRules(pair.tokenizer, self.stop_ids, req.single_line,
                          prompt.indent if req.stop_at_block_end else None)
         target_forwards_before = state.target.forwards
         draft_forwards_before = state.draft.forwards if state.draft else 0
         outcome = speculative_decode(state.target, list(prompt.ids), planner, sampling, max_tokens, stop,
                                      deadline=started + budget_s, cancel=cancel, generator=generator)
+        completion = stop.text()
+        state.last_prefix, state.last_completion = text[:offset], completion
         if kv_reuse and req.uri:
             self.caches.put(key, state)
             self.caches.enforce_budget(keep=key)
@@ -251,7 +254,7 @@ class Engine:
             total.steps += s.steps
         total_s = time.monotonic() - started
         return CompletionResult(
-            text=stop.text(),
+            text=completion,
             token_ids=outcome.tokens,
             prompt_ids=list(prompt.ids),
             stop_reason=outcome.stop_reason,
@@ -264,6 +267,17 @@ class Engine:
             first_token_ms=(prefill_s + outcome.first_token_s) * 1000,
             total_ms=total_s * 1000,
         )
+
+    def _continuation(self, state: DocumentState, text: str, offset: int,
+                      prompt_length: int) -> ContinuationDrafter | None:
+        """If the user typed (part of) the last suggestion, its rest drafts this completion."""
+        old_prefix, old_completion = state.last_prefix, state.last_completion
+        if not old_completion or offset < len(old_prefix) or not text.startswith(old_prefix):
+            return None
+        typed = text[len(old_prefix):offset]
+        if len(typed) >= len(old_completion) or not old_completion.startswith(typed):
+            return None
+        return ContinuationDrafter(prompt_length, self.prompts.encode(old_completion[len(typed):]))
 
     # -- reporting -------------------------------------------------------------------------
 

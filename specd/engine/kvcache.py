@@ -85,6 +85,8 @@ class DocumentState:
     target: KVState
     draft: KVState | None
     context_index: NgramIndex = field(default_factory=NgramIndex)  # lookup index of the last context
+    last_prefix: str = ""  # text before the cursor at the last request ...
+    last_completion: str = ""  # ... and what was completed there
     last_used: float = field(default_factory=time.monotonic)
 
     def nbytes(self) -> int:
