@@ -57,8 +57,9 @@ class _Methods:
     def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         raise NotImplementedError
 
-    def hello(self, client: str = "specd.client", token: str | None = None, timeout: float | None = 10.0):
-        return self.request(Method.HELLO.value, _params(client=client, token=token), timeout)
+    def hello(self, client: str = "specd.client", token: str | None = None, errors: str | None = None,
+              timeout: float | None = 10.0):
+        return self.request(Method.HELLO.value, _params(client=client, token=token, errors=errors), timeout)
 
     def open_document(self, uri: str, text: str, version: int = 0, language: str | None = None,
                       timeout: float | None = 30.0):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -217,6 +218,29 @@ def test_raw_neovim_style_frames(daemon):
     by_id = {r[1]: r for r in replies}
     assert by_id[7][0] == 1 and by_id[7][2] is None and by_id[7][3]["server"] == "specd"
     assert by_id[8][2]["code"] == "method_not_found" and by_id[8][3] is None
+
+
+def test_string_errors_for_neovim(daemon):
+    """After hello {errors = "string"} the error slot is "code: message" (Neovim shows strings only)."""
+    with daemon.client() as c:
+        assert "string" in c.hello(errors="string")["error_formats"]
+        with pytest.raises(RpcError) as info:
+            c.request("bogus", {})
+        assert info.value.code == "method_not_found"  # the client parses the string form back
+        msgid, pending = c.send_request("complete", {"text": "x", "cursor": 5})
+        with pytest.raises(RpcError) as info:
+            pending.result(10)
+        assert info.value.code == "out_of_range"
+        expect_error(ErrorCode.INVALID_PARAMS, c.hello, errors="xml")
+    with raw_connect(daemon.socket_path) as sock:
+        sock.sendall(pack([0, 1, "hello", [{"errors": "string"}]]) + pack([0, 2, "bogus", []]))
+        unpacker = msgpack.Unpacker(raw=False)
+        replies = []
+        while len(replies) < 2:
+            unpacker.feed(sock.recv(65536))
+            replies.extend(unpacker)
+    by_id = {reply[1]: reply for reply in replies}  # answers come as they finish, not in order
+    assert by_id[2][2].startswith("method_not_found: no method 'bogus'")
 
 
 # -- supersede, cancel, queueing ------------------------------------------------------------------
@@ -699,3 +723,31 @@ def test_tcp_misconfiguration_refuses_to_start(tmp_path, spec, config, message):
     assert d.proc.wait(30) == 1
     assert message in d.stderr()
     assert not d.socket_path.exists()
+
+
+# -- the Neovim example from docs/socket-api.md, run verbatim --------------------------------------
+
+
+def _doc_lua_example() -> str:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "socket-api.md").read_text(encoding="utf-8")
+    start = doc.index("```lua\n", doc.index("### Neovim")) + len("```lua\n")
+    return doc[start:doc.index("```", start)]
+
+
+@pytest.mark.skipif(shutil.which("nvim") is None, reason="nvim is not installed")
+def test_neovim_lua_example_from_the_docs(fake_daemon, tmp_path):
+    script = tmp_path / "example.lua"
+    script.write_text(_doc_lua_example(), encoding="utf-8")
+    source = tmp_path / "m.py"
+    source.write_text("def f(x):\n    return x\n", encoding="utf-8")
+    env = {**fake_daemon.env, "HOME": str(tmp_path)}
+    # Cursor on line 2 after "    re" (byte column 6), then run the example and quit.
+    done = subprocess.run(
+        ["nvim", "--headless", "--clean", str(source), "-c", "call cursor(2, 7)", "-c", f"luafile {script}", "-c", "qa!"],
+        env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "specd 0.1.0, target fake-target, ready" in output, output
+    # The fake engine echoes the 12 characters before the cursor: byte column 6 of line 2.
+    assert "[f(x):\n    re]" in output and "2 tokens in" in output, output
+    assert "specd error" not in output and "E5113" not in output, output

@@ -36,7 +36,7 @@ from specd.daemon.worker import FAILED, LOADING, READY, STARTING, DocumentMirror
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.messages import Notification, Request
 from specd.protocol.framing import pack
-from specd.protocol.methods import CAPABILITIES, ERROR_NOTIFICATION, POSITION_ENCODINGS, PROTOCOL_VERSION, Method
+from specd.protocol.methods import CAPABILITIES, ERROR_FORMATS, ERROR_NOTIFICATION, POSITION_ENCODINGS, PROTOCOL_VERSION, Method
 from specd.protocol.session import Session, linger_close
 
 log = logging.getLogger("specd.daemon")
@@ -587,6 +587,11 @@ class Daemon:
             conn.authenticated = True
         client = params.get("client")
         conn.client = client if isinstance(client, str) else ""
+        errors = params.get("errors", "map")
+        if errors not in ERROR_FORMATS:
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"errors must be one of {', '.join(ERROR_FORMATS)}")
+        if conn.session is not None:
+            conn.session.encode_error = RpcError.to_text if errors == "string" else RpcError.to_wire
         return {
             "server": "specd",
             "version": __version__,
@@ -595,7 +600,8 @@ class Daemon:
             "capabilities": list(CAPABILITIES),
             "methods": [m.value for m in Method],
             "position_encodings": list(POSITION_ENCODINGS),
-            "models": self._models(),
+            "error_formats": list(ERROR_FORMATS),
+            "models": await self._model_names(),
             "state": self.worker.state,
             "limits": {
                 "max_frame_bytes": self.max_frame_bytes,
@@ -781,6 +787,12 @@ class Daemon:
             except Exception as err:
                 error = err
         return {"error": f"{type(error).__name__}: {error}"}
+
+    async def _model_names(self) -> dict[str, Any]:
+        models = (await self._engine_stats()).get("models")
+        if isinstance(models, dict) and "target" in models:
+            return {"target": models.get("target"), "draft": models.get("draft")}
+        return self._models()
 
     def _load_failure(self) -> RpcError | None:
         if self.worker.state != FAILED:

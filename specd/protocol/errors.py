@@ -53,6 +53,10 @@ class RpcError(Exception):
             out["data"] = self.data
         return out
 
+    def to_text(self) -> str:
+        """The one-string form, for clients that can only show a string (Neovim's rpcrequest)."""
+        return f"{self.code}: {self.message}"
+
     @classmethod
     def from_wire(cls, error: Any) -> RpcError:
         """Build from a response's error slot; tolerates Neovim's ``[type, message]`` shape."""
@@ -63,6 +67,9 @@ class RpcError(Exception):
             return cls(str(code), str(message), data if isinstance(data, dict) else None)
         if isinstance(error, (list, tuple)) and len(error) == 2:
             return cls(ErrorCode.INTERNAL_ERROR, str(error[1]))
+        if isinstance(error, str) and ": " in error and error.split(": ", 1)[0] in _CODES:
+            code, message = error.split(": ", 1)
+            return cls(code, message)
         return cls(ErrorCode.INTERNAL_ERROR, str(error))
 
     def __str__(self) -> str:
@@ -70,3 +77,6 @@ class RpcError(Exception):
 
     def __repr__(self) -> str:
         return f"RpcError({self.code!r}, {self.message!r})"
+
+
+_CODES = frozenset(code.value for code in ErrorCode)

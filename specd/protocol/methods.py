@@ -28,6 +28,11 @@ ERROR_NOTIFICATION = "specd/error"
 # default), utf-8 counts bytes (Neovim's column).
 POSITION_ENCODINGS = ("utf-32", "utf-16", "utf-8")
 
+# Shapes of the error slot a client may ask for in hello ("errors"): "map" is {code, message,
+# data?} (the default); "string" is "code: message", because Neovim's rpcrequest shows a string
+# error but reports any map as "unknown error".
+ERROR_FORMATS = ("map", "string")
+
 CAPABILITIES = (
     "buffers",  # open/change/close with versions
     "ranged_edits",

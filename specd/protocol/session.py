@@ -94,6 +94,9 @@ class Session:
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_REQUESTS)
         self._closed = False
         self._linger = False  # close gently so the peer reads our last error
+        # How an error goes in a response's error slot: the {code, message} map by default;
+        # the daemon switches a connection to "code: message" strings on request (Neovim).
+        self.encode_error: Callable[[RpcError], Any] = RpcError.to_wire
         self.close_reason: RpcError | None = None
 
     # -- sending ---------------------------------------------------------------------------
@@ -184,7 +187,7 @@ class Session:
             message = parse_message(obj)
         except InvalidMessage as err:
             if err.msgid is not None:
-                self._write(Response(err.msgid, err.to_wire(), None).to_wire())
+                self._write(Response(err.msgid, self.encode_error(err), None).to_wire())
                 await self._flush()
             else:
                 await self.send_error_notification(err)
@@ -220,13 +223,13 @@ class Session:
             result = await self.handler(request)
             response = Response(request.msgid, None, result)
         except RpcError as err:
-            response = Response(request.msgid, err.to_wire(), None)
+            response = Response(request.msgid, self.encode_error(err), None)
         except asyncio.CancelledError:
-            response = Response(request.msgid, RpcError(ErrorCode.CANCELLED, "request cancelled").to_wire(), None)
+            response = Response(request.msgid, self.encode_error(RpcError(ErrorCode.CANCELLED, "request cancelled")), None)
         except Exception as err:  # every handler failure still answers the request
             log.exception("%s: %s failed", self.name, request.method)
             error = RpcError(ErrorCode.INTERNAL_ERROR, f"{type(err).__name__}: {err}")
-            response = Response(request.msgid, error.to_wire(), None)
+            response = Response(request.msgid, self.encode_error(error), None)
         finally:
             self._slots.release()
         try:
@@ -234,7 +237,7 @@ class Session:
         except (TypeError, ValueError, OverflowError) as err:  # a result msgpack cannot carry
             log.error("%s: cannot encode the result of %s: %s", self.name, request.method, err)
             error = RpcError(ErrorCode.INTERNAL_ERROR, f"result not encodable: {err}")
-            self._write(Response(request.msgid, error.to_wire(), None).to_wire())
+            self._write(Response(request.msgid, self.encode_error(error), None).to_wire())
         await self._flush()
 
     # -- closing ---------------------------------------------------------------------------
