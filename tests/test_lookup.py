@@ -39,3 +39,18 @@ def test_incremental_updates_equal_a_fresh_build(first, second, keep):
     fresh = NgramIndex(target)
     assert index.tokens == fresh.tokens
     assert index._ends == fresh._ends
+    for cut in range(len(target) + 1):
+        assert index.find(target[:cut], 4) == fresh.find(target[:cut], 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=TOKENS, tail=st.lists(st.integers(0, 6), min_size=2, max_size=8))
+def test_find_agrees_with_a_brute_force_search(tokens, tail):
+    """Longest suffix match of length 2..5, most recent occurrence among equals."""
+    expected = ([], 0)
+    for n in range(min(5, len(tail)), 1, -1):
+        ends = [e for e in range(n, len(tokens)) if tokens[e - n:e] == tail[-n:]]
+        if ends:
+            expected = (tokens[ends[-1]:ends[-1] + 3], n)
+            break
+    assert NgramIndex(tokens).find(tail, 3) == expected

@@ -1,17 +1,21 @@
 """Prompt lookup: an incremental n-gram index over token sequences. Pure Python, no model.
 
-Each ``NgramIndex`` maps every n-gram (MIN_N <= n <= MAX_N) of its token list to the positions
-just after it, in increasing order. Appending and truncating touch only the changed tail, so
-the index of a document or of a growing completion is kept up to date without rescans.
+Each ``NgramIndex`` keys every bigram of its token list to the positions just after it (a
+compact ``array``, increasing). A lookup takes the candidates of the tail's bigram, most recent
+first, and extends each match backwards up to ``MAX_N`` tokens; the longest wins. Memory is
+about 4 bytes per token plus one entry per distinct bigram, so whole workspaces fit. Appending
+and truncating touch only the changed tail: no rescans.
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 MIN_N = 2  # a single shared token predicts little
 MAX_N = 5  # longer matches are rarer and barely more reliable than 5-grams
+MAX_CANDIDATES = 64  # bigram occurrences examined per lookup, most recent first
 
 
 @dataclass(frozen=True)
@@ -22,10 +26,10 @@ class Match:
 
 
 class NgramIndex:
-    def __init__(self, tokens: Iterable[int] = (), min_n: int = MIN_N, max_n: int = MAX_N):
-        self.min_n, self.max_n = min_n, max_n
-        self.tokens: list[int] = []
-        self._ends: dict[tuple[int, ...], list[int]] = {}
+    def __init__(self, tokens: Iterable[int] = ()):
+        self.max_n = MAX_N
+        self.tokens = array("l")
+        self._ends: dict[tuple[int, int], array] = {}
         self.extend(tokens)
 
     def __len__(self) -> int:
@@ -35,30 +39,34 @@ class NgramIndex:
         tokens = self.tokens
         start = len(tokens)
         tokens.extend(new)
-        for end in range(start + 1, len(tokens) + 1):
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                self._ends.setdefault(tuple(tokens[end - n:end]), []).append(end)
+        ends = self._ends
+        for end in range(max(start, 1) + 1, len(tokens) + 1):
+            key = (tokens[end - 2], tokens[end - 1])
+            positions = ends.get(key)
+            if positions is None:
+                ends[key] = array("l", (end,))
+            else:
+                positions.append(end)
 
     def truncate(self, length: int) -> None:
         """Drop tokens from ``length`` on. Positions are appended in order, so each pop is the last."""
         tokens = self.tokens
-        for end in range(len(tokens), length, -1):
-            for n in range(self.min_n, min(self.max_n, end) + 1):
-                key = tuple(tokens[end - n:end])
-                ends = self._ends[key]
-                ends.pop()
-                if not ends:
-                    del self._ends[key]
+        for end in range(len(tokens), max(length, 1), -1):
+            key = (tokens[end - 2], tokens[end - 1])
+            positions = self._ends[key]
+            positions.pop()
+            if not positions:
+                del self._ends[key]
         del tokens[length:]
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Make the index hold ``tokens``, touching only what differs from what it holds."""
         held = len(self.tokens)
-        if len(tokens) >= held and list(tokens[:held]) == self.tokens:  # grew at the end
+        if len(tokens) >= held and self.tokens.tolist() == list(tokens[:held]):  # grew at the end
             self.extend(tokens[held:])
             return
         keep = 0
-        limit = min(len(self.tokens), len(tokens))
+        limit = min(held, len(tokens))
         while keep < limit and self.tokens[keep] == tokens[keep]:
             keep += 1
         self.truncate(keep)
@@ -66,15 +74,33 @@ class NgramIndex:
 
     def find(self, tail: Sequence[int], k: int) -> tuple[list[int], int]:
         """Continuation (up to k tokens) after the most recent occurrence of the longest
-        matching suffix n-gram of ``tail``; ([], 0) when nothing matches."""
-        for n in range(min(self.max_n, len(tail)), self.min_n - 1, -1):
-            ends = self._ends.get(tuple(tail[-n:]))
-            if not ends:
+        matching suffix n-gram of ``tail`` (MIN_N <= n <= MAX_N); ([], 0) when none."""
+        if len(tail) < MIN_N:
+            return [], 0
+        positions = self._ends.get((tail[-2], tail[-1]))
+        if not positions:
+            return [], 0
+        tokens, size = self.tokens, len(self.tokens)
+        longest = min(self.max_n, len(tail))
+        best_end, best_n = -1, 0
+        examined = 0
+        for i in range(len(positions) - 1, -1, -1):
+            end = positions[i]
+            if end >= size:  # the tail itself: nothing follows it
                 continue
-            for end in reversed(ends):
-                if end < len(self.tokens):  # an occurrence with something after it
-                    return self.tokens[end:end + k], n
-        return [], 0
+            n = MIN_N
+            while n < longest and end - n - 1 >= 0 and tokens[end - n - 1] == tail[-n - 1]:
+                n += 1
+            if n > best_n:
+                best_end, best_n = end, n
+                if n == longest:
+                    break
+            examined += 1
+            if examined >= MAX_CANDIDATES:
+                break
+        if best_end < 0:
+            return [], 0
+        return tokens[best_end:best_end + k].tolist(), best_n
 
 
 def lookup(tail: Sequence[int], k: int, indexes: Sequence[tuple[str, NgramIndex]]) -> Match | None:
