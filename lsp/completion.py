@@ -1,0 +1,257 @@
+"""Post-processing of the daemon's raw completions into what the editor should show.
+
+Pure functions on strings, no LSP and no daemon, so each rule is testable on its own:
+
+- stop at the end of the block (by indentation) and, in single-line mode, at the line end;
+- keep brackets balanced: a closer that matches nothing opened before it cuts the completion;
+- trim the overlap with the text after the cursor (the model often re-types it);
+- drop completions that are empty or only repeat the text after the cursor;
+- when the rest of the line is only closing brackets, quotes and punctuation (``)``, ``")``,
+  ``]);``), the suggestion replaces the rest of the line and carries those closers itself,
+  so accepting it leaves exactly one of each.
+
+Brackets and quotes are tracked by a small language-agnostic scanner (``#`` and ``//`` start
+line comments, strings end at their line's end); it is a heuristic, tuned to fail safe by
+cutting a suggestion short rather than leaving it unbalanced.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+OPENERS = {"(": ")", "[": "]", "{": "}"}
+CLOSERS = {")": "(", "]": "[", "}": "{"}
+QUOTES = "\"'`"
+# What the rest of a line may hold for a suggestion to replace it (auto-paired closers and the
+# punctuation that usually follows them).
+LINE_SUFFIX_CLOSERS = re.compile(r"[\s)\]}\"'`;,:]*")
+PUNCTUATION = ";,:"
+PREFIX_WINDOW = 4000  # characters before the cursor the bracket scanner looks at
+SUFFIX_WINDOW = 2000  # characters after the cursor kept for overlap checks
+MIN_PARTIAL_OVERLAP = 3  # a shorter tail matching the start of the suffix may be a coincidence
+BLOCK_OPENERS = (":", "{", "(", "[")
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+@dataclass(frozen=True)
+class CursorContext:
+    """The text around the cursor: a window before it and a window after it."""
+
+    prefix: str
+    suffix: str
+
+    @property
+    def line_prefix(self) -> str:
+        match = None
+        for match in LINE_BREAK.finditer(self.prefix):
+            pass
+        return self.prefix[match.end():] if match else self.prefix
+
+    @property
+    def line_suffix(self) -> str:
+        match = LINE_BREAK.search(self.suffix)
+        return self.suffix[:match.start()] if match else self.suffix
+
+    @property
+    def following_lines(self) -> list[str]:
+        """The lines after the cursor's line."""
+        return LINE_BREAK.split(self.suffix)[1:]
+
+
+def context_at(text: str, offset: int, before: int = PREFIX_WINDOW, after: int = SUFFIX_WINDOW) -> CursorContext:
+    return CursorContext(text[max(0, offset - before):offset], text[offset:offset + after])
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """What to show: ``insert_text`` replaces ``replace_chars`` code points after the cursor."""
+
+    insert_text: str
+    replace_chars: int = 0
+    completion: str = ""  # the completion proper, before any closers were carried into it
+
+
+# -- brackets --------------------------------------------------------------------------------
+
+
+@dataclass
+class BracketState:
+    stack: list[str] = field(default_factory=list)  # open brackets, innermost last
+    quote: str | None = None  # the quote of the string we are in, if any
+    comment: bool = False
+
+
+def scan_prefix(text: str) -> BracketState:
+    """Bracket state at the end of ``text``; closers that match nothing are ignored."""
+    state = BracketState()
+    index = 0
+    while index < len(text):
+        ch = text[index]
+        if ch in "\r\n":
+            state.quote, state.comment = None, False
+        elif state.comment:
+            pass
+        elif state.quote is not None:
+            if ch == "\\":
+                index += 1
+            elif ch == state.quote:
+                state.quote = None
+        elif ch in QUOTES:
+            state.quote = ch
+        elif ch == "#" or text.startswith("//", index):
+            state.comment = True
+        elif ch in OPENERS:
+            state.stack.append(ch)
+        elif ch in CLOSERS and state.stack and state.stack[-1] == CLOSERS[ch]:
+            state.stack.pop()
+        index += 1
+    return state
+
+
+@dataclass(frozen=True)
+class Balanced:
+    text: str  # the completion, cut before its first closer that matches nothing
+    consumed: list[tuple[int, str]]  # (index, char) of closers/quotes that close what the prefix opened
+
+
+def balance(completion: str, before: BracketState) -> Balanced:
+    """Cut ``completion`` at its first unbalanced closer; note which closers close the prefix's."""
+    stack = list(before.stack)
+    outer = len(stack)  # entries below this index were opened before the cursor
+    quote, quote_from_prefix = before.quote, before.quote is not None
+    comment = before.comment
+    consumed: list[tuple[int, str]] = []
+    index = 0
+    while index < len(completion):
+        ch = completion[index]
+        if ch in "\r\n":
+            quote, comment, quote_from_prefix = None, False, False
+        elif comment:
+            pass
+        elif quote is not None:
+            if ch == "\\":
+                index += 1
+            elif ch == quote:
+                if quote_from_prefix:
+                    consumed.append((index, ch))
+                quote, quote_from_prefix = None, False
+        elif ch in QUOTES:
+            quote = ch
+        elif ch == "#" or completion.startswith("//", index):
+            comment = True
+        elif ch in OPENERS:
+            stack.append(ch)
+        elif ch in CLOSERS:
+            if not stack or stack[-1] != CLOSERS[ch]:
+                return Balanced(completion[:index], consumed)
+            stack.pop()
+            if len(stack) < outer:
+                outer = len(stack)
+                consumed.append((index, ch))
+        index += 1
+    return Balanced(completion, consumed)
+
+
+# -- blocks and lines ------------------------------------------------------------------------
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def cut_at_block_end(completion: str, line_prefix: str) -> str:
+    """Keep the completion inside the block the cursor is in (judged by indentation)."""
+    lines = completion.split("\n")
+    if len(lines) == 1:
+        return completion
+    first = line_prefix + lines[0]
+    base = _indent(first) if first.strip() else len(line_prefix)
+    opens_block = first.rstrip().endswith(BLOCK_OPENERS)
+    kept = [lines[0]]
+    for line in lines[1:]:
+        if not line.strip():
+            kept.append(line)
+            continue
+        indent = _indent(line)
+        if opens_block and indent <= base:
+            if indent == base and line.lstrip()[:1] in CLOSERS:
+                kept.append(line)  # the closing brace of the block the cursor's line opened
+            break
+        if not opens_block and indent < base:
+            break
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def first_line(text: str) -> str:
+    match = LINE_BREAK.search(text)
+    return text[:match.start()] if match else text
+
+
+def trim_suffix_overlap(completion: str, ctx: CursorContext) -> str:
+    """Remove the tail of the completion that re-types the text after the cursor."""
+    rest = ctx.line_suffix.rstrip()
+    if rest:
+        for size in range(len(rest), 0, -1):
+            if size < len(rest) and size < MIN_PARTIAL_OVERLAP:
+                break
+            if completion.endswith(rest[:size]):
+                return completion[:-size]
+    # Whole lines: the completion's last lines equal the lines that follow the cursor's line.
+    lines = completion.split("\n")
+    following = [line.strip() for line in ctx.following_lines if line.strip()]
+    for count in range(min(len(lines) - 1, len(following)), 0, -1):
+        tail = [line.strip() for line in lines[-count:]]
+        if all(tail) and tail == following[:count]:
+            return "\n".join(lines[:-count])
+    return completion
+
+
+# -- the pipeline ----------------------------------------------------------------------------
+
+
+def postprocess(
+    raw: str,
+    ctx: CursorContext,
+    *,
+    single_line: bool = False,
+    replace_line_suffix: bool = True,
+) -> Suggestion | None:
+    """Turn a raw completion into a Suggestion, or None when nothing is worth showing."""
+    text = raw.replace("\r\n", "\n")
+    if single_line:
+        text = first_line(text)
+    text = cut_at_block_end(text, ctx.line_prefix)
+    balanced = balance(text, scan_prefix(ctx.prefix))
+    text = balanced.text.rstrip()
+    consumed = [(index, ch) for index, ch in balanced.consumed if index < len(text)]
+    line_suffix = ctx.line_suffix
+    if not text.strip():
+        return None
+
+    if replace_line_suffix and line_suffix.strip() and LINE_SUFFIX_CLOSERS.fullmatch(line_suffix):
+        # The rest of the line is closers the editor auto-inserted: replace it, keeping one of each.
+        rest = line_suffix.strip()
+        for _, ch in consumed:
+            if rest.startswith(ch):
+                rest = rest[1:].lstrip()
+            else:
+                break
+        tail = text[consumed[-1][0] + 1:] if consumed else ""
+        if tail and not tail.strip(PUNCTUATION) and rest.startswith(tail):
+            rest = rest[len(tail):]  # the model typed the trailing ";" itself
+        return Suggestion(text + rest, len(line_suffix), text)
+
+    text = trim_suffix_overlap(text, ctx).rstrip()
+    if line_suffix.strip():
+        # Mid-line: a closer that closes a bracket the rest of the line closes would double it.
+        for index, ch in consumed:
+            if index < len(text) and ch in line_suffix:
+                text = text[:index].rstrip()
+                break
+    if not text.strip():
+        return None
+    if ctx.suffix.lstrip().startswith(text.strip()):
+        return None  # it only repeats what follows the cursor
+    return Suggestion(text, 0, text)
