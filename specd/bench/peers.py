@@ -1,0 +1,157 @@
+"""The methods a benchmark compares: Hugging Face ``generate()`` peers and specd variants.
+
+Every method answers ``run(completion, prompt_ids) -> Run`` on the same loaded models. The HF
+peers get specd's own prompt ids (so all methods see identical inputs) and start cold every
+time, as ``generate()`` does; specd variants go through ``Engine.complete`` with the document
+text and cursor, so their wall time includes building the prompt.
+
+All methods generate greedily with the same token limit and the same stop set (end-of-text and
+FIM tokens); the indentation block-end rule is off, since HF peers cannot apply it, so the
+token lists are directly comparable. A token list never includes the stop token.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from specd.bench.workloads import Completion
+from specd.engine.engine import Engine
+from specd.engine.types import CompletionRequest, SourceStats
+
+REFERENCE = "hf_greedy"
+HF_PEERS = ("hf_greedy", "hf_assisted", "hf_lookup")
+SPECD_METHODS = ("specd", "specd_no_draft", "specd_no_lookup", "specd_no_reuse")
+ALL_METHODS = HF_PEERS + SPECD_METHODS
+NEEDS_DRAFT = frozenset({"hf_assisted", "specd_no_lookup"})
+PROMPT_LOOKUP_TOKENS = 10  # HF's documented example value for prompt_lookup_num_tokens
+NO_TIME_BUDGET_MS = 10**9  # the bench compares full outputs; the engine's wall-clock stop stays out
+
+
+@dataclass
+class Run:
+    """One method's answer to one completion."""
+
+    tokens: list[int]
+    ms: float  # wall time of the whole call, as the caller sees it
+    target_forwards: int  # target forward passes that produced tokens (prefill excluded for specd)
+    first_token_ms: float
+    prefill_computed: int  # prompt tokens run through the target
+    prefill_reused: int  # prompt tokens served from a cache
+    sources: dict[str, SourceStats] = field(default_factory=dict)  # proposals/acceptances per drafter
+
+
+class Method(Protocol):
+    name: str
+
+    def run(self, item: Completion, prompt_ids: list[int]) -> Run: ...
+
+    def close_document(self, doc: str) -> None: ...
+
+
+class ForwardWatch:
+    """Counts a model's forward calls and notes when the first one ended (a forward hook)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.calls = 0
+        self.first_end: float | None = None
+
+    def _hook(self, module, inputs, output) -> None:
+        self.calls += 1
+        if self.first_end is None:
+            self.first_end = time.perf_counter()
+
+    def __enter__(self) -> "ForwardWatch":
+        self._handle = self.model.register_forward_hook(self._hook)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._handle.remove()
+
+
+class HfMethod:
+    """``model.generate(do_sample=False)`` on the full prompt, with optional HF speculation."""
+
+    def __init__(self, name: str, engine: Engine, max_tokens: int, **generate_kwargs):
+        self.name = name
+        self.pair = engine.pair
+        self.stop_ids = sorted(engine.stop_ids)
+        self.max_tokens = max_tokens
+        self.generate_kwargs = generate_kwargs
+        tokenizer = self.pair.tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+
+    def run(self, item: Completion, prompt_ids: list[int]) -> Run:
+        target = self.pair.target
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.pair.device)
+        with ForwardWatch(target) as watch:
+            started = time.perf_counter()
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_tokens,
+                                  do_sample=False, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
+                                  **self.generate_kwargs)
+            tokens = out[0, len(prompt_ids):].tolist()  # .tolist() waits for the device
+            ms = (time.perf_counter() - started) * 1000
+        if tokens and tokens[-1] in self.stop_ids:  # generate() keeps the stop token; specd doesn't
+            tokens.pop()
+        first = ((watch.first_end or started) - started) * 1000
+        return Run(tokens, ms, watch.calls, first, len(prompt_ids), 0)
+
+    def close_document(self, doc: str) -> None:
+        pass
+
+
+class SpecdMethod:
+    """``Engine.complete`` with a chosen set of drafters and KV reuse on or off. With reuse on,
+    successive completions of one document share its cache, as in the daemon."""
+
+    def __init__(self, name: str, engine: Engine, max_tokens: int, use_draft: bool, use_lookup: bool,
+                 kv_reuse: bool):
+        self.name = name
+        self.engine = engine
+        self.max_tokens = max_tokens
+        self.use_draft, self.use_lookup, self.kv_reuse = use_draft, use_lookup, kv_reuse
+
+    def _uri(self, doc: str) -> str:
+        return f"bench/{self.name}/{doc}"  # each method keeps its own caches
+
+    def run(self, item: Completion, prompt_ids: list[int]) -> Run:
+        request = CompletionRequest(
+            uri=self._uri(item.doc), text=item.text, offset=item.offset, max_tokens=self.max_tokens,
+            stop_at_block_end=False, time_budget_ms=NO_TIME_BUDGET_MS, use_draft_model=self.use_draft,
+            use_lookup=self.use_lookup, kv_reuse=self.kv_reuse,
+        )
+        started = time.perf_counter()
+        result = self.engine.complete(request)
+        ms = (time.perf_counter() - started) * 1000
+        if result.prompt_ids != prompt_ids:
+            raise RuntimeError(f"{self.name}: the engine built a different prompt for {item.label} "
+                               "than the one the HF peers were given")
+        return Run(list(result.token_ids), ms, result.target_forwards, result.first_token_ms,
+                   result.prefill_computed, result.prefill_reused, dict(result.sources))
+
+    def close_document(self, doc: str) -> None:
+        self.engine.caches.drop(self._uri(doc))
+
+
+def make_method(name: str, engine: Engine, max_tokens: int) -> Method:
+    draft = engine.pair.draft
+    if name == "hf_greedy":
+        return HfMethod(name, engine, max_tokens)
+    if name == "hf_assisted":
+        return HfMethod(name, engine, max_tokens, assistant_model=draft)
+    if name == "hf_lookup":
+        return HfMethod(name, engine, max_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS)
+    has_draft = draft is not None
+    if name == "specd":
+        return SpecdMethod(name, engine, max_tokens, has_draft, True, True)
+    if name == "specd_no_draft":
+        return SpecdMethod(name, engine, max_tokens, False, True, True)
+    if name == "specd_no_lookup":
+        return SpecdMethod(name, engine, max_tokens, True, False, True)
+    if name == "specd_no_reuse":
+        return SpecdMethod(name, engine, max_tokens, has_draft, True, False)
+    raise ValueError(f"unknown method {name!r} (known: {', '.join(ALL_METHODS)})")

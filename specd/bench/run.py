@@ -1,0 +1,216 @@
+"""``specd bench``: every method on every completion, interleaved, on one loaded model pair.
+
+Order of work: load the pair once, cut the workloads, warm every method up once (first-call
+overheads stay out of the numbers), then for each completion run all methods back to back,
+rotating which goes first, so a slow stretch of a shared machine hits every method alike.
+Results go to stdout (table, or JSON with ``--json``); logs and the progress bar to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import shlex
+import sys
+import time
+from typing import Any
+
+from specd.bench import report as reporting
+from specd.bench.peers import ALL_METHODS, NEEDS_DRAFT, REFERENCE, Method, Run, make_method
+from specd.bench.workloads import WORKLOADS, Completion, build_workloads, load_corpus
+
+log = logging.getLogger(__name__)
+
+EXIT_USAGE = 2
+EXIT_MODEL = 1
+WARMUP_DOC = "warmup"
+
+
+def _names(value: str | None, known: tuple[str, ...], what: str) -> list[str]:
+    if not value:
+        return list(known)
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown {what} {', '.join(unknown)} (known: {', '.join(known)})")
+    return list(dict.fromkeys(names))
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``specd bench`` invocation that reproduces this run (flags that were given)."""
+    parts = ["specd", "bench"]
+    for flag, name in (("--model", "model"), ("--draft-model", "draft_model"), ("--device", "device"),
+                       ("--dtype", "dtype"), ("--corpus", "corpus"), ("--methods", "methods")):
+        value = getattr(args, name, None)
+        if value:
+            parts += [flag, str(value)]
+    defaults = {"workloads": ",".join(WORKLOADS), "limit": 12, "max_tokens": 48, "seed": 0, "threads": None}
+    for flag, name in (("--workloads", "workloads"), ("--limit", "limit"), ("--max-tokens", "max_tokens"),
+                       ("--seed", "seed"), ("--threads", "threads")):
+        value = getattr(args, name, None)
+        if value is not None and value != defaults[name]:
+            parts += [flag, str(value)]
+    if getattr(args, "json", False):
+        parts.append("--json")
+    if getattr(args, "plot", None):
+        parts += ["--plot", args.plot]
+    return shlex.join(parts)
+
+
+def _load_engine(cfg):
+    from specd.engine.engine import Engine, EngineOptions
+
+    engine = Engine(EngineOptions.from_config(cfg))
+    engine.ensure_loaded()  # the embedded demo pair when no model is configured
+    return engine
+
+
+def _methods(names: list[str], engine, max_tokens: int) -> list[Method]:
+    if REFERENCE not in names:
+        log.info("also running %s: every method's output is compared with it", REFERENCE)
+        names = [REFERENCE, *names]
+    if engine.pair.draft is None:
+        skipped = [n for n in names if n in NEEDS_DRAFT]
+        if skipped:
+            log.warning("no draft model: skipping %s", ", ".join(skipped))
+        names = [n for n in names if n not in NEEDS_DRAFT]
+    return [make_method(name, engine, max_tokens) for name in names]
+
+
+def _progress(total: int):
+    from tqdm import tqdm
+
+    # disable=None: a bar on a terminal, silence in pipes and CI logs.
+    return tqdm(total=total, desc="bench", unit="completion", file=sys.stderr, disable=None, dynamic_ncols=True)
+
+
+def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]]) -> dict[str, Any]:
+    """Run every method on every completion; per workload: {method: [Run]} and prompt lengths."""
+    prompt_of = lambda item: engine.prompts.build(item.text, item.offset).ids  # noqa: E731
+    first = next((items[0] for items in workloads.values() if items), None)
+    if first is not None:
+        warm = Completion(first.workload, WARMUP_DOC, first.text, first.offset)
+        for method in methods:
+            method.run(warm, prompt_of(warm))
+            method.close_document(WARMUP_DOC)
+    results: dict[str, Any] = {}
+    total = sum(len(items) for items in workloads.values())
+    turn = 0
+    with _progress(total) as bar:
+        for name, items in workloads.items():
+            runs: dict[str, list[Run]] = {m.name: [] for m in methods}
+            lengths: list[int] = []
+            last_use = {item.doc: i for i, item in enumerate(items)}
+            for i, item in enumerate(items):
+                prompt = prompt_of(item)
+                lengths.append(len(prompt))
+                shift = turn % len(methods)
+                for method in methods[shift:] + methods[:shift]:
+                    runs[method.name].append(method.run(item, prompt))
+                if last_use[item.doc] == i:
+                    for method in methods:
+                        method.close_document(item.doc)
+                turn += 1
+                bar.update()
+            results[name] = (runs, lengths)
+    return results
+
+
+def _metadata(args: argparse.Namespace, engine, wall_s: float) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    from specd import __version__
+
+    opts = engine.options
+    return {
+        "specd": __version__,
+        "command": command_line(args),
+        "models": engine.pair.describe(),
+        "device": str(engine.pair.device),
+        "dtype": str(engine.pair.dtype).removeprefix("torch."),
+        "fim_family": engine.template.name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "settings": {
+            "limit": args.limit, "max_tokens": args.max_tokens, "seed": args.seed,
+            "corpus": args.corpus or "held-out stdlib modules",
+            "prefix_tokens": opts.prefix_tokens, "suffix_tokens": opts.suffix_tokens,
+            "draft_max": opts.draft_max, "lookup_max": opts.lookup_max,
+            "draft_confidence": opts.draft_confidence, "stop_at_block_end": False,
+        },
+        "reference": REFERENCE,
+        "wall_s": round(wall_s, 1),
+    }
+
+
+def run_bench(args: argparse.Namespace, cfg) -> int:
+    started = time.monotonic()
+    try:
+        workload_names = _names(args.workloads, WORKLOADS, "workload")
+        method_names = _names(args.methods, ALL_METHODS, "method")
+        if args.limit < 1 or args.max_tokens < 1:
+            raise ValueError("--limit and --max-tokens must be at least 1")
+        files = load_corpus(args.corpus)
+    except ValueError as err:
+        print(f"specd bench: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    if not files:
+        print(f"specd bench: no usable source files in {args.corpus or 'the held-out stdlib modules'}",
+              file=sys.stderr)
+        return EXIT_USAGE
+
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads < 1:
+        print("specd bench: --threads must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    import torch
+
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _bench(args, cfg, files, workload_names, method_names, started)
+    finally:
+        torch.set_num_threads(previous_threads)  # in-process callers (tests) get theirs back
+
+
+def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], method_names: list[str],
+           started: float) -> int:
+    from specd.engine.types import ModelLoadError
+
+    try:
+        engine = _load_engine(cfg)
+    except ModelLoadError as err:
+        print(f"specd bench: {err}", file=sys.stderr)
+        return EXIT_MODEL
+    workloads = build_workloads(workload_names, files, args.limit, args.seed)
+    methods = _methods(method_names, engine, args.max_tokens)
+    log.info("bench: %s; methods %s; %d source files",
+             ", ".join(f"{n} {len(c)}" for n, c in workloads.items()), ", ".join(m.name for m in methods), len(files))
+
+    results = measure(engine, methods, workloads)
+    report = _metadata(args, engine, time.monotonic() - started)
+    report["workloads"] = {name: reporting.summarize_workload(runs, lengths)
+                           for name, (runs, lengths) in results.items() if lengths}
+    report["goals"] = reporting.goals(report["workloads"])
+    report["identical"] = all(s["identical"] for w in report["workloads"].values() for s in w["methods"].values())
+    if args.plot:
+        reporting.write_plot(report, args.plot)
+        log.info("plot written to %s", args.plot)
+    if args.json:
+        import json
+
+        print(json.dumps(report, indent=2))
+    else:
+        print(reporting.format_table(report))
+    if not report["identical"]:
+        log.warning("some methods' outputs differ from %s; see 'identical' / 'mismatches'", REFERENCE)
+    return 0

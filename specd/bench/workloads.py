@@ -1,0 +1,218 @@
+"""Benchmark workloads cut from real source files.
+
+A workload is a list of ``Completion``s: a document text, a cursor offset and the key of the
+document it belongs to. Methods that keep per-document KV caches key them by ``doc``, so
+completions sharing a ``doc`` are successive requests on one editor buffer.
+
+- ``line``: the cursor at the start of a line (after its indentation) inside a function body,
+  with the rest of the function deleted, as when writing a body top to bottom. Positions of one
+  file share a document key and run in file order, like a user moving down a file.
+- ``edit_replay``: a few lines of a function are deleted and typed back word by word; a
+  completion is requested after every word, with one document key per replayed region, the
+  way an editor asks at each (debounced) keystroke. The rest of the file stays in the buffer,
+  so lookup finds similar code there and consecutive prompts share all but their tail.
+- ``cold``: the cursor at a random column inside a function body, the rest of that line
+  deleted, each completion a fresh document: no cache to reuse.
+
+Everything is drawn from ``random.Random`` seeded by (seed, workload name): the same flags
+give the same completions.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+WORKLOADS = ("line", "edit_replay", "cold")
+SOURCE_SUFFIXES = (".py",)
+MIN_FILE_CHARS = 500  # smaller files give too little context to complete in
+MAX_FILE_CHARS = 400_000  # generated tables and the like; not what people type
+REPLAY_LINES = 3  # lines typed back per edit-replay region
+REPLAY_STEPS = 6  # completions per edit-replay region (one per word typed)
+WORD = re.compile(r"\w+|[^\w\s]+")  # what one burst of typing between two requests adds
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    name: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    workload: str
+    doc: str  # document key: same key = same editor buffer (KV reuse may pay)
+    text: str  # the whole document at request time
+    offset: int  # cursor, in characters
+
+    @property
+    def label(self) -> str:
+        line = self.text.count("\n", 0, self.offset) + 1
+        return f"{self.doc}:{line}"
+
+
+def load_corpus(directory: str | Path | None = None) -> list[SourceFile]:
+    """Source files to cut workloads from: ``directory`` (recursively) or the held-out stdlib
+    modules the demo pair never trained on."""
+    if directory is None:
+        from specd.demo.heldout import heldout_files
+
+        paths, root = heldout_files(), None
+    else:
+        root = Path(directory).expanduser()
+        if not root.is_dir():
+            raise ValueError(f"corpus {directory} is not a directory")
+        paths = sorted(p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file())
+    files = []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if MIN_FILE_CHARS <= len(text) <= MAX_FILE_CHARS:
+            files.append(SourceFile(str(path.relative_to(root)) if root else path.name, text))
+    return files
+
+
+@dataclass(frozen=True)
+class _BodyLine:
+    file: SourceFile
+    line_start: int  # offset of the line's first character
+    cursor: int  # offset just after the line's indentation
+    line_end: int  # offset of the line's newline (or end of text)
+    body_end: int  # offset just past the enclosing function's last line
+
+
+def _line_offsets(text: str) -> list[int]:
+    offsets = [0]
+    for match in re.finditer("\n", text):
+        offsets.append(match.end())
+    return offsets
+
+
+def function_body_lines(file: SourceFile) -> list[_BodyLine]:
+    """Non-blank, non-comment lines inside function bodies (innermost function wins)."""
+    try:
+        tree = ast.parse(file.text)
+    except (SyntaxError, ValueError):
+        return []
+    starts = _line_offsets(file.text)
+    owner: dict[int, int] = {}  # line number -> end line of its innermost enclosing function
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            for lineno in range(node.body[0].lineno, node.end_lineno + 1):
+                previous = owner.get(lineno)
+                if previous is None or node.end_lineno < previous:
+                    owner[lineno] = node.end_lineno
+    lines = []
+    for lineno in sorted(owner):
+        start = starts[lineno - 1]
+        end = file.text.find("\n", start)
+        end = len(file.text) if end < 0 else end
+        content = file.text[start:end]
+        stripped = content.lstrip(" \t")
+        if not stripped or stripped.startswith("#"):
+            continue
+        end_line = owner[lineno]
+        body_end = starts[end_line] if end_line < len(starts) else len(file.text)
+        lines.append(_BodyLine(file, start, start + len(content) - len(stripped), end, body_end))
+    return lines
+
+
+def _open_line(text: str, cursor: int, resume: int) -> str:
+    """The document with ``text[cursor:resume]`` deleted and the cursor's line still ending in a
+    newline (``resume`` is a line start), as in an editor after pressing Enter."""
+    return text[:cursor] + "\n" + text[resume:]
+
+
+def _rng(seed: int, workload: str) -> random.Random:
+    return random.Random(f"{seed}:{workload}")
+
+
+def _all_body_lines(files: Iterable[SourceFile]) -> list[_BodyLine]:
+    return [line for file in files for line in function_body_lines(file)]
+
+
+def line_workload(files: list[SourceFile], limit: int, seed: int) -> list[Completion]:
+    candidates = _all_body_lines(files)
+    picked = _rng(seed, "line").sample(candidates, min(limit, len(candidates)))
+    order = {f.name: i for i, f in enumerate(files)}
+    picked.sort(key=lambda c: (order[c.file.name], c.cursor))
+    return [Completion("line", f"line/{c.file.name}", _open_line(c.file.text, c.cursor, c.body_end), c.cursor)
+            for c in picked]
+
+
+def cold_workload(files: list[SourceFile], limit: int, seed: int) -> list[Completion]:
+    rng = _rng(seed, "cold")
+    candidates = _all_body_lines(files)
+    picked = rng.sample(candidates, min(limit, len(candidates)))
+    out = []
+    for i, c in enumerate(picked):
+        cursor = rng.randint(c.cursor, c.line_end)  # anywhere from after the indent to the line end
+        out.append(Completion("cold", f"cold/{i}/{c.file.name}", c.file.text[:cursor] + c.file.text[c.line_end:],
+                              cursor))
+    return out
+
+
+def typing_stops(typed: str) -> list[int]:
+    """Offsets into ``typed`` where an editor would ask: after each line's indentation (Enter
+    with auto-indent) and after each word or run of punctuation."""
+    stops = []
+    pos = 0
+    for line in typed.splitlines(keepends=True):
+        body = line.rstrip("\n")
+        indent = len(body) - len(body.lstrip(" \t"))
+        stops.append(pos + indent)
+        stops.extend(pos + m.end() for m in WORD.finditer(body))
+        pos += len(line)
+    return sorted(set(stops))
+
+
+def edit_replay_workload(files: list[SourceFile], limit: int, seed: int) -> list[Completion]:
+    rng = _rng(seed, "edit_replay")
+    candidates = _all_body_lines(files)
+    # A region starts on a body line and spans up to REPLAY_LINES lines of the same function.
+    regions = rng.sample(candidates, len(candidates))
+    out: list[Completion] = []
+    used: set[tuple[str, int]] = set()
+    for c in regions:
+        if len(out) >= limit:
+            break
+        if (c.file.name, c.body_end) in used:  # one region per function: keep documents distinct
+            continue
+        used.add((c.file.name, c.body_end))
+        text = c.file.text
+        end = c.line_start
+        for _ in range(REPLAY_LINES):
+            newline = text.find("\n", end, c.body_end)
+            if newline < 0:
+                end = c.body_end
+                break
+            end = newline + 1
+        typed = text[c.line_start:end]
+        stops = [s for s in typing_stops(typed) if s > 0][:REPLAY_STEPS]
+        doc = f"edit_replay/{c.file.name}@{text.count(chr(10), 0, c.line_start) + 1}"
+        for stop in stops[: limit - len(out)]:
+            cursor = c.line_start + stop
+            out.append(Completion("edit_replay", doc, _open_line(text, cursor, end), cursor))
+    return out
+
+
+BUILDERS: dict[str, Callable[[list[SourceFile], int, int], list[Completion]]] = {
+    "line": line_workload,
+    "edit_replay": edit_replay_workload,
+    "cold": cold_workload,
+}
+
+
+def build_workloads(names: Iterable[str], files: list[SourceFile], limit: int, seed: int) -> dict[str, list[Completion]]:
+    out = {}
+    for name in names:
+        if name not in BUILDERS:
+            raise ValueError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
+        out[name] = BUILDERS[name](files, limit, seed)
+    return out

@@ -1,0 +1,181 @@
+"""specd bench: workloads cut from source, and the whole bench through the real CLI on a tiny pair
+(JSON schema, every method token-identical to HF greedy, KV reuse visible, PNG plot)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+
+import pytest
+
+from specd.bench.peers import ALL_METHODS
+from specd.bench.report import format_table, percentile
+from specd.bench.workloads import (
+    WORKLOADS,
+    SourceFile,
+    build_workloads,
+    function_body_lines,
+    load_corpus,
+    typing_stops,
+)
+from specd.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    from conftest import SAMPLE_SOURCE
+
+    root = tmp_path_factory.mktemp("bench-corpus")
+    shutil.copy(SAMPLE_SOURCE, root / "sample_module.py")
+    (root / "notes.txt").write_text("not python\n" * 100)
+    return root
+
+
+# -- workloads (no models) -----------------------------------------------------------------
+
+def test_corpus_reads_python_files_only(corpus_dir):
+    files = load_corpus(corpus_dir)
+    assert [f.name for f in files] == ["sample_module.py"]
+
+
+def test_workloads_are_deterministic_by_seed(corpus_dir):
+    files = load_corpus(corpus_dir)
+    first = build_workloads(WORKLOADS, files, 6, seed=1)
+    assert first == build_workloads(WORKLOADS, files, 6, seed=1)
+    assert first != build_workloads(WORKLOADS, files, 6, seed=2)
+    assert all(len(items) == 6 for items in first.values())
+
+
+def test_line_cursor_sits_after_indentation_inside_a_function(corpus_dir):
+    files = load_corpus(corpus_dir)
+    for item in build_workloads(["line"], files, 8, seed=0)["line"]:
+        line_start = item.text.rfind("\n", 0, item.offset) + 1
+        indent = item.text[line_start:item.offset]
+        assert indent and not indent.strip()  # function bodies are indented
+        assert item.text[item.offset] == "\n"  # the rest of the block was deleted
+
+
+def test_edit_replay_grows_one_document_word_by_word(corpus_dir):
+    files = load_corpus(corpus_dir)
+    items = build_workloads(["edit_replay"], files, 12, seed=0)["edit_replay"]
+    by_doc: dict[str, list] = {}
+    for item in items:
+        by_doc.setdefault(item.doc, []).append(item)
+    assert len(by_doc) >= 2
+    for steps in by_doc.values():
+        for before, after in zip(steps, steps[1:]):
+            typed_before = before.text[: before.offset]
+            assert after.text[: after.offset].startswith(typed_before) and after.offset > before.offset
+            assert before.text[before.offset:] == after.text[after.offset:]  # the text after the cursor stays
+
+
+def test_typing_stops_follow_indentation_and_words():
+    typed = "    total = a + b\n    return total\n"
+    stops = typing_stops(typed)
+    assert [typed[:s] for s in stops[:4]] == ["    ", "    total", "    total =", "    total = a"]
+    assert typed[: stops[-1]].endswith("return total")
+
+
+def test_nested_functions_and_bad_source():
+    text = "def outer():\n    x = 1\n    def inner():\n        return x\n    return inner\n"
+    lines = function_body_lines(SourceFile("f.py", text))
+    assert [text[line.cursor:line.line_end] for line in lines] == ["x = 1", "def inner():", "return x", "return inner"]
+    inner = lines[2]
+    assert text[inner.body_end:].startswith("    return inner")  # innermost function's end
+    assert function_body_lines(SourceFile("bad.py", "def (:\n")) == []
+
+
+def test_percentile_interpolates():
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+    assert percentile([10.0, 20.0], 95) == pytest.approx(19.5)
+    assert percentile([], 95) == 0.0
+
+
+# -- the whole bench, through the CLI --------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bench_run(llama_pair, corpus_dir, tmp_path_factory):
+    """One bench run on the tiny llama pair, shared by the checks below."""
+    target, draft = llama_pair
+    out = tmp_path_factory.mktemp("bench-out")
+    plot = out / "bench.png"
+    monkeypatch = pytest.MonkeyPatch()
+    # Short prompts keep the run to seconds; the code path is the one real models take.
+    monkeypatch.setenv("SPECD_ENGINE_PREFIX_TOKENS", "192")
+    monkeypatch.setenv("SPECD_ENGINE_SUFFIX_TOKENS", "64")
+    # Module-scoped, so set up before conftest's per-test XDG isolation: isolate here too.
+    for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.setenv(var, str(out / var.lower()))
+    try:
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            code = main(["bench", "--model", str(target), "--draft-model", str(draft), "--device", "cpu",
+                         "--corpus", str(corpus_dir), "--limit", "3", "--max-tokens", "10", "--seed", "3",
+                         "--threads", "1", "--json", "--plot", str(plot)])
+    finally:
+        monkeypatch.undo()
+    return code, stdout.getvalue(), plot
+
+
+def test_bench_json_schema(bench_run):
+    code, stdout, _ = bench_run
+    assert code == 0
+    report = json.loads(stdout)  # stdout is the JSON object and nothing else
+    for key in ("command", "models", "device", "dtype", "torch", "transformers", "settings", "goals"):
+        assert key in report
+    assert report["command"].startswith("specd bench ")
+    assert set(report["workloads"]) == set(WORKLOADS)
+    for name, workload in report["workloads"].items():
+        assert workload["completions"] == 3
+        assert list(workload["methods"]) == list(ALL_METHODS)
+        for method, s in workload["methods"].items():
+            for key in ("median_ms", "p95_ms", "mean_tokens_per_forward", "first_token_median_ms"):
+                assert isinstance(s[key], float) and s[key] >= 0, (name, method, key)
+            assert s["median_ms"] > 0 and s["p95_ms"] >= s["median_ms"]
+            assert isinstance(s["identical"], bool)
+            assert len(s["ms"]) == 3
+            assert s["mean_tokens_per_forward"] > 0
+            assert set(s["speedup_vs"]) == {"hf_greedy", "hf_assisted", "hf_lookup"} - {method}
+            for peer, ratio in s["speedup_vs"].items():
+                peer_median = workload["methods"][peer]["median_ms"]
+                assert ratio == pytest.approx(peer_median / s["median_ms"], rel=1e-2)
+
+
+def test_bench_every_method_is_token_identical_to_hf_greedy(bench_run):
+    report = json.loads(bench_run[1])
+    assert report["identical"] is True
+    for workload in report["workloads"].values():
+        for method, s in workload["methods"].items():
+            assert s["identical"] is True and s["mismatches"] == 0, method
+
+
+def test_bench_kv_reuse_shows_in_edit_replay(bench_run):
+    methods = json.loads(bench_run[1])["workloads"]["edit_replay"]["methods"]
+    assert methods["specd"]["prefill_tokens"]["reused"] > 0
+    assert methods["specd_no_reuse"]["prefill_tokens"]["reused"] == 0
+    assert methods["hf_greedy"]["prefill_tokens"]["reused"] == 0
+    assert methods["specd"]["acceptance"]["draft"]["proposed"] > 0
+    assert methods["specd_no_draft"]["acceptance"].get("draft") is None
+
+
+def test_bench_plot_is_a_png(bench_run):
+    plot = bench_run[2]
+    assert plot.read_bytes()[:8] == PNG_MAGIC
+    assert plot.stat().st_size > 10_000
+
+
+def test_bench_table_prints_ratios(bench_run):
+    table = format_table(json.loads(bench_run[1]))
+    assert "vs hf_greedy" in table and "edit_replay" in table and "identical" in table
+    assert "specd_no_reuse" in table
+
+
+def test_bench_rejects_unknown_names(capsys):
+    assert main(["bench", "--workloads", "line,nope"]) == 2
+    assert "unknown workload nope" in capsys.readouterr().err
+    assert main(["bench", "--methods", "hf_greedy,fast"]) == 2
+    assert "unknown method fast" in capsys.readouterr().err
