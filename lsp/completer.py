@@ -294,10 +294,10 @@ class Completer:
         version = -1
         if doc is not None and doc.text == text:  # the editor already applied the accept
             text, version = doc.text, doc.version
-        self.stats.prefetches += 1
         result = await self._complete(proposal.uri, text, offset, version, self._options(), virtual=version < 0)
         if result is not None and isinstance(result.get("text"), str):
             self.cache.put(proposal.uri, text, offset, [result["text"]])
+            self.stats.prefetches += 1
 
     def wait_prefetch(self, uri: str) -> asyncio.Task[Any] | None:
         return self._prefetch.get(uri)

@@ -241,6 +241,8 @@ def postprocess(
         tail = text[consumed[-1][0] + 1:] if consumed else ""
         if tail and not tail.strip(PUNCTUATION) and rest.startswith(tail):
             rest = rest[len(tail):]  # the model typed the trailing ";" itself
+        if (text + rest).strip() == line_suffix.strip():
+            return None  # it only re-types the closers already there
         return Suggestion(text + rest, len(line_suffix), text)
 
     text = trim_suffix_overlap(text, ctx).rstrip()

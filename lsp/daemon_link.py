@@ -39,7 +39,7 @@ UNAVAILABLE = "unavailable"  # nothing answers and none could be started; retrie
 STOPPED = "stopped"
 
 RETRY_MIN_S = 0.5
-RETRY_MAX_S = 10.0
+RETRY_MAX_S = 4.0  # a daemon started by hand is picked up within this
 LOAD_POLL_S = 0.25  # how often to ask a loading daemon whether it is ready
 CLIENT_NAME = "specd-lsp"
 # The daemon states in which it answers completions now; loading states mean "wait".

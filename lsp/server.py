@@ -299,8 +299,9 @@ def configure_logging(level: str = "info", log_file: str = "") -> None:
     from specd.logs import setup_logging
 
     setup_logging(level, Path(log_file).expanduser() if log_file else None, stderr=True)
-    if level != "debug":  # pygls logs every message at info
-        logging.getLogger("pygls").setLevel(logging.WARNING)
+    # pygls logs every message it sends at info, whole; its warnings are what matter here.
+    logging.getLogger("pygls").setLevel(logging.WARNING)
+    logging.getLogger("asyncio").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
