@@ -1,0 +1,62 @@
+// Entry point: start specd-lsp through the language client; follow settings; stop on deactivate.
+
+import * as vscode from 'vscode';
+import { DidChangeConfigurationNotification, LanguageClient } from 'vscode-languageclient/node';
+import { createClient } from './client';
+import { registerCommands } from './commands';
+import { currentSettings, SECTION } from './config';
+import { needsRestart, serverSettings } from './settings';
+import { StatusBar } from './statusBar';
+
+const STOP_TIMEOUT_MS = 2000;
+let client: LanguageClient | undefined;
+
+export async function activate(context: vscode.ExtensionContext): Promise<void> {
+  const log = vscode.window.createOutputChannel('specd', { log: true });
+  const statusBar = new StatusBar();
+
+  const start = async (): Promise<void> => {
+    const settings = currentSettings();
+    await setEnabledContext(settings.enable, statusBar);
+    client = createClient(settings, log);
+    statusBar.attach(client);
+    try {
+      await client.start();
+    } catch (err) {
+      log.error(`could not start ${settings.serverPath}: ${err}`);
+      void vscode.window.showErrorMessage(`specd: could not start \`${settings.serverPath}\` (set specd.serverPath).`, 'Show Log')
+        .then((choice) => choice && log.show());
+    }
+  };
+  const restart = async (): Promise<void> => {
+    await client?.dispose(STOP_TIMEOUT_MS).catch(() => undefined);
+    await start();
+  };
+
+  context.subscriptions.push(
+    log,
+    statusBar,
+    ...registerCommands({ log, client: () => client, restart }),
+    vscode.workspace.onDidChangeConfiguration(async (event) => {
+      if (!event.affectsConfiguration(SECTION)) return;
+      if (needsRestart((section) => event.affectsConfiguration(section))) return restart();
+      const settings = currentSettings();
+      await setEnabledContext(settings.enable, statusBar);
+      if (client?.isRunning()) {
+        await client.sendNotification(DidChangeConfigurationNotification.type, { settings: serverSettings(settings) });
+      }
+    }),
+  );
+  await start();
+}
+
+export async function deactivate(): Promise<void> {
+  await client?.dispose(STOP_TIMEOUT_MS);
+  client = undefined;
+}
+
+/** `specd.enabled` gates the keybindings, so they never act while specd is off. */
+async function setEnabledContext(enabled: boolean, statusBar: StatusBar): Promise<void> {
+  statusBar.setEnabled(enabled);
+  await vscode.commands.executeCommand('setContext', 'specd.enabled', enabled);
+}

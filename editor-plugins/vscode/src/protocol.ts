@@ -1,0 +1,43 @@
+// specd-lsp's custom protocol, named once (the server defines the same strings in lsp/server.py).
+
+/** Request (full status) and notification (sent on changes). */
+export const STATUS_METHOD = 'specd/status';
+/** The command each inline item carries; the server counts the accept and prefetches. */
+export const ACCEPTED_COMMAND = 'specd.accepted';
+
+/** Link states of specd-lsp's connection to the daemon. */
+export type LinkState = 'connecting' | 'spawning' | 'loading' | 'ready' | 'unavailable' | 'stopped';
+
+export interface SourceAcceptance {
+  proposed: number;
+  accepted: number;
+  rate?: number;
+}
+
+/** The `specd/status` payload (request result and notification params). Every field may be missing. */
+export interface SpecdStatus {
+  state?: LinkState | string;
+  message?: string;
+  enabled?: boolean;
+  positionEncoding?: string;
+  documents?: number;
+  daemon?: {
+    pid?: number | null;
+    version?: string | null;
+    state?: string | null;
+    models?: { target?: string; draft?: string; device?: string } | null;
+    latencyMs?: { count?: number; p50?: number; p95?: number; max?: number } | null;
+    acceptance?: Record<string, SourceAcceptance> | null;
+    connects?: number;
+  };
+  requests?: number;
+  shown?: number;
+  accepted?: number;
+  acceptedChars?: number;
+  cacheHits?: number;
+  lastLatencyMs?: number | null;
+  lastStopReason?: string | null;
+  /** Draft tokens proposed and accepted by the target, per drafting source (this editor's requests). */
+  acceptance?: Record<string, SourceAcceptance>;
+  settings?: Record<string, unknown>;
+}
