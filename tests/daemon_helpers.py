@@ -28,6 +28,9 @@ def base_env(root: Path, engine: str = "fake", config: dict[str, Any] | None = N
         env[var] = str(path)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS)])
     env["PYTHONUNBUFFERED"] = "1"
+    # Tiny models gain nothing from a second intra-op thread, and on a busy 2-core machine
+    # OpenMP's spinning threads make every forward pass many times slower.
+    env.setdefault("OMP_NUM_THREADS", "1")
     env["SPECD_TEST_ENGINE_FACTORY"] = f"fake_engine:{engine}"
     for dotted, value in (config or {}).items():
         env["SPECD_" + dotted.replace(".", "_").upper()] = str(value).lower() if isinstance(value, bool) else str(value)

@@ -751,3 +751,102 @@ def test_neovim_lua_example_from_the_docs(fake_daemon, tmp_path):
     # The fake engine echoes the 12 characters before the cursor: byte column 6 of line 2.
     assert "[f(x):\n    re]" in output and "2 tokens in" in output, output
     assert "specd error" not in output and "E5113" not in output, output
+
+
+# -- load -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_load_eight_clients_with_edits_cancels_and_supersedes(tmp_path):
+    """8 clients x 200 completes over 20 shared documents, random edits, ~30% cancelled or
+    superseded: every complete gets exactly one answer (a result or `cancelled`), none hangs,
+    and the daemon's memory comes back to its baseline. The engine is the model-free one: this
+    measures the daemon, not the model."""
+    d = DaemonProcess(tmp_path / "d").start()
+    try:
+        run_load(d, clients=8, per_client=200, rss_slack_mb=32)
+    finally:
+        d.stop()
+
+
+@pytest.mark.slow
+def test_load_on_the_real_engine(daemon):
+    """The same mix, smaller, through the real engine on the tiny pair (KV caches and lookup
+    indexes for 20 documents are real allocations, so the memory slack is larger)."""
+    run_load(daemon, clients=4, per_client=25, rss_slack_mb=96, max_tokens=8)
+
+
+def run_load(d: DaemonProcess, clients: int, per_client: int, rss_slack_mb: float, max_tokens: int | None = None) -> None:
+    import random
+
+    documents = [uri(f"load/doc{n}.py") for n in range(20)]
+    options = {"max_tokens": max_tokens} if max_tokens else None
+    with d.client() as warm:  # baseline after the first requests have allocated what they need
+        warm.complete(text="x" * 1000, cursor=500)
+    baseline = d.rss_mb()
+    outcomes: list[str] = []
+    latencies: list[float] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def client_main(seed: int) -> None:
+        rng = random.Random(seed)
+        with d.client() as c:
+            for doc in documents:
+                c.open_document(doc, "def f(x):\n    return x\n" * 20)
+            for _ in range(per_client):
+                doc = rng.choice(documents)
+                if rng.random() < 0.5:  # an edit that is valid whatever the others did to the doc
+                    c.change_document(doc, edits=[{"start": 0, "end": 0, "text": f"# {rng.random()}\n"}])
+                params = {"uri": doc, "cursor": {"line": rng.randrange(5), "character": rng.randrange(30)}}
+                if options:
+                    params["options"] = options
+                started = time.monotonic()
+                msgid, first = c.send_request("complete", params)
+                pending = [first]
+                roll = rng.random()
+                if roll < 0.15:
+                    c.cancel(msgid=msgid)
+                elif roll < 0.30:
+                    pending.append(c.send_request("complete", params)[1])  # supersedes the first
+                for future in pending:
+                    try:
+                        future.result(60)
+                        outcome = "result"
+                    except RpcError as err:
+                        outcome = err.code
+                    except Exception as err:  # a timeout is a hang: recorded, fails below
+                        outcome = f"{type(err).__name__}"
+                    with lock:
+                        outcomes.append(outcome)
+                with lock:
+                    latencies.append((time.monotonic() - started) * 1000)
+
+    def guarded(seed: int) -> None:
+        try:
+            client_main(seed)
+        except BaseException as err:
+            failures.append(repr(err))
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=guarded, args=(seed,)) for seed in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    elapsed = time.monotonic() - started
+    assert not failures, failures[:3]
+    counts = {code: outcomes.count(code) for code in set(outcomes)}
+    assert set(counts) <= {"result", "cancelled"}, counts  # exactly one answer each, of these two kinds
+    assert len(outcomes) >= clients * per_client
+    assert counts.get("cancelled", 0) >= 0.10 * clients * per_client
+    with d.client() as c:
+        info = c.status()
+    assert info["requests"]["queued"] == 0 and info["requests"]["running"] is None
+    assert info["documents"]["open"] == 0
+    grown = d.rss_mb() - baseline
+    assert grown < rss_slack_mb, f"RSS grew {grown:.1f} MiB"
+    latencies.sort()
+    print(f"load: {len(outcomes)} completes in {elapsed:.1f} s ({len(outcomes) / elapsed:.0f}/s), "
+          f"{counts}, latency p50 {latencies[len(latencies) // 2]:.1f} ms "
+          f"p95 {latencies[int(len(latencies) * 0.95)]:.1f} ms, RSS {baseline:.0f} -> {d.rss_mb():.0f} MiB")

@@ -130,7 +130,7 @@ def test_mixed_garbage(daemon, fuzzing, batch):
     _throw(daemon, fuzzing, batch)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=120)
 @given(batch=st.lists(requests, min_size=6, max_size=24))
 def test_requests_with_bad_params_and_unknown_methods(daemon, fuzzing, batch):
     _throw(daemon, fuzzing, batch)

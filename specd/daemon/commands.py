@@ -81,8 +81,9 @@ def format_status(info: dict[str, Any]) -> str:
     if info.get("dtype"):
         device += f" ({info['dtype']})"
     mem = f"rss {memory.get('rss_mb', '-')} MiB (peak {memory.get('peak_rss_mb', '-')})"
-    if memory.get("device") is not None:
-        mem += f"; device {_compact(memory['device'])}"
+    if memory.get("device_allocated_mb") is not None:
+        mem += (f"; device {memory['device_allocated_mb']} MiB allocated, "
+                f"{memory.get('device_reserved_mb', '-')} reserved (peak {memory.get('device_peak_mb', '-')})")
     lat = "-" if not latency.get("count") else f"p50 {latency['p50']:.0f} ms, p95 {latency['p95']:.0f} ms (last {latency['count']})"
     rows = [
         ("state", f"{info.get('state')} (pid {info.get('pid')}, up {_duration(info.get('uptime_s', 0))})"),
