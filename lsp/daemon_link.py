@@ -74,6 +74,8 @@ class DaemonLink:
         self._background: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._ready = asyncio.Event()
+        self._served_ready = False  # the current connection reached READY
+        self._spawned_cfg: Any = None  # the config of the daemon we last spawned, for its log
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -113,34 +115,53 @@ class DaemonLink:
     async def _supervise(self) -> None:
         delay = RETRY_MIN_S
         while not self._closing:
+            failure, lost_code = "", ""
             try:
                 client = await self._connect()
-            except RpcError as err:
-                self._set_state(UNAVAILABLE, err.message)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
-                continue
-            except Exception as err:  # a bug or a broken config: say so, keep trying
-                log.exception("connecting to the daemon failed")
-                self._set_state(UNAVAILABLE, f"{type(err).__name__}: {err}")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
-                continue
-            delay = RETRY_MIN_S
-            try:
-                await self._serve(client)
-            except RpcError as err:
-                log.info("daemon connection ended: %s", err)
-            except Exception:
-                log.exception("daemon connection failed")
-            finally:
-                self.client = None
-                await client.close()
-            if not self._closing:
-                self._set_state(CONNECTING, "the daemon went away; reconnecting")
+            except Exception as err:  # DaemonUnavailable, or a bug: say so, keep trying
+                if not isinstance(err, RpcError):
+                    log.exception("connecting to the daemon failed")
+                failure = err.message if isinstance(err, RpcError) else f"{type(err).__name__}: {err}"
+            else:
+                self._served_ready = False
+                try:
+                    await self._serve(client)
+                except RpcError as err:
+                    failure, lost_code = err.message, err.code
+                    log.info("daemon connection ended: %s", err)
+                except Exception as err:
+                    failure = f"{type(err).__name__}: {err}"
+                    log.exception("daemon connection failed")
+                finally:
+                    self.client = None
+                    await client.close()
+                if self._served_ready:  # it served, then went away: reconnect (or respawn) at once
+                    delay = RETRY_MIN_S
+                    if not self._closing:
+                        self._set_state(CONNECTING, "the daemon went away; reconnecting")
+                    continue
+                spawn_failure = self._spawn_failure()
+                if not spawn_failure and lost_code == ErrorCode.CONNECTION_LOST.value:
+                    # A dying daemon's socket can still accept for a moment: just try again.
+                    self._set_state(CONNECTING, "the daemon went away; reconnecting")
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+                    continue
+                # It closed before it was ready: a failed start (models, config). Say why.
+                failure = spawn_failure or failure or "the daemon closed the connection while starting"
+            if self._closing:
+                return
+            self._set_state(UNAVAILABLE, failure)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+    def _spawn_failure(self) -> str:
+        """The spawned daemon's own last word, when we started the one that just failed."""
+        return last_spawn_error(self._spawned_cfg) if self._spawned_cfg is not None else ""
 
     async def _connect(self) -> AsyncClient:
         settings = self._settings()
+        self._spawned_cfg = None
         cfg = self._load_config(settings)
         path = Path(cfg.socket_path)
         try:
@@ -149,6 +170,7 @@ class DaemonLink:
             if not settings.spawn:
                 raise DaemonUnavailable(f"{err.message} (start one with `specd serve`, or enable daemon.spawn)") from None
         self._set_state(SPAWNING, f"starting `specd serve` (log: {spawn_log_path(cfg)})")
+        self._spawned_cfg = cfg
         proc = await asyncio.to_thread(spawn_daemon, cfg)
         deadline = time.monotonic() + settings.spawn_timeout_s
         pause = 0.02
@@ -180,6 +202,7 @@ class DaemonLink:
             state = self.daemon_status.get("state")
         if state == "failed":
             raise RpcError(ErrorCode.MODEL_LOAD_ERROR, self.daemon_status.get("last_error") or "model load failed")
+        self._served_ready = True
         self._set_state(READY)
         await client.wait_closed()
 
