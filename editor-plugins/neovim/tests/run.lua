@@ -1,0 +1,248 @@
+--- Headless tests of specd.nvim against the real specd-lsp and real daemons.
+---
+---   nvim --headless -u NONE -i NONE -n -l tests/run.lua [pattern]
+---
+--- tests/test_editor_plugins.py runs this with SPECD_TEST_REAL_SOCKET (a daemon on a tiny random
+--- model) and SPECD_TEST_FAKE_SOCKET (a model-free daemon whose completion of "…def main():\n    "
+--- is always the same text, so edits can be checked exactly), with specd-lsp on PATH.
+--- Every wait polls a condition with a deadline; nothing sleeps a fixed time.
+
+local here = vim.fs.dirname(vim.fn.fnamemodify(debug.getinfo(1, 'S').source:sub(2), ':p'))
+local plugin_dir = vim.fs.dirname(here)
+local Child = dofile(here .. '/child.lua')
+
+local REAL = os.getenv('SPECD_TEST_REAL_SOCKET')
+local FAKE = os.getenv('SPECD_TEST_FAKE_SOCKET')
+if not (REAL and FAKE) then
+  io.stderr:write('run through pytest: tests/test_editor_plugins.py sets SPECD_TEST_REAL_SOCKET and SPECD_TEST_FAKE_SOCKET\n')
+  os.exit(2)
+end
+local pattern = arg and arg[1]
+
+local READY_MS = 60000 -- specd-lsp start and daemon connect (models are already loaded)
+local SHOW_MS = 20000 -- request after typing pauses, plus a tiny model's forward passes on CPU
+local EDIT_MS = 5000
+
+local workdir = vim.fn.tempname()
+vim.fn.mkdir(workdir, 'p')
+local FILE = workdir .. '/fib.py'
+
+local function assert_eq(actual, expected, what)
+  if not vim.deep_equal(actual, expected) then
+    error(('%s:\n  expected %s\n  got      %s'):format(what, vim.inspect(expected), vim.inspect(actual)), 2)
+  end
+end
+
+local children = {}
+
+--- A child Neovim with the plugin set up and fib.py open, its daemon ready.
+---@param opts table setup() options; settings.daemon.socket is the daemon to use
+local function session(opts)
+  vim.fn.writefile(dofile(here .. '/probe.lua').SOURCE, FILE)
+  local child = Child.new(plugin_dir, workdir)
+  children[#children + 1] = child
+  child:lua('_G.probe = dofile(...)', here .. '/probe.lua')
+  child:lua('probe.open(...)', FILE, opts)
+  child:wait('specd-lsp attached, daemon ready', READY_MS, 'return probe.ready()')
+  return child
+end
+
+---@param socket string
+---@param renderer string
+---@param extra? table
+local function options(socket, renderer, extra)
+  return vim.tbl_deep_extend('force', {
+    renderer = renderer,
+    debounce_ms = 10,
+    settings = { debounceMs = 0, maxTokens = 16, daemon = { socket = socket, spawn = false } },
+  }, extra or {})
+end
+
+--- Puts the cursor at the end of line ROW in insert mode; waits for a suggestion to show.
+---@return string ghost the ghost text shown
+local function type_at_row(child)
+  child:input('<Esc>')
+  child:wait('normal mode', EDIT_MS, "return probe.mode() == 'n'")
+  child:lua('probe.reset_buffer(); vim.api.nvim_win_set_cursor(0, { probe.ROW, 0 })')
+  child:input('A')
+  return child:wait('ghost text', SHOW_MS, 'return probe.ghost()')
+end
+
+local function line_at_row(child)
+  return child:lua('return vim.api.nvim_buf_get_lines(0, probe.ROW - 1, probe.ROW, false)[1]')
+end
+
+local function wait_buffer_changed(child)
+  return child:wait('the buffer to change', EDIT_MS, 'local b = probe.buffer(); return b ~= table.concat(probe.SOURCE, "\\n") and b')
+end
+
+local cases = {}
+local function case(name, fn)
+  cases[#cases + 1] = { name = name, fn = fn }
+end
+
+-- ---------------------------------------------------------------------------------------------
+
+case('setup registers specd-lsp, commands and keymaps; is idempotent; validates options', function()
+  local child = session(options(FAKE, 'auto'))
+  assert_eq(child:lua("return require('specd').renderer()"), 'native', 'renderer on 0.12')
+  assert_eq(child:lua("return vim.lsp.config.specd.cmd"), { 'specd-lsp' }, 'server command')
+  for _, command in ipairs({ 'Specd', 'SpecdStatus', 'SpecdToggle' }) do
+    assert_eq(child:lua('return vim.fn.exists(":" .. ...)', command), 2, ':' .. command)
+  end
+  assert_eq(child:lua("return probe.imap('<Tab>')"), 'specd: accept', '<Tab> mapped')
+  assert_eq(child:lua("return probe.imap('<M-l>')"), 'specd: accept line', '<M-l> mapped')
+  assert_eq(child:lua('return vim.lsp.inline_completion.is_enabled({ bufnr = 0 })'), true, 'inline completion on')
+
+  local autocmds = child:lua("return #vim.api.nvim_get_autocmds({ group = 'specd' })")
+  child:lua("require('specd').setup(...)", options(FAKE, 'auto', { keymaps = { accept_word = '' } }))
+  assert_eq(child:lua("return #vim.api.nvim_get_autocmds({ group = 'specd' })"), autocmds, 'autocmds after a second setup()')
+  assert_eq(child:lua("return #vim.lsp.get_clients({ name = 'specd' })"), 1, 'one specd-lsp')
+  assert_eq(child:lua("return probe.imap('<M-w>')"), vim.NIL, '"" unmaps accept_word')
+  assert_eq(child:lua("return probe.imap('<Tab>')"), 'specd: accept', '<Tab> still mapped')
+
+  for _, bad in ipairs({ { renderer = 'fancy' }, { keymaps = { accept = 1 } }, { keymaps = { accept_all = '<C-a>' } }, { cmd = {} } }) do
+    local ok, err = unpack(child:lua("return { pcall(require('specd').setup, ...) }", bad))
+    assert_eq(ok, false, 'setup(' .. vim.inspect(bad) .. ') fails')
+    assert(tostring(err):find('renderer') or tostring(err):find('keymap') or tostring(err):find('cmd'), tostring(err))
+  end
+end)
+
+case('native: the suggestion shown is the server\'s item; <Tab> inserts it; the accept reaches the server', function()
+  local child = session(options(REAL, 'native'))
+  local ghost = type_at_row(child)
+  local answer = child:lua('return probe.server_item()')
+  local item = answer.item
+  assert(item, 'the server answered no item at the cursor')
+  assert_eq({ item.range.start.line, item.range.start.character }, answer.cursor, 'the item starts at the cursor')
+  assert_eq(ghost, item.insertText, 'ghost text is the item')
+
+  child:input('<Tab>')
+  local buffer = wait_buffer_changed(child)
+  local expected = vim.deepcopy(dofile(here .. '/probe.lua').SOURCE)
+  local lines = vim.split(item.insertText, '\n', { plain = true })
+  local row = dofile(here .. '/probe.lua').ROW
+  lines[1] = expected[row] .. lines[1]
+  lines[#lines] = lines[#lines] .. expected[row]:sub(item.range['end'].character + 1)
+  expected = vim.list_extend(vim.list_extend(vim.list_slice(expected, 1, row - 1), lines), vim.list_slice(expected, row + 1))
+  assert_eq(buffer, table.concat(expected, '\n'), 'buffer after accept')
+  assert_eq(child:lua('return probe.mode()'), 'i', 'still in insert mode')
+  child:wait('specd/status counting the accept', EDIT_MS, "local s = require('specd').status(); return s and (s.accepted or 0) >= 1")
+end)
+
+case('native: <M-l> accepts one line, <M-w> one word, <C-]> dismisses', function()
+  local child = session(options(FAKE, 'native'))
+  local ghost = type_at_row(child)
+  local first, rest = ghost:match('^([^\n]*)\n(.*)$')
+  assert(first and rest, 'the fake daemon\'s suggestion here spans lines: ' .. vim.inspect(ghost))
+
+  child:input('<M-l>')
+  child:wait('one line inserted', EDIT_MS, 'return vim.api.nvim_buf_get_lines(0, probe.ROW - 1, probe.ROW, false)[1] ~= "    "')
+  assert_eq(line_at_row(child), '    ' .. first, 'the row holds the first line')
+  assert_eq(child:lua('return vim.api.nvim_buf_line_count(0)'), #dofile(here .. '/probe.lua').SOURCE, 'no line added')
+  assert_eq(child:lua('return probe.mode()'), 'i', 'still in insert mode')
+
+  ghost = type_at_row(child)
+  local word = ghost:match('^%s*[%w_]+') or ghost:match('^%s*[^%w_%s]+')
+  child:input('<M-w>')
+  child:wait('one word inserted', EDIT_MS, 'return vim.api.nvim_buf_get_lines(0, probe.ROW - 1, probe.ROW, false)[1] ~= "    "')
+  assert_eq(line_at_row(child), '    ' .. word, 'the row holds the first word')
+
+  type_at_row(child)
+  child:input('<C-]>')
+  child:wait('the ghost text to go', EDIT_MS, 'return probe.ghost() == nil')
+  assert_eq(child:lua('return probe.buffer()'), table.concat(dofile(here .. '/probe.lua').SOURCE, '\n'), 'dismiss leaves the buffer')
+end)
+
+case('plugin renderer (0.10/0.11 path): shows, accepts, accepts a line, dismisses', function()
+  local child = session(options(FAKE, 'plugin'))
+  assert_eq(child:lua("return require('specd').renderer()"), 'plugin', 'renderer')
+  assert_eq(child:lua('return vim.lsp.inline_completion.is_enabled({ bufnr = 0 })'), false, 'native inline completion left off')
+  local ghost = type_at_row(child)
+  local answer = child:lua('return probe.server_item()')
+  assert_eq(ghost, answer.item.insertText, 'ghost text is the item')
+
+  child:input('<Tab>')
+  local buffer = wait_buffer_changed(child)
+  assert(buffer:find('\n    ' .. vim.pesc(ghost), 1, false), 'accepted text in the buffer:\n' .. buffer)
+
+  ghost = type_at_row(child)
+  child:input('<M-l>')
+  child:wait('one line inserted', EDIT_MS, 'return vim.api.nvim_buf_get_lines(0, probe.ROW - 1, probe.ROW, false)[1] ~= "    "')
+  assert_eq(line_at_row(child), '    ' .. ghost:match('^[^\n]*'), 'the row holds the first line')
+
+  type_at_row(child)
+  child:input('<C-]>')
+  child:wait('the ghost text to go', EDIT_MS, 'return probe.ghost() == nil')
+end)
+
+case('statusline, :SpecdToggle and :Specd', function()
+  local child = session(options(REAL, 'native'))
+  type_at_row(child)
+  child:input('<Esc>') -- leaving insert mode refreshes the status
+  local line = child:wait('a latency in the statusline', EDIT_MS, "local s = require('specd').statusline(); return s:match('ms') and s")
+  assert(line:match('^specd %d+ms'), line)
+  child:cmd('SpecdToggle')
+  assert_eq(child:lua("return require('specd').statusline()"), 'specd: off', 'statusline when off')
+  assert_eq(child:lua('return vim.lsp.inline_completion.is_enabled({ bufnr = 0 })'), false, 'inline completion off')
+  child:cmd('Specd toggle')
+  assert_eq(child:lua('return vim.lsp.inline_completion.is_enabled({ bufnr = 0 })'), true, 'inline completion on again')
+  assert_eq(child:lua("return vim.fn.getcompletion('Specd ', 'cmdline')"),
+    { 'disable', 'enable', 'health', 'log', 'restart', 'status', 'toggle' }, ':Specd completion')
+  assert_eq(child:lua("return require('specd').statusline(vim.api.nvim_create_buf(false, true))"), '', 'statusline where specd is not attached')
+end)
+
+case(':checkhealth specd passes (through the attached specd-lsp)', function()
+  local child = session(options(REAL, 'native'))
+  local report = table.concat(child:lua('return probe.checkhealth()'), '\n')
+  assert(not report:find('ERROR'), report)
+  assert(not report:find('WARNING'), report)
+  for _, expected in ipairs({ 'OK Neovim 0%.1[2-9]', 'OK specd%-lsp ', 'OK daemon pid %d+', 'via specd%-lsp', 'OK loaded: .*target %+ draft .*draft' }) do
+    assert(report:find(expected), ('%q missing from:\n%s'):format(expected, report))
+  end
+end)
+
+case(':checkhealth specd passes (straight to the daemon socket, nothing attached)', function()
+  local child = Child.new(plugin_dir, workdir)
+  children[#children + 1] = child
+  child:lua("require('specd').setup(...)", options(REAL, 'native'))
+  local report = table.concat(child:lua("vim.cmd.checkhealth('specd'); return vim.api.nvim_buf_get_lines(0, 0, -1, false)"), '\n')
+  assert(not report:find('ERROR'), report)
+  assert(report:find('OK daemon pid %d+, specd .* %(via ' .. vim.pesc(REAL) .. '%)'), report)
+  assert(report:find('OK loaded: '), report)
+end)
+
+case(':checkhealth specd reports an unreachable daemon promptly', function()
+  local child = Child.new(plugin_dir, workdir)
+  children[#children + 1] = child
+  child:lua("require('specd').setup(...)", options(workdir .. '/nothing.sock', 'native', { health_timeout_ms = 2000 }))
+  local started = vim.uv.hrtime()
+  local report = table.concat(child:lua("vim.cmd.checkhealth('specd'); return vim.api.nvim_buf_get_lines(0, 0, -1, false)"), '\n')
+  assert(report:find('ERROR daemon not reachable'), report)
+  assert((vim.uv.hrtime() - started) / 1e6 < 4000, 'health check took too long')
+end)
+
+-- ---------------------------------------------------------------------------------------------
+
+local failed, ran = 0, 0
+for index, c in ipairs(cases) do
+  if not pattern or c.name:find(pattern, 1, true) then
+    ran = ran + 1
+    local started = vim.uv.hrtime()
+    local ok, err = xpcall(c.fn, debug.traceback)
+    local seconds = (vim.uv.hrtime() - started) / 1e9
+    for _, child in ipairs(children) do
+      child:stop()
+    end
+    children = {}
+    if ok then
+      print(('ok %d - %s (%.1f s)'):format(index, c.name, seconds))
+    else
+      failed = failed + 1
+      print(('not ok %d - %s (%.1f s)\n%s'):format(index, c.name, seconds, tostring(err):gsub('\n', '\n    ')))
+    end
+  end
+end
+vim.fn.delete(workdir, 'rf')
+print(('# %d passed, %d failed'):format(ran - failed, failed))
+os.exit(failed == 0 and ran > 0 and 0 or 1)
