@@ -2,6 +2,8 @@
 
 Pure functions on strings, no LSP and no daemon, so each rule is testable on its own:
 
+- stop at a control character (models trained on bytes emit them; nobody types them into code)
+  and drop a trailing U+FFFD (a multi-byte character cut by the token limit);
 - stop at the end of the block (by indentation) and, in single-line mode, at the line end;
 - keep brackets balanced: a closer that matches nothing opened before it cuts the completion;
 - trim the overlap with the text after the cursor (the model often re-types it);
@@ -32,6 +34,8 @@ SUFFIX_WINDOW = 2000  # characters after the cursor kept for overlap checks
 MIN_PARTIAL_OVERLAP = 3  # a shorter tail matching the start of the suffix may be a coincidence
 BLOCK_OPENERS = (":", "{", "(", "[")
 LINE_BREAK = re.compile(r"\r\n|\r|\n")
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+REPLACEMENT = "\ufffd"
 
 
 @dataclass(frozen=True)
@@ -220,6 +224,9 @@ def postprocess(
 ) -> Suggestion | None:
     """Turn a raw completion into a Suggestion, or None when nothing is worth showing."""
     text = raw.replace("\r\n", "\n")
+    if (control := CONTROL.search(text)) is not None:
+        text = text[:control.start()]
+    text = text.rstrip(REPLACEMENT)
     if single_line:
         text = first_line(text)
     text = cut_at_block_end(text, ctx.line_prefix)

@@ -80,3 +80,11 @@ def test_selected_completion_keeps_the_range_empty():
 
 def test_non_ascii_text_passes_through():
     assert run("s = '你好 😀|'\n", " 🎉'").insert_text == " 🎉'"
+
+
+def test_control_characters_cut_and_a_cut_multibyte_character_is_dropped():
+    assert run("x = |\n", "abc\x0fdef").insert_text == "abc"
+    assert run("x = |\n", "abc\x1b[0m").insert_text == "abc"
+    assert run("x = |\n", "\x00abc") is None
+    assert run("x = |\n", "abc\tdef\n").insert_text == "abc\tdef"  # tabs and line breaks are text
+    assert run("x = |\n", "'caf\ufffd").insert_text == "'caf"
