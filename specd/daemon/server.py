@@ -446,7 +446,9 @@ class Daemon:
                 self.mirror.replay({uri: doc.text for uri, doc in self.buffers.docs.items()})
         elif state == FAILED:
             self.worker.fail_queued(self._load_failure())
-            message = f"cannot load models: {self.worker.load_error}"
+            # One line, whatever the exception held: it is what `specd serve`, the spawn log and
+            # systemd's STATUS= show.
+            message = " ".join(f"cannot load models: {self.worker.load_error}".split())
             print(f"specd: {message}", file=sys.stderr, flush=True)
             systemd.notify(f"STATUS={message}")
             self.request_stop("model load failed", exit_code=1)

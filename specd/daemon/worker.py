@@ -88,7 +88,9 @@ class ModelWorker:
         return job
 
     def queued(self) -> int:
-        return self._queue.qsize()
+        """Jobs waiting to run (not counting those cancelled while queued, still in the queue)."""
+        with self._queue.mutex:
+            return sum(1 for item in self._queue.queue if isinstance(item, Job) and not item.future.done())
 
     def stop(self, timeout: float | None = None) -> None:
         """Finish the running job, fail the queued ones (their futures are cancelled), stop."""
@@ -188,11 +190,11 @@ class ModelWorker:
             self._ensure_loaded()
             result = job.fn(self.engine, job.cancel)
         except BaseException as err:  # handed to the awaiting request, never lost
+            self.current = None  # before answering: whoever got the answer sees the worker idle
             job.future.set_exception(err)
         else:
-            job.future.set_result(result)
-        finally:
             self.current = None
+            job.future.set_result(result)
 
 
 class DocumentMirror:
