@@ -320,7 +320,9 @@ def spawn_log_path(cfg: Any) -> Path:
 
 def _child_environment(cfg: Any) -> dict[str, str]:
     """Our environment plus the config this process was given, so the daemon sees the same."""
-    env = dict(os.environ)
+    # Our own service-manager handshake (if this process runs under systemd) is not the daemon's.
+    inherited = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES")
+    env = {name: value for name, value in os.environ.items() if name not in inherited}
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
     if getattr(cfg, "file", None):

@@ -573,6 +573,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def test_spawned_daemon_gets_our_config_but_not_our_service_handshake(monkeypatch, tmp_path):
+    from specd.client import _child_environment
+    from specd.config import load_config
+
+    config = tmp_path / "specd.toml"
+    config.write_text("[engine]\nmax_tokens = 7\n")
+    monkeypatch.setenv("NOTIFY_SOCKET", "/run/user/1/systemd/notify")
+    monkeypatch.setenv("LISTEN_FDS", "1")
+    cfg = load_config(config, overrides={"model.target": "/models/t", "engine.use_lookup": False})
+    env = _child_environment(cfg)
+    assert env["SPECD_CONFIG"] == str(config)
+    assert env["SPECD_MODEL_TARGET"] == "/models/t" and env["SPECD_ENGINE_USE_LOOKUP"] == "false"
+    assert "NOTIFY_SOCKET" not in env and "LISTEN_FDS" not in env
+    assert load_config(environ=env)["model.target"] == "/models/t"
+
+
 def test_ensure_daemon_reports_a_failed_start(tmp_path, monkeypatch):
     from specd.config import load_config
 
