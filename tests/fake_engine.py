@@ -5,7 +5,7 @@ cursor>]" so tests can check cursor conversion exactly. ``real``: specd's engine
 configured (tiny) models. Both hold a request whose text before the cursor contains ``#slow``
 for up to 5 s, polling the cancel event, so supersede and cancel tests are deterministic.
 Behaviour switches (environment): SPECD_TEST_FAKE_LOAD_S (load time), SPECD_TEST_FAKE_LOAD_FAIL
-(load raises ModelLoadError with this message).
+(load raises ModelLoadError with this message), SPECD_TEST_SLOW_S (the ``#slow`` hold, 5 s).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, SourceStats
 
 SLOW_MARKER = "#slow"
-SLOW_SECONDS = 5.0
+SLOW_SECONDS = float(os.environ.get("SPECD_TEST_SLOW_S", "5"))
 
 
 def hold_if_slow(req: CompletionRequest, text: str, cancel: threading.Event | None) -> None:

@@ -66,6 +66,20 @@ def test_socket_and_directory_are_private(daemon):
     assert stat.S_IMODE(daemon.socket_path.parent.stat().st_mode) == 0o700
 
 
+def test_socket_falls_back_to_the_state_dir_without_xdg_runtime_dir(tmp_path):
+    d = DaemonProcess(tmp_path / "d")
+    del d.env["XDG_RUNTIME_DIR"]
+    d.socket_path = tmp_path / "d" / "state" / "specd" / "run" / "specd.sock"
+    try:
+        d.start()
+        assert stat.S_IMODE(d.socket_path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(d.socket_path.parent.stat().st_mode) == 0o700
+        done = run_cli(d, "status", "--json")  # the CLI finds it the same way
+        assert json.loads(done.stdout)["socket"] == str(d.socket_path)
+    finally:
+        d.stop()
+
+
 # -- every method, round trip ---------------------------------------------------------------------
 
 
@@ -398,7 +412,7 @@ def test_cli_status(daemon):
 
 
 def test_sigterm_answers_in_flight_removes_socket_and_restarts(tmp_path):
-    d = DaemonProcess(tmp_path / "d").start()
+    d = DaemonProcess(tmp_path / "d", env={"SPECD_TEST_SLOW_S": "1"}).start()
     try:
         c = d.client()
         _, pending = c.send_request("complete", {"text": "#slow\nx", "cursor": 7})
