@@ -18,7 +18,6 @@ from specd.protocol.framing import READ_CHUNK, FrameDecoder, FrameError, pack
 from specd.protocol.messages import (
     MAX_MSGID,
     InvalidMessage,
-    MessageType,
     Notification,
     Request,
     Response,
