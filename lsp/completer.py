@@ -221,6 +221,10 @@ class Completer:
         except asyncio.CancelledError:
             self.stats.cancelled += 1
             raise
+        except (TypeError, ValueError) as err:  # text the socket cannot carry (a lone surrogate)
+            self.stats.failed += 1
+            log.warning("cannot ask the daemon: %s", err)
+            return None
         finally:
             self._busy[uri] -= 1
         self.stats.last_latency_ms = round(result.get("latency_ms") or (time.monotonic() - started) * 1000, 1)

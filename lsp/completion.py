@@ -44,6 +44,16 @@ class CursorContext:
 
     prefix: str
     suffix: str
+    prefix_is_whole: bool = True  # False when the prefix is a window cut out of a longer text
+
+    @property
+    def scan_start(self) -> str:
+        """The prefix from its first whole line: a window's cut-off first line (maybe inside a
+        string) would mislead the bracket scanner. Empty when no line starts in the window."""
+        if self.prefix_is_whole:
+            return self.prefix
+        match = LINE_BREAK.search(self.prefix)
+        return self.prefix[match.end():] if match else ""
 
     @property
     def line_prefix(self) -> str:
@@ -64,7 +74,8 @@ class CursorContext:
 
 
 def context_at(text: str, offset: int, before: int = PREFIX_WINDOW, after: int = SUFFIX_WINDOW) -> CursorContext:
-    return CursorContext(text[max(0, offset - before):offset], text[offset:offset + after])
+    start = max(0, offset - before)
+    return CursorContext(text[start:offset], text[offset:offset + after], prefix_is_whole=start == 0)
 
 
 @dataclass(frozen=True)
@@ -230,7 +241,7 @@ def postprocess(
     if single_line:
         text = first_line(text)
     text = cut_at_block_end(text, ctx.line_prefix)
-    balanced = balance(text, scan_prefix(ctx.prefix))
+    balanced = balance(text, scan_prefix(ctx.scan_start))
     text = balanced.text.rstrip()
     consumed = [(index, ch) for index, ch in balanced.consumed if index < len(text)]
     line_suffix = ctx.line_suffix

@@ -263,6 +263,9 @@ class DaemonLink:
             _, future = client.send_request(method, params)
         except RpcError:
             return
+        except (TypeError, ValueError) as err:  # text msgpack cannot carry (a lone surrogate)
+            log.warning("cannot send %s%s to the daemon: %s", method.value, f" of {doc.uri}" if doc else "", err)
+            return
         future.add_done_callback(lambda f: self._sent(f, method, doc))
 
     def _sent(self, future: asyncio.Future[Any], method: Method, doc: Document | None) -> None:

@@ -88,3 +88,8 @@ def test_control_characters_cut_and_a_cut_multibyte_character_is_dropped():
     assert run("x = |\n", "\x00abc") is None
     assert run("x = |\n", "abc\tdef\n").insert_text == "abc\tdef"  # tabs and line breaks are text
     assert run("x = |\n", "'caf\ufffd").insert_text == "'caf"
+
+
+def test_a_window_starting_inside_a_long_string_does_not_mislead_the_scanner():
+    document = "x = '" + "é" * 10_000 + "'|\n"
+    assert run(document, "[ab']").insert_text == "[ab']"
