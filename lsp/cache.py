@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+PER_DOCUMENT = 4  # type-through needs the last few completions of a document, not its history
+MAX_CHARS = 16 * 1024 * 1024  # text held over all entries (each keeps its document's text)
+
 
 @dataclass(frozen=True)
 class CacheEntry:
@@ -37,8 +40,14 @@ class TypeThroughCache:
         key = (uri, offset, hash(text))
         self._entries[key] = CacheEntry(uri, text[:offset], text[offset:], tuple(raws))
         self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
+        same_document = [k for k, entry in self._entries.items() if entry.uri == uri]
+        for old in same_document[:-PER_DOCUMENT]:
+            del self._entries[old]
+        while len(self._entries) > self.size or (len(self._entries) > 1 and self._chars() > MAX_CHARS):
             self._entries.popitem(last=False)
+
+    def _chars(self) -> int:
+        return sum(len(entry.before) + len(entry.after) for entry in self._entries.values())
 
     def lookup(self, uri: str, text: str, offset: int) -> list[str] | None:
         """The remaining completions at ``offset`` if the user typed into a cached one."""

@@ -74,3 +74,16 @@ async def test_prefetch_works_before_the_editor_applied_the_accept(fake_daemon, 
 async def _status_if(session, predicate):
     status = await session.status()
     return status if predicate(status) else None
+
+
+def test_the_cache_keeps_the_last_few_completions_per_document():
+    from specd_lsp.cache import PER_DOCUMENT, TypeThroughCache
+
+    cache = TypeThroughCache(size=64)
+    for number in range(10):
+        cache.put("file:///a.py", f"text {number} ", 7, [f"more{number}"])
+    cache.put("file:///b.py", "b = ", 4, ["1"])
+    assert len(cache) == PER_DOCUMENT + 1
+    assert cache.lookup("file:///a.py", "text 9 m", 8) == ["ore9"]
+    assert cache.lookup("file:///a.py", "text 0 m", 8) is None  # evicted
+    assert cache.lookup("file:///b.py", "b = ", 4) == ["1"]
