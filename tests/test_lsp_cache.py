@@ -10,11 +10,10 @@ import pytest
 
 from lsp_helpers import link_options, lsp_session, poll, server_env
 
-pytestmark = pytest.mark.asyncio
-
 URI = "file:///work/cache.py"
 
 
+@pytest.mark.asyncio
 async def test_typing_what_was_suggested_is_answered_from_the_cache(fake_daemon, tmp_path):
     async with lsp_session(server_env(tmp_path), link_options(fake_daemon)) as session:
         session.open(URI, "value = \n")
@@ -32,6 +31,7 @@ async def test_typing_what_was_suggested_is_answered_from_the_cache(fake_daemon,
         assert (await session.status())["daemonRequests"] == 2
 
 
+@pytest.mark.asyncio
 async def test_cache_can_be_turned_off(fake_daemon, tmp_path):
     async with lsp_session(server_env(tmp_path), link_options(fake_daemon, cache={"typeThrough": False})) as session:
         session.open(URI, "value = \n")
@@ -42,6 +42,7 @@ async def test_cache_can_be_turned_off(fake_daemon, tmp_path):
         assert status["daemonRequests"] == 2 and status["cacheHits"] == 0
 
 
+@pytest.mark.asyncio
 async def test_accepting_prefetches_the_next_suggestion(fake_daemon, tmp_path):
     async with lsp_session(server_env(tmp_path), link_options(fake_daemon)) as session:
         session.open(URI, "x = \n")
@@ -60,6 +61,7 @@ async def test_accepting_prefetches_the_next_suggestion(fake_daemon, tmp_path):
         assert status["daemonRequests"] == 2 and status["cacheHits"] == 1
 
 
+@pytest.mark.asyncio
 async def test_prefetch_works_before_the_editor_applied_the_accept(fake_daemon, tmp_path):
     async with lsp_session(server_env(tmp_path), link_options(fake_daemon)) as session:
         session.open(URI, "x = \n")
