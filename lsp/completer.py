@@ -309,6 +309,7 @@ class Completer:
     def forget(self, uri: str) -> None:
         self.cache.drop(uri)
         self._generation.pop(uri, None)
+        self._busy.pop(uri, None)
         task = self._prefetch.pop(uri, None)
         if task is not None:
             task.cancel()

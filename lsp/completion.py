@@ -57,10 +57,7 @@ class CursorContext:
 
     @property
     def line_prefix(self) -> str:
-        match = None
-        for match in LINE_BREAK.finditer(self.prefix):
-            pass
-        return self.prefix[match.end():] if match else self.prefix
+        return self.prefix[max(self.prefix.rfind("\n"), self.prefix.rfind("\r")) + 1:]
 
     @property
     def line_suffix(self) -> str:
