@@ -68,6 +68,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "draft_confidence": Key(float, 0.3, "draft model stops a chain below this probability", _probability),
         "cache_budget_mb": Key(int, 2048, "memory for per-document KV caches, MiB", _positive),
         "time_budget_ms": Key(int, 5000, "wall-clock limit per completion, ms", _positive),
+        "threads": Key(int, 0, "CPU threads for torch (0 = auto: half the cores, at most 4)", _non_negative),
     },
     "daemon": {
         "socket": Key(str, "", "Unix socket path ('' = $XDG_RUNTIME_DIR/specd/specd.sock)"),

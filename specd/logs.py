@@ -9,6 +9,21 @@ from pathlib import Path
 FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at emit time (it may be swapped, e.g. by test capture)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_logging(level: str = "info", log_file: Path | None = None, stderr: bool = True) -> None:
     root = logging.getLogger()
     for handler in list(root.handlers):
@@ -16,7 +31,7 @@ def setup_logging(level: str = "info", log_file: Path | None = None, stderr: boo
     root.setLevel(level.upper())
     formatter = logging.Formatter(FORMAT)
     if stderr:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(formatter)
         root.addHandler(handler)
     if log_file is not None:

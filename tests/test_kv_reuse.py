@@ -42,8 +42,8 @@ def test_one_character_edit_prefills_only_from_the_edit(spm_engine, sample_sourc
     unchanged = common_prefix(first.prompt_ids, second.prompt_ids)
     assert second.prefill_computed == len(second.prompt_ids) - 1 - unchanged
     assert second.prefill_reused == unchanged
-    assert second.prefill_computed <= 4, "only the retokenized tail after the edit is prefilled"
-    assert unchanged >= len(second.prompt_ids) - 5
+    assert second.prefill_computed <= 8, "only the retokenized tail after the edit is prefilled"
+    assert unchanged >= len(second.prompt_ids) - 9
 
     cold = spm_engine.complete(request(typed, cursor + 1, kv_reuse=False))
     assert cold.prefill_reused == 0

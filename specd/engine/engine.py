@@ -51,6 +51,7 @@ class EngineOptions:
     draft_confidence: float = 0.3
     cache_budget_mb: int = 2048
     time_budget_ms: int = 5000
+    threads: int = 0
 
     @classmethod
     def from_config(cls, cfg) -> "EngineOptions":
@@ -109,6 +110,7 @@ class Engine:
 
     def ensure_loaded(self) -> None:
         if self.pair is None:
+            set_cpu_threads(self.options.threads)
             self._install(self._loader(self.options))
 
     def release(self) -> None:
@@ -247,11 +249,12 @@ class Engine:
             self.caches.put(key, state)
             self.caches.enforce_budget(keep=key)
         self.requests += 1
-        for name, s in planner.stats.items():
-            total = self.totals.setdefault(name, SourceStats())
-            total.proposed += s.proposed
-            total.accepted += s.accepted
-            total.steps += s.steps
+        with self._lock:  # stats() may read these from another thread
+            for name, s in planner.stats.items():
+                total = self.totals.setdefault(name, SourceStats())
+                total.proposed += s.proposed
+                total.accepted += s.accepted
+                total.steps += s.steps
         total_s = time.monotonic() - started
         return CompletionResult(
             text=completion,
@@ -282,20 +285,37 @@ class Engine:
     # -- reporting -------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        info = self.pair.describe() if self.pair else {"target": self.options.target or "demo", "draft": self.options.draft}
+        pair = self.pair
+        info = pair.describe() if pair else {"target": self.options.target or "demo", "draft": self.options.draft}
+        with self._lock:
+            acceptance = {name: {"proposed": s.proposed, "accepted": s.accepted, "rate": round(s.rate, 4)}
+                          for name, s in self.totals.items()}
+            documents, corpus = len(self._docs), len(self._corpus)
         return {
             "loaded": self.loaded,
             "models": info,
             "fim_family": self.template.name if self.template else None,
-            "documents": len(self._docs),
-            "corpus_files": len(self._corpus),
+            "documents": documents,
+            "corpus_files": corpus,
             "cache": {"documents": len(self.caches), "bytes": self.caches.nbytes(),
                       "budget_bytes": self.caches.budget_bytes, "evictions": self.caches.evictions},
             "requests": self.requests,
             "oom_retries": self.oom_retries,
-            "acceptance": {name: {"proposed": s.proposed, "accepted": s.accepted, "rate": round(s.rate, 4)}
-                           for name, s in self.totals.items()},
+            "acceptance": acceptance,
+            "threads": torch.get_num_threads(),
         }
+
+
+def set_cpu_threads(threads: int) -> None:
+    """torch's CPU thread count. Small models gain little from threads, and a daemon that takes
+    every core slows the editor beside it (and itself, when oversubscribed): auto = half the
+    cores, at most 4."""
+    import os
+
+    if threads <= 0:
+        threads = max(1, min(4, (os.cpu_count() or 2) // 2))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 def _load_from_options(options: EngineOptions) -> ModelPair:
