@@ -60,6 +60,7 @@ def summarize_method(runs: list[Run], reference: list[list[int]]) -> dict[str, A
         "mean_tokens_per_forward": _round(tokens / forwards if forwards else 0.0),
         "identical": not mismatches,
         "mismatches": len(mismatches),
+        "mismatched_at": mismatches,  # indices into the workload's "labels"
         "tokens": tokens,
         "target_forwards": forwards,
         "first_token_median_ms": _round(statistics.median(r.first_token_ms for r in runs)) if runs else 0.0,
@@ -76,7 +77,8 @@ def _geomean(values: Iterable[float]) -> float:
     return math.exp(sum(logs) / len(logs)) if logs else 0.0
 
 
-def summarize_workload(runs: dict[str, list[Run]], prompt_lengths: list[int]) -> dict[str, Any]:
+def summarize_workload(runs: dict[str, list[Run]], prompt_lengths: list[int],
+                       labels: list[str]) -> dict[str, Any]:
     """``runs[method][i]`` answers completion i; every method ran every completion."""
     reference = [r.tokens for r in runs[REFERENCE]]
     methods = {name: summarize_method(method_runs, reference) for name, method_runs in runs.items()}
@@ -93,6 +95,7 @@ def summarize_workload(runs: dict[str, list[Run]], prompt_lengths: list[int]) ->
     return {
         "completions": len(prompt_lengths),
         "prompt_tokens_median": int(statistics.median(prompt_lengths)) if prompt_lengths else 0,
+        "labels": labels,  # document:line of each completion, in run order
         "methods": methods,
     }
 
@@ -145,7 +148,8 @@ def format_table(report: dict[str, Any]) -> str:
     for name, workload in report["workloads"].items():
         methods = workload["methods"]
         peers = [p for p in HF_PEERS if p in methods]
-        lines += ["", f"{name}: {workload['completions']} completions, prompts ~{workload['prompt_tokens_median']} tokens"]
+        lines += ["", f"{name}: {workload['completions']} completions, "
+                      f"prompts ~{workload['prompt_tokens_median']} tokens"]
         header = (f"  {'method':<16}{'median ms':>10}{'p95 ms':>9}{'1st tok ms':>11}{'tok/fwd':>8}"
                   f"{'reused':>8}{'identical':>10}" + "".join(f"{'vs ' + p:>16}" for p in peers))
         lines.append(header)

@@ -87,7 +87,7 @@ def _progress(total: int):
 
 
 def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]]) -> dict[str, Any]:
-    """Run every method on every completion; per workload: {method: [Run]} and prompt lengths."""
+    """Run every method on every completion; per workload: ({method: [Run]}, prompt lengths, labels)."""
     prompt_of = lambda item: engine.prompts.build(item.text, item.offset).ids  # noqa: E731
     first = next((items[0] for items in workloads.values() if items), None)
     if first is not None:
@@ -114,7 +114,7 @@ def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]
                         method.close_document(item.doc)
                 turn += 1
                 bar.update()
-            results[name] = (runs, lengths)
+            results[name] = (runs, lengths, [item.label for item in items])
     return results
 
 
@@ -198,8 +198,8 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
 
     results = measure(engine, methods, workloads)
     report = _metadata(args, engine, time.monotonic() - started)
-    report["workloads"] = {name: reporting.summarize_workload(runs, lengths)
-                           for name, (runs, lengths) in results.items() if lengths}
+    report["workloads"] = {name: reporting.summarize_workload(*result)
+                           for name, result in results.items() if result[1]}
     report["goals"] = reporting.goals(report["workloads"])
     report["identical"] = all(s["identical"] for w in report["workloads"].values() for s in w["methods"].values())
     if args.plot:

@@ -209,7 +209,8 @@ BUILDERS: dict[str, Callable[[list[SourceFile], int, int], list[Completion]]] = 
 }
 
 
-def build_workloads(names: Iterable[str], files: list[SourceFile], limit: int, seed: int) -> dict[str, list[Completion]]:
+def build_workloads(names: Iterable[str], files: list[SourceFile], limit: int,
+                    seed: int) -> dict[str, list[Completion]]:
     out = {}
     for name in names:
         if name not in BUILDERS:
