@@ -15,14 +15,19 @@ export function fakeConfig(values: Record<string, unknown> = {}): ConfigurationL
   return { get: <T>(name: string) => values[name] as T | undefined };
 }
 
-/** Polls `condition` every `intervalMs` until it returns a truthy value; fails after `timeoutMs`. */
-export async function waitFor<T>(condition: () => T | undefined | null | false, timeoutMs: number, what: string,
-  intervalMs = 20): Promise<T> {
+/**
+ * Polls `condition` every `intervalMs` until it returns a truthy value; fails after `timeoutMs`.
+ * `what` may be a function, so the failure message shows the state at the time of failure.
+ */
+export async function waitFor<T>(condition: () => T | undefined | null | false, timeoutMs: number,
+  what: string | (() => string), intervalMs = 20): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const value = condition();
     if (value) return value;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    if (Date.now() > deadline) {
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${typeof what === 'string' ? what : what()}`);
+    }
     await new Promise((resolveTimer) => setTimeout(resolveTimer, intervalMs));
   }
 }
@@ -33,10 +38,11 @@ export function pythonPath(): string {
   return process.env.SPECD_TEST_PYTHON || (existsSync(venv) ? venv : 'python3');
 }
 
-/** specd-lsp: $SPECD_LSP, next to that Python, or on PATH. */
+/** specd-lsp: $SPECD_TEST_LSP, next to that Python, or on PATH. (Not SPECD_LSP: specd's config
+ *  reads every other SPECD_* variable as a setting and refuses unknown ones.) */
 export function serverPath(): string {
   const beside = join(dirname(pythonPath()), 'specd-lsp');
-  return process.env.SPECD_LSP || (existsSync(beside) ? beside : 'specd-lsp');
+  return process.env.SPECD_TEST_LSP || (existsSync(beside) ? beside : 'specd-lsp');
 }
 
 export interface SpecdEnvironment {

@@ -81,7 +81,11 @@ describe('specd-lsp through vscode-languageserver-protocol', { timeout: READY_TI
     await connection.sendNotification(DidOpenTextDocumentNotification.type, {
       textDocument: { uri: URI, languageId: 'python', version: 1, text: SOURCE },
     });
-    await waitFor(() => lastStatus()?.state === 'ready', READY_TIMEOUT_MS, `daemon ready (statuses: ${JSON.stringify(statuses.map((s) => s.state))})\n${stderr}`);
+    await waitFor(() => {
+      const state = lastStatus()?.state;
+      if (state === 'unavailable') throw new Error(`specd-lsp: daemon unavailable: ${lastStatus()?.message}\n${stderr}`);
+      return state === 'ready';
+    }, READY_TIMEOUT_MS, () => `daemon ready (states so far: ${JSON.stringify(statuses.map((s) => s.state))})\n${stderr}`);
   });
 
   after(async () => {
