@@ -83,6 +83,35 @@ end
 
 -- ---------------------------------------------------------------------------------------------
 
+case('units: next line/word, status text, options', function()
+  vim.opt.runtimepath:prepend(plugin_dir)
+  local text, status, config = require('specd.text'), require('specd.status'), require('specd.config')
+  assert_eq(text.next_line('foo(a)\n    bar'), 'foo(a)', 'next line')
+  assert_eq(text.next_line('\n    bar\nbaz'), '\n    bar', 'next line after a break')
+  assert_eq(text.next_word('  value = 1'), '  value', 'next word')
+  assert_eq(text.next_word('(a, b)'), '(', 'punctuation run')
+  assert_eq(text.next_word('  '), '  ', 'only blanks')
+
+  assert_eq(status.format(nil, true), 'specd: starting', 'no status yet')
+  assert_eq(status.format({ state = 'loading' }, true), 'specd: loading model', 'loading')
+  assert_eq(status.format({ state = 'ready', enabled = true }, false), 'specd: off', 'off')
+  assert_eq(status.format({ state = 'ready', lastLatencyMs = 41.6,
+    acceptance = { lookup = { proposed = 30, accepted = 27 }, draft = { proposed = 70, accepted = 51 } } }, true),
+    'specd 42ms 78%', 'ready')
+  assert_eq(status.format({ state = 'unavailable', message = 'x' }, true), 'specd: unavailable', 'unavailable')
+  local report = status.report({ state = 'ready', daemon = { pid = 7, version = '0.1.0', state = 'ready',
+    models = { target = 't', draft = 'd' } }, shown = 3, accepted = 1 }, true)
+  assert_eq(report, { 'specd: ready', 'suggestions: on', 'daemon: pid 7, specd 0.1.0, ready', 'model: t + draft d',
+    'suggestions shown 3, accepted 1' }, 'report')
+
+  local resolved = config.resolve({ cmd = { '/opt/specd-lsp' }, keymaps = { accept = '<C-l>' }, settings = { maxTokens = 32 } })
+  assert_eq(resolved.cmd, { '/opt/specd-lsp' }, 'cmd replaced, not merged')
+  assert_eq(resolved.keymaps.accept, '<C-l>', 'keymap override')
+  assert_eq(resolved.keymaps.accept_line, '<M-l>', 'other keymaps kept')
+  assert_eq(vim.json.encode(config.init_options({})), '{}', 'empty settings go out as an object')
+  assert_eq(vim.json.decode(vim.json.encode(config.init_options(resolved.settings))), { maxTokens = 32 }, 'settings as given')
+end)
+
 case('setup registers specd-lsp, commands and keymaps; is idempotent; validates options', function()
   local child = session(options(FAKE, 'auto'))
   assert_eq(child:lua("return require('specd').renderer()"), 'native', 'renderer on 0.12')
