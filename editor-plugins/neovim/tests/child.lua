@@ -5,13 +5,16 @@
 local Child = {}
 Child.__index = Child
 
+-- The Neovim under test: this one, or SPECD_TEST_CHILD_NVIM (e.g. a 0.10 to try the plugin renderer there).
+Child.NVIM = os.getenv('SPECD_TEST_CHILD_NVIM') or vim.v.progpath
+
 --- Starts `nvim --embed --headless --clean` with the plugin on 'runtimepath'.
 ---@param plugin_dir string
 ---@param cwd string
 ---@return specd.test.Child
 function Child.new(plugin_dir, cwd)
   local job = vim.fn.jobstart({
-    vim.v.progpath, '--embed', '--headless', '--clean', '-n', '-i', 'NONE',
+    Child.NVIM, '--embed', '--headless', '--clean', '-n', '-i', 'NONE',
     '--cmd', 'set runtimepath^=' .. vim.fn.fnameescape(plugin_dir),
   }, { rpc = true, cwd = cwd })
   assert(job > 0, 'could not start a child nvim')

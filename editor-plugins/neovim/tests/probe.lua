@@ -74,7 +74,13 @@ function probe.server_item()
   local client = vim.lsp.get_clients({ name = 'specd', bufnr = 0 })[1]
   local params = vim.lsp.util.make_position_params(0, client.offset_encoding)
   params.context = { triggerKind = 2 }
-  local answer = client:request_sync('textDocument/inlineCompletion', params, 10000, 0)
+  local method, timeout_ms = 'textDocument/inlineCompletion', 10000
+  local answer
+  if vim.fn.has('nvim-0.11') == 1 then
+    answer = client:request_sync(method, params, timeout_ms, 0)
+  else
+    answer = client.request_sync(method, params, timeout_ms, 0)
+  end
   local result = answer and answer.result
   local items = result and (result.items or result) or {}
   local cursor = vim.api.nvim_win_get_cursor(0)

@@ -55,8 +55,8 @@ local RENDERERS = { auto = true, native = true, plugin = true }
 function M.validate(name, value, validator, optional, message)
   if vim.fn.has('nvim-0.11') == 1 then
     vim.validate(name, value, validator, optional, message)
-  else
-    vim.validate({ [name] = { value, validator, message or optional } })
+  elseif not (optional and value == nil) then -- 0.10's table form: a function takes a message, not `optional`
+    vim.validate({ [name] = { value, validator, type(validator) == 'function' and message or nil } })
   end
 end
 
