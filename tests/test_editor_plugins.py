@@ -32,7 +32,7 @@ BIN = Path(sys.executable).parent  # the venv's bin: specd-lsp, and nvim from ne
 
 NPM_CI_TIMEOUT_S = 300
 STEP_TIMEOUT_S = 240
-MIN_NODE = (18, 0)  # node:test with --test-reporter
+MIN_NODE = (18, 15)  # node:test with --test-reporter
 MIN_NVIM = (0, 12)  # vim.lsp.inline_completion
 
 pytestmark = pytest.mark.slow

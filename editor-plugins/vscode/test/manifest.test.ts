@@ -41,6 +41,14 @@ describe('package.json', () => {
     assert.deepEqual(commands.sort(), ['specd.restart', 'specd.showLog', 'specd.showStatus', 'specd.toggle']);
   });
 
+  test('an untrusted workspace cannot choose the program or models specd runs', () => {
+    const untrusted = manifest.capabilities.untrustedWorkspaces;
+    assert.equal(untrusted.supported, 'limited');
+    for (const name of ['specd.serverPath', 'specd.serverArgs', 'specd.model.target', 'specd.model.draft']) {
+      assert.ok(untrusted.restrictedConfigurations.includes(name), name);
+    }
+  });
+
   test('the bundle is the entry point', () => {
     assert.equal(manifest.main, './dist/extension.js');
   });
