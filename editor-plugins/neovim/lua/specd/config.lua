@@ -22,6 +22,17 @@ local M = {}
 ---@field keymaps specd.Keymaps
 ---@field health_timeout_ms integer Longest `:checkhealth specd` waits for an answer
 
+---@class specd.Options What setup() takes: any subset of specd.Config.
+---@field enabled? boolean
+---@field cmd? string[]
+---@field filetypes? string[]
+---@field root_markers? string[]
+---@field settings? table<string, any>
+---@field renderer? 'auto'|'native'|'plugin'
+---@field debounce_ms? integer
+---@field keymaps? { accept?: string, accept_word?: string, accept_line?: string, next?: string, prev?: string, dismiss?: string }
+---@field health_timeout_ms? integer
+
 ---@type specd.Config
 M.defaults = {
   enabled = true,
@@ -73,7 +84,7 @@ local function list_of_strings(value)
 end
 
 --- The user's options over the defaults, validated.
----@param opts? table
+---@param opts? specd.Options
 ---@return specd.Config
 function M.resolve(opts)
   M.validate('opts', opts, 'table', true)

@@ -20,7 +20,8 @@ local state = {
   config = nil,
   ---@type 'native'|'plugin'|nil
   renderer_name = nil,
-  renderer = nil, ---@module 'specd.native'|'specd.ghost'
+  ---@type table? the renderer module, specd.native or specd.ghost (same functions)
+  renderer = nil,
   enabled = true,
   ---@type table<integer, string[]>
   mapped = {},
@@ -167,7 +168,7 @@ local function each_attached(fn)
 end
 
 --- Configures specd; safe to call again (later calls replace earlier options).
----@param opts? specd.Config
+---@param opts? specd.Options
 function M.setup(opts)
   if vim.fn.has(MIN_VERSION) == 0 then
     vim.notify('specd.nvim needs Neovim 0.10 or newer', vim.log.levels.ERROR)
