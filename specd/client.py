@@ -88,6 +88,11 @@ class _Methods:
     def status(self, timeout: float | None = 10.0):
         return self.request(Method.STATUS.value, {}, timeout)
 
+    def workspace(self, folders: list[str] | None = None, *, add: list[str] | None = None,
+                  remove: list[str] | None = None, timeout: float | None = 10.0):
+        """Set (``folders``) or change (``add``/``remove``) this connection's workspace folders."""
+        return self.request(Method.WORKSPACE.value, _params(folders=folders, add=add, remove=remove), timeout)
+
     def shutdown(self, timeout: float | None = 30.0):
         return self.request(Method.SHUTDOWN.value, {}, timeout)
 

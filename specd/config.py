@@ -69,6 +69,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "cache_budget_mb": Key(int, 2048, "memory for per-document KV caches, MiB", _positive),
         "time_budget_ms": Key(int, 5000, "wall-clock limit per completion, ms", _positive),
         "threads": Key(int, 0, "CPU threads for torch (0 = auto: half the cores, at most 4)", _non_negative),
+        "context_tokens": Key(int, 512, "prompt budget for other files' chunks (repo-level context), tokens", _non_negative),
+        "auto_context": Key(bool, True, "fill that budget from open buffers and nearby workspace files"),
     },
     "daemon": {
         "socket": Key(str, "", "Unix socket path ('' = $XDG_RUNTIME_DIR/specd/specd.sock)"),
@@ -79,6 +81,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_connections": Key(int, 64, "most simultaneous clients", _positive),
         "tcp": Key(str, "", "optional loopback TCP listener HOST:PORT ('' = none)"),
         "tcp_token": Key(str, "", "token a TCP client must present in hello"),
+    },
+    "workspace": {
+        "enabled": Key(bool, True, "watch workspace folders and index their files for lookup and context"),
+        "folders": Key(str, "", "folders to watch from the start, separated by ':' (editors add theirs)"),
+        "ignore": Key(str, ".git,.hg,.svn,node_modules,__pycache__,.venv,venv,.tox,.mypy_cache,.pytest_cache,"
+                           ".ruff_cache,.idea,.vscode,dist,build,target,*.min.js,*.min.css,*.map,*.lock,*.log",
+                      "gitignore-style patterns never indexed, comma-separated (on top of .gitignore)"),
+        "max_file_bytes": Key(int, 1024 * 1024, "larger files are skipped, bytes", _positive),
+        "max_total_bytes": Key(int, 16 * 1024 * 1024, "most bytes indexed over all folders", _positive),
     },
     "log": {
         "level": Key(str, "info", "log level", choices=LOG_LEVELS),

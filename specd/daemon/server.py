@@ -28,11 +28,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
+from urllib.parse import unquote, urlparse
 
 from specd import __version__
 from specd.daemon import systemd
 from specd.daemon.buffers import BufferStore, TextIndex, check_encoding, resolve_cursor
 from specd.daemon.worker import FAILED, LOADING, READY, STARTING, DocumentMirror, Job, ModelWorker
+from specd.daemon.workspace import Workspace, WorkspaceOptions
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.messages import Notification, Request
 from specd.protocol.framing import pack
@@ -227,6 +229,24 @@ def _opt_float(params: dict[str, Any], name: str, low: float, high: float) -> fl
     return float(value)
 
 
+def _folder_list(params: dict[str, Any], name: str) -> list[str] | None:
+    """A list of folders, each an absolute path or a file:// URI, as absolute paths."""
+    value = params.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be an array of folder paths or file:// URIs")
+    out = []
+    for number, item in enumerate(value):
+        folder = _str({f"{name}[{number}]": item}, f"{name}[{number}]")
+        if folder.startswith("file://"):
+            folder = unquote(urlparse(folder).path)
+        if not os.path.isabs(folder):
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"{name}[{number}] must be an absolute path or a file:// URI, got {folder!r}")
+        out.append(folder)
+    return out
+
+
 COMPLETE_OPTIONS = (
     "max_tokens", "single_line", "stop_at_block_end", "temperature", "top_p", "seed",
     "time_budget_ms", "use_draft_model", "use_lookup", "kv_reuse",
@@ -343,6 +363,7 @@ class Daemon:
         idle = cfg["daemon.idle_unload_s"] if idle_unload_s is None else idle_unload_s
         self.worker = ModelWorker(engine_factory or (lambda: load_engine(cfg)), idle, self._on_worker_state)
         self.mirror = DocumentMirror(lambda: self.worker.engine)
+        self.workspace = Workspace(WorkspaceOptions.from_config(cfg), self._corpus_sink, self.worker.wake)
         self.connections: dict[int, Connection] = {}
         self._ids = itertools.count(1)
         self.jobs_by_uri: dict[str, Job] = {}
@@ -366,6 +387,7 @@ class Daemon:
             Method.CANCEL: self.cancel,
             Method.STATUS: self.status,
             Method.SHUTDOWN: self.shutdown,
+            Method.WORKSPACE: self.workspace_folders,
         }
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -417,6 +439,7 @@ class Daemon:
         systemd.notify("STATUS=loading models")
         self.mirror.start()
         self.worker.start()
+        self._configured_folders()
         watchdog = asyncio.create_task(self._watchdog())
         try:
             await self._stop.wait()
@@ -444,6 +467,7 @@ class Daemon:
                 systemd.notify("READY=1")
                 log.info("models loaded in %.1f s; ready", self.worker.load_seconds or 0.0)
                 self.mirror.replay({uri: doc.text for uri, doc in self.buffers.docs.items()})
+                self.workspace.replay()
         elif state == FAILED:
             self.worker.fail_queued(self._load_failure())
             # One line, whatever the exception held: it is what `specd serve`, the spawn log and
@@ -487,6 +511,7 @@ class Daemon:
             await session.close()
         await asyncio.to_thread(self.worker.stop, 10)
         self.mirror.stop()
+        await asyncio.to_thread(self.workspace.stop)
         self._lock.release()
         log.info("stopped")
 
@@ -550,6 +575,7 @@ class Daemon:
             self.connections.pop(conn.id, None)
             for uri in self.buffers.release_owner(conn.id):
                 self.mirror.close(uri)
+            self.workspace.release_owner(conn.id)
             log.debug("conn%d: closed", conn.id)
 
     def _disconnected(self, conn: Connection) -> None:
@@ -770,6 +796,7 @@ class Daemon:
                 "running": current.label if current is not None else None,
             },
             "documents": {"open": len(self.buffers), "chars": self.buffers.total_chars()},
+            "workspace": {**self.workspace.stats(), "index": engine_stats.get("workspace")},
             "connections": len(self.connections),
             "engine": engine_stats,
         }
@@ -800,6 +827,44 @@ class Daemon:
         if self.worker.state != FAILED:
             return None
         return RpcError(ErrorCode.MODEL_LOAD_ERROR, f"cannot load models: {self.worker.load_error}")
+
+    # -- workspace -------------------------------------------------------------------------
+
+    def _corpus_sink(self, path: str, text: str | None) -> bool:
+        """The workspace watcher's output (on its thread): into the engine's lookup corpus."""
+        setter = getattr(self.worker.engine, "set_corpus_file", None)
+        if setter is None:
+            return False
+        setter(path, text)
+        return True
+
+    def _configured_folders(self) -> None:
+        if not self.workspace.options.enabled:
+            return
+        for folder in filter(None, self.cfg["workspace.folders"].split(os.pathsep)):
+            try:
+                self.workspace.add(folder, owner=0)  # held for the daemon's life
+            except OSError as err:
+                log.warning("workspace.folders: %s", err)
+
+    async def workspace_folders(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        """Set (``folders``) or change (``add``/``remove``) the folders this connection works in.
+        A folder is watched while any connection (or ``workspace.folders``) holds it."""
+        replace, add, remove = (_folder_list(params, name) for name in ("folders", "add", "remove"))
+        if not self.workspace.options.enabled:
+            return {"enabled": False, "folders": [], "watched": []}
+        add, remove = [*(replace or []), *(add or [])], remove or []
+        if replace is not None:
+            wanted = {str(Path(folder).resolve()) for folder in replace}
+            remove += [folder for folder in self.workspace.folders(conn.id) if folder not in wanted]
+        missing = [folder for folder in add if not Path(folder).is_dir()]
+        if missing:  # checked first: a failed call changes nothing
+            raise RpcError(ErrorCode.INVALID_PARAMS, f"not a directory: {', '.join(missing)}")
+        for folder in add:
+            self.workspace.add(folder, owner=conn.id)
+        for folder in remove:
+            self.workspace.remove(folder, owner=conn.id)
+        return {"enabled": True, "folders": self.workspace.folders(conn.id), "watched": self.workspace.folders()}
 
     async def shutdown(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
         # The graceful path waits for this very answer to be written before closing sessions.

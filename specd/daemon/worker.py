@@ -4,6 +4,11 @@
 releases the models after an idle period and reloads them for the next job. The event loop
 only submits jobs and awaits their futures, so it never blocks on the model.
 
+Between jobs the worker gives the engine idle time in short slices (``BACKGROUND_SLICE_S``):
+``index_pending_corpus`` tokenizes workspace files, ``warm_context`` prefills a document's cache
+with a new set of context chunks. A job that arrives waits one slice at most; ``wake`` (the
+workspace watcher fed the engine) starts the slices without a job.
+
 A job carries a ``threading.Event`` the engine polls between decoding steps; setting it
 (``cancel``/supersede/disconnect/shutdown) makes ``engine.complete`` raise ``Cancelled``. A job
 cancelled before it starts never reaches the engine: its future is cancelled at once.
@@ -31,6 +36,9 @@ STOPPED = "stopped"
 
 EngineFactory = Callable[[], Any]
 
+BACKGROUND_SLICE_S = 0.02  # idle work per slice: the longest a new job waits for it
+BACKGROUND_WORK = ("index_pending_corpus", "warm_context")  # engine methods, in priority order
+
 
 @dataclass(eq=False)
 class Job:
@@ -56,6 +64,7 @@ class Job:
 
 
 _STOP = object()
+_WAKE = object()  # no job: there is background work to do
 
 
 class ModelWorker:
@@ -86,6 +95,10 @@ class ModelWorker:
     def submit(self, job: Job) -> Job:
         self._queue.put(job)
         return job
+
+    def wake(self) -> None:
+        """There is background work (the engine's corpus changed): do it when idle."""
+        self._queue.put(_WAKE)
 
     def queued(self) -> int:
         """Jobs waiting to run (not counting those cancelled while queued, still in the queue)."""
@@ -169,17 +182,38 @@ class ModelWorker:
             log.error("cannot load models: %s", err)
             return
         self.last_activity = time.monotonic()
+        background = True
         while True:
             try:
-                item = self._queue.get(timeout=self._poll_interval())
+                item = self._queue.get(timeout=0 if background else self._poll_interval())
             except queue.Empty:
                 self._maybe_unload()
+                background = self.state == READY and self._background()
                 continue
             if item is _STOP:
                 break
+            if item is _WAKE:
+                background = True
+                continue
             self._run_job(item)
             self.last_activity = time.monotonic()
+            background = True  # a completion may have moved the cursor to where new context belongs
         self._set_state(STOPPED)
+
+    def _background(self) -> bool:
+        """One slice of the engine's idle work; True while more remains. Never loads models and
+        does not count as activity (idle unload still happens)."""
+        for name in BACKGROUND_WORK:
+            work = getattr(self.engine, name, None)
+            if work is None:
+                continue
+            try:
+                if work(BACKGROUND_SLICE_S):
+                    return True
+            except Exception:  # idle work is an optimisation: log it, never die of it
+                log.exception("background %s failed", name)
+                return False
+        return False
 
     def _run_job(self, job: Job) -> None:
         if not job.future.set_running_or_notify_cancel():

@@ -16,6 +16,8 @@ from typing import Any, Callable
 import torch
 
 from specd.engine import compat
+from specd.engine.context import ContextSelector
+from specd.engine.corpus import Corpus
 from specd.engine.decode import AdaptiveLength, DraftPlanner, speculative_decode
 from specd.engine.drafters import ContinuationDrafter, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
@@ -52,6 +54,8 @@ class EngineOptions:
     cache_budget_mb: int = 2048
     time_budget_ms: int = 5000
     threads: int = 0
+    context_tokens: int = 512  # prompt budget for other files' chunks (repo-level context)
+    auto_context: bool = True  # choose those chunks from open buffers and the workspace
 
     @classmethod
     def from_config(cls, cfg) -> "EngineOptions":
@@ -75,7 +79,8 @@ class Engine:
         self.options = options
         self._loader = loader or _load_from_options
         self._docs: dict[str, _Document] = {}
-        self._corpus: dict[str, _Document] = {}
+        self._corpus = Corpus()  # workspace files: tokenized and indexed in idle time
+        self.context = ContextSelector(options.context_tokens)
         self._lock = threading.Lock()
         self.caches = CacheStore(options.cache_budget_mb * 1024 * 1024)
         self.totals: dict[str, SourceStats] = {}
@@ -98,7 +103,7 @@ class Engine:
         self.pair = pair
         self.template = detect_family(pair.tokenizer, pair.target_name, self.options.fim_family)
         self.prompts = PromptBuilder(pair.tokenizer, self.template, self.options.prefix_tokens,
-                                     self.options.suffix_tokens)
+                                     self.options.suffix_tokens, self.options.context_tokens)
         self.stop_ids = self.prompts.stop_ids()
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
         log.info("engine ready: target %s, draft %s, FIM family %s, device %s",
@@ -118,8 +123,9 @@ class Engine:
         self.caches.clear()
         self.pair = None
         with self._lock:
-            for doc in (*self._docs.values(), *self._corpus.values()):
+            for doc in self._docs.values():
                 doc.index, doc.index_version = None, -1
+        self._corpus.forget_indexes()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -140,15 +146,33 @@ class Engine:
     def close_document(self, uri: str) -> None:
         with self._lock:
             self._docs.pop(uri, None)
+        self.context.forget(uri)
         self.caches.drop(uri)
 
     def set_corpus_file(self, name: str, text: str | None) -> None:
-        """Extra lookup corpus (workspace files); ``None`` removes one."""
+        """Extra lookup corpus (workspace files); ``None`` removes one. Tokenized later, by
+        ``index_pending_corpus``, never on a request's path."""
+        self._corpus.set(name, text)
+
+    def index_pending_corpus(self, budget_s: float) -> bool:
+        """Idle work: tokenize and index workspace files for about ``budget_s``; True while more remains."""
+        if self.pair is None:
+            return False
+        return self._corpus.index_pending(self.prompts.encode, budget_s)
+
+    def warm_context(self, budget_s: float) -> bool:
+        """Idle work: choose the latest document's context chunks; when they changed, prefill a
+        fresh KV state with them (in slices) and swap it in. True while more remains."""
+        if self.pair is None or not self.options.auto_context or not self.template.file_sep:
+            return False
         with self._lock:
-            if text is None:
-                self._corpus.pop(name, None)
-            else:
-                self._corpus[name] = _Document(text)
+            open_docs = {uri: doc.text for uri, doc in self._docs.items()}
+        pair = self.pair
+        return self.context.warm_step(
+            open_docs=open_docs, corpus=self._corpus, encode=self.prompts.encode,
+            prompt_ids=lambda text, offset, chunks, path: self.prompts.build(text, offset, chunks, path).ids,
+            caches=self.caches, budget_s=budget_s,
+            new_state=lambda: DocumentState(KVState(pair.target), KVState(pair.draft) if pair.draft is not None else None))
 
     def document_text(self, uri: str) -> str | None:
         with self._lock:
@@ -164,9 +188,8 @@ class Engine:
     def _lookup_sources(self, current: str | None) -> list[tuple[str, NgramIndex]]:
         with self._lock:
             others = sorted((d for u, d in self._docs.items() if u != current), key=lambda d: -d.updated)
-            corpus = list(self._corpus.values())
         sources = [("lookup:open", self._index_of(d)) for d in others[:MAX_OTHER_BUFFERS]]
-        return sources + [("lookup:workspace", self._index_of(d)) for d in corpus]
+        return sources + [("lookup:workspace", index) for index in self._corpus.indexes()]
 
     # -- completion ------------------------------------------------------------------------
 
@@ -216,7 +239,10 @@ class Engine:
             generator = torch.Generator().manual_seed(req.seed if req.seed is not None
                                                       else int(time.time_ns() % 2**31))
 
-        prompt = self.prompts.build(text, offset, req.extra_context, req.path or req.uri)
+        chunks = req.extra_context
+        if not chunks and req.uri and opts.auto_context:  # the set in use; changes are warmed in idle time
+            chunks = self.context.chunks_for(req.uri, text, offset, req.path or req.uri)
+        prompt = self.prompts.build(text, offset, chunks, req.path or req.uri)
         key = req.uri or ANONYMOUS
         state = self.caches.get(key) if kv_reuse and req.uri else None
         if state is None:
@@ -297,6 +323,8 @@ class Engine:
             "fim_family": self.template.name if self.template else None,
             "documents": documents,
             "corpus_files": corpus,
+            "workspace": self._corpus.stats(),
+            "context": self.context.stats(),
             "cache": {"documents": len(self.caches), "bytes": self.caches.nbytes(),
                       "budget_bytes": self.caches.budget_bytes, "evictions": self.caches.evictions},
             "requests": self.requests,

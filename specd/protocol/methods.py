@@ -17,6 +17,7 @@ class Method(str, Enum):
     CANCEL = "cancel"
     STATUS = "status"
     SHUTDOWN = "shutdown"
+    WORKSPACE = "workspace"
 
 
 # Notification the daemon sends when it cannot tie an error to a request (undecodable bytes,
@@ -40,4 +41,5 @@ CAPABILITIES = (
     "supersede",  # a new complete for a document cancels its in-flight one
     "stateless_complete",  # complete with text= and no open document
     "extra_context",
+    "workspace",  # watched folders feed lookup drafting and repo-level context
 )
