@@ -280,3 +280,78 @@ def test_lookup_drafts_from_a_workspace_file_and_reports_it_apart(daemon, tmp_pa
         assert "lookup:workspace" in client.status()["acceptance"]
         client.workspace([])
         wait_for(lambda: client.status()["workspace"]["index"]["files"] == 0, 5, message="the folder to be dropped")
+
+
+# -- the engine's corpus ----------------------------------------------------------------------
+
+
+def counting_encode(calls: list[int]):
+    def encode(text: str) -> list[int]:
+        calls.append(len(text))
+        return [ord(c) % 50 for c in text]  # one token per character: positions are easy to check
+    return encode
+
+
+def test_the_corpus_is_tokenized_in_bounded_slices_and_segmented():
+    from specd.engine import corpus as corpus_module
+    from specd.engine.corpus import Corpus
+
+    corpus = Corpus()
+    big = "".join(f"line {i} of a long file\n" for i in range(4000))  # ~100k chars
+    corpus.set("/w/big.py", big)
+    corpus.set("/w/small.py", "def twin():\n    return 42\n")
+    assert corpus.indexes() == [] and corpus.stats()["pending_files"] == 2  # set() never tokenizes
+    calls: list[int] = []
+    slices = 0
+    while corpus.index_pending(counting_encode(calls), budget_s=0):  # one step per call
+        slices += 1
+    assert max(calls) <= corpus_module.SLICE_CHARS and slices > len(big) // corpus_module.SLICE_CHARS
+    stats = corpus.stats()
+    assert stats["pending_files"] == 0 and stats["dirty_segments"] == 0
+    assert stats["indexed_tokens"] == len(big) + len("def twin():\n    return 42\n")
+    assert stats["segments"] == 2  # a file over SEGMENT_TOKENS fills one alone; the small one starts the next
+    encode = counting_encode([])
+    tail = encode("def twin():\n    ret")
+
+    def finds(expected: str) -> bool:
+        for index in corpus.indexes():
+            tokens, _n = index.find(tail, 4)
+            if tokens == encode(expected):
+                return True
+        return False
+
+    assert finds("urn ")
+    corpus.set("/w/small.py", "def twin():\n    retry()\n")  # changed: the old text stays searchable ...
+    assert finds("urn ")
+    while corpus.index_pending(encode, budget_s=0):
+        pass
+    assert finds("ry()") and not finds("urn ")  # ... until its segment is rebuilt
+    corpus.set("/w/small.py", None)
+    while corpus.index_pending(encode, budget_s=0):
+        pass
+    assert not finds("ry()") and corpus.stats()["files"] == 1
+
+
+def test_a_request_never_tokenizes_the_workspace(llama_pair):
+    import torch
+
+    from engine_helpers import make_engine
+    from specd.engine import CompletionRequest
+
+    target, draft = llama_pair
+    engine = make_engine(target, draft, prefix_tokens=128, suffix_tokens=32)
+    engine.set_corpus_file("/w/a.py", "def a():\n    return 1\n" * 2000)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = engine.complete(CompletionRequest(uri="file:///w/b.py", text="def b():\n    ", max_tokens=4))
+        assert "lookup:workspace" not in result.sources
+        assert engine.stats()["workspace"]["pending_files"] == 1  # still waiting for idle time
+        while engine.index_pending_corpus(0.01):
+            pass
+        assert engine.stats()["workspace"]["indexed_tokens"] > 0
+        engine.release()  # idle unload drops the tokens; the texts stay to be indexed again
+        assert engine.stats()["workspace"] == {**engine.stats()["workspace"], "pending_files": 1, "indexed_tokens": 0}
+        assert engine.index_pending_corpus(0.01) is False  # no models, no tokenizer work
+    finally:
+        torch.set_num_threads(threads)
