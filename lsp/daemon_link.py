@@ -70,6 +70,7 @@ class DaemonLink:
         self.hello: dict[str, Any] = {}
         self.daemon_status: dict[str, Any] = {}
         self.connects = 0  # successful connections so far; > 1 means we reconnected
+        self.folders: list[str] = []  # the editor's workspace folders (file URIs)
         self._task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -194,6 +195,7 @@ class DaemonLink:
         self.hello = await client.hello(client=CLIENT_NAME)
         self.connects += 1
         self.replay_documents()
+        self.replay_folders()
         state = self.hello.get("state")
         while state in DAEMON_LOADING:
             self._set_state(LOADING, f"the daemon is loading models ({state})")
@@ -296,6 +298,17 @@ class DaemonLink:
         """After (re)connecting: the daemon holds nothing of ours, so send every document."""
         for doc in self.documents:
             self.open(doc)
+
+    # -- workspace folders -----------------------------------------------------------------
+
+    def set_folders(self, folders: list[str]) -> None:
+        """The editor's workspace folders: the daemon watches them (lookup drafting, context)."""
+        self.folders = list(folders)
+        self._send(Method.WORKSPACE, {"folders": self.folders})
+
+    def replay_folders(self) -> None:
+        if self.folders:
+            self._send(Method.WORKSPACE, {"folders": self.folders})
 
 
 def default_config(settings: DaemonSettings) -> Any:

@@ -213,6 +213,7 @@ def initialize(ls: SpecdLanguageServer, params: types.InitializeParams) -> None:
     fallback = ls.settings.completion_fallback
     if fallback == "always" or (fallback == "auto" and not has_inline):
         ls.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(resolve_provider=False))(completion)
+    ls.link.set_folders(workspace_folders(ls))  # sent once the link connects
     log.info("initialized: encoding %s, inline completion %s, completion fallback %s",
              ls.encoding, has_inline, fallback)
 
@@ -239,6 +240,18 @@ async def did_change_configuration(ls: SpecdLanguageServer, params: types.DidCha
         ls.apply_settings(raw, ls.init_settings)
         ls.tell_problems()
         ls.notify_status()
+
+
+@server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+def did_change_workspace_folders(ls: SpecdLanguageServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
+    ls.link.set_folders(workspace_folders(ls))  # pygls has applied the change to ls.workspace
+
+
+def workspace_folders(ls: SpecdLanguageServer) -> list[str]:
+    """The workspace's folders (``rootUri`` when the client sent no folders), local files only."""
+    workspace = ls.workspace
+    uris = [folder.uri for folder in workspace.folders.values()] or [workspace.root_uri or ""]
+    return [uri for uri in uris if uri.startswith("file://")]
 
 
 def _can_pull_configuration(ls: SpecdLanguageServer) -> bool:
