@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "by side on the same models and prompts; print ratios.")
     _model_flags(p)
     p.add_argument("--corpus", metavar="DIR", help="source files to build workloads from (default: held-out stdlib modules)")
-    p.add_argument("--workloads", default="line,edit_replay,cold", help="comma-separated: line, edit_replay, cold")
+    p.add_argument("--workloads", default="line,edit_replay,cold,multi_file",
+                   help="comma-separated: line, edit_replay, cold, multi_file")
     p.add_argument("--methods", help="comma-separated subset of methods to run")
     p.add_argument("--limit", type=int, default=12, help="completions per workload")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per completion")

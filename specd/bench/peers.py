@@ -8,11 +8,16 @@ text and cursor, so their wall time includes building the prompt.
 All methods generate greedily with the same token limit and the same stop set (end-of-text and
 FIM tokens); the indentation block-end rule is off, since HF peers cannot apply it, so the
 token lists are directly comparable. A token list never includes the stop token.
+
+Workspace files (the ``multi_file`` workload) reach the engine's lookup corpus before a specd
+method runs, and are indexed then, outside the timed call: the daemon does that in idle time,
+long before the keystroke. ``specd_no_workspace`` runs with an empty corpus.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,7 +29,7 @@ from specd.engine.types import CompletionRequest, SourceStats
 
 REFERENCE = "hf_greedy"
 HF_PEERS = ("hf_greedy", "hf_assisted", "hf_lookup")
-SPECD_METHODS = ("specd", "specd_no_draft", "specd_no_lookup", "specd_no_reuse")
+SPECD_METHODS = ("specd", "specd_no_draft", "specd_no_lookup", "specd_no_reuse", "specd_no_workspace")
 ALL_METHODS = HF_PEERS + SPECD_METHODS
 NEEDS_DRAFT = frozenset({"hf_assisted", "specd_no_lookup"})
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented example value for prompt_lookup_num_tokens
@@ -109,11 +114,12 @@ class SpecdMethod:
     successive completions of one document share its cache, as in the daemon."""
 
     def __init__(self, name: str, engine: Engine, max_tokens: int, use_draft: bool, use_lookup: bool,
-                 kv_reuse: bool):
+                 kv_reuse: bool, use_workspace: bool = True):
         self.name = name
         self.engine = engine
         self.max_tokens = max_tokens
         self.use_draft, self.use_lookup, self.kv_reuse = use_draft, use_lookup, kv_reuse
+        self.use_workspace = use_workspace
 
     def _uri(self, doc: str) -> str:
         return f"bench/{self.name}/{doc}"  # each method keeps its own caches
@@ -124,6 +130,7 @@ class SpecdMethod:
             stop_at_block_end=False, time_budget_ms=NO_TIME_BUDGET_MS, use_draft_model=self.use_draft,
             use_lookup=self.use_lookup, kv_reuse=self.kv_reuse,
         )
+        sync_workspace(self.engine, dict(item.workspace) if self.use_workspace else {})
         started = time.perf_counter()
         result = self.engine.complete(request)
         ms = (time.perf_counter() - started) * 1000
@@ -135,6 +142,24 @@ class SpecdMethod:
 
     def close_document(self, doc: str) -> None:
         self.engine.caches.drop(self._uri(doc))
+
+
+_HELD: "weakref.WeakKeyDictionary[Engine, dict[str, str]]" = weakref.WeakKeyDictionary()
+
+
+def sync_workspace(engine: Engine, files: dict[str, str]) -> None:
+    """Make the engine's workspace corpus hold exactly ``files``, indexed (untimed idle work)."""
+    held = _HELD.setdefault(engine, {})
+    if held == files:
+        return
+    for name in held.keys() - files.keys():
+        engine.set_corpus_file(name, None)
+    for name, text in files.items():
+        if held.get(name) != text:
+            engine.set_corpus_file(name, text)
+    _HELD[engine] = dict(files)
+    while engine.index_pending_corpus(1.0):
+        pass
 
 
 def make_method(name: str, engine: Engine, max_tokens: int) -> Method:
@@ -154,4 +179,6 @@ def make_method(name: str, engine: Engine, max_tokens: int) -> Method:
         return SpecdMethod(name, engine, max_tokens, True, False, True)
     if name == "specd_no_reuse":
         return SpecdMethod(name, engine, max_tokens, has_draft, True, False)
+    if name == "specd_no_workspace":
+        return SpecdMethod(name, engine, max_tokens, has_draft, True, True, use_workspace=False)
     raise ValueError(f"unknown method {name!r} (known: {', '.join(ALL_METHODS)})")

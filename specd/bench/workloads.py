@@ -13,6 +13,10 @@ completions sharing a ``doc`` are successive requests on one editor buffer.
   so lookup finds similar code there and consecutive prompts share all but their tail.
 - ``cold``: the cursor at a random column inside a function body, the rest of that line
   deleted, each completion a fresh document: no cache to reuse.
+- ``multi_file``: a function's body is deleted and written from its first line, while a
+  near-twin of that function (same body, another name) sits in another file of the workspace,
+  one that is not open in the editor. The workload's workspace (``Completion.workspace``) holds
+  every completion's twin; methods that use the workspace index draft from it.
 
 Everything is drawn from ``random.Random`` seeded by (seed, workload name): the same flags
 give the same completions.
@@ -27,13 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-WORKLOADS = ("line", "edit_replay", "cold")
+WORKLOADS = ("line", "edit_replay", "cold", "multi_file")
 SOURCE_SUFFIXES = (".py",)
 MIN_FILE_CHARS = 500  # smaller files give too little context to complete in
 MAX_FILE_CHARS = 400_000  # generated tables and the like; not what people type
 REPLAY_LINES = 3  # lines typed back per edit-replay region
 REPLAY_STEPS = 6  # completions per edit-replay region (one per word typed)
 WORD = re.compile(r"\w+|[^\w\s]+")  # what one burst of typing between two requests adds
+TWIN_MIN_BODY_LINES = 3  # shorter functions have too little to draft from a twin
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class Completion:
     doc: str  # document key: same key = same editor buffer (KV reuse may pay)
     text: str  # the whole document at request time
     offset: int  # cursor, in characters
+    workspace: tuple[tuple[str, str], ...] = ()  # (path, text) of workspace files not open in the editor
 
     @property
     def label(self) -> str:
@@ -202,10 +208,50 @@ def edit_replay_workload(files: list[SourceFile], limit: int, seed: int) -> list
     return out
 
 
+def _functions(file: SourceFile) -> list[tuple[str, int, int, int]]:
+    """(name, first line, first body line, last line) of each function with a body of at least
+    ``TWIN_MIN_BODY_LINES`` lines, 1-based."""
+    try:
+        tree = ast.parse(file.text)
+    except (SyntaxError, ValueError):
+        return []
+    return [(node.name, node.lineno, node.body[0].lineno, node.end_lineno) for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.decorator_list
+            and node.end_lineno - node.body[0].lineno + 1 >= TWIN_MIN_BODY_LINES]
+
+
+def _twin(name: str, source: str) -> str:
+    """A near-twin of a function's source: another name, the same body (a method stays inside a
+    class, so its body keeps its indentation)."""
+    twin = source.replace(f"def {name}(", f"def {name}_variant(", 1)
+    return twin if not source[:1].isspace() else "class Variant:\n" + twin
+
+
+def multi_file_workload(files: list[SourceFile], limit: int, seed: int) -> list[Completion]:
+    rng = _rng(seed, "multi_file")
+    candidates = [(file, *function) for file in files for function in _functions(file)]
+    picked = rng.sample(candidates, min(limit, len(candidates)))
+    twins: list[tuple[str, str]] = []
+    items: list[tuple[SourceFile, str, int, int]] = []
+    for number, (file, name, first, body_first, last) in enumerate(picked):
+        starts = _line_offsets(file.text)
+        end = starts[last] if last < len(starts) else len(file.text)
+        twins.append((f"variants/v{number}_{Path(file.name).stem}.py",
+                      f'"""Variants kept beside {file.name}."""\n\n\n' + _twin(name, file.text[starts[first - 1]:end])))
+        body_start = starts[body_first - 1]
+        line_end = file.text.find("\n", body_start)
+        line = file.text[body_start:line_end if line_end >= 0 else len(file.text)]
+        items.append((file, f"multi_file/{file.name}:{first}", body_start + len(line) - len(line.lstrip(" \t")), end))
+    workspace = tuple(twins)
+    return [Completion("multi_file", doc, _open_line(file.text, cursor, end), cursor, workspace)
+            for file, doc, cursor, end in items]
+
+
 BUILDERS: dict[str, Callable[[list[SourceFile], int, int], list[Completion]]] = {
     "line": line_workload,
     "edit_replay": edit_replay_workload,
     "cold": cold_workload,
+    "multi_file": multi_file_workload,
 }
 
 
