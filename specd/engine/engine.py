@@ -102,8 +102,10 @@ class Engine:
     def _install(self, pair: ModelPair) -> None:
         self.pair = pair
         self.template = detect_family(pair.tokenizer, pair.target_name, self.options.fim_family)
-        self.prompts = PromptBuilder(pair.tokenizer, self.template, self.options.prefix_tokens,
-                                     self.options.suffix_tokens, self.options.context_tokens)
+        prefix, suffix, context = fit_prompt_budget(
+            self.options.prefix_tokens, self.options.suffix_tokens, self.options.context_tokens,
+            context_window(pair), self.options.max_tokens)
+        self.prompts = PromptBuilder(pair.tokenizer, self.template, prefix, suffix, context)
         self.stop_ids = self.prompts.stop_ids()
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
         log.info("engine ready: target %s, draft %s, FIM family %s, device %s",
@@ -332,6 +334,37 @@ class Engine:
             "acceptance": acceptance,
             "threads": torch.get_num_threads(),
         }
+
+
+def context_window(pair: ModelPair) -> int | None:
+    """Tokens the target can attend to: a ``trained_context`` in specd.json beside the weights
+    (what the model saw in training), else the config's max_position_embeddings."""
+    import json
+    from pathlib import Path
+
+    meta = Path(pair.target_name) / "specd.json"
+    if meta.is_file():
+        trained = json.loads(meta.read_text(encoding="utf-8")).get("trained_context")
+        if isinstance(trained, int) and trained > 0:
+            return trained
+    window = getattr(pair.target.config, "max_position_embeddings", None)
+    return window if isinstance(window, int) and window > 0 else None
+
+
+def fit_prompt_budget(prefix: int, suffix: int, context: int, window: int | None,
+                      max_tokens: int) -> tuple[int, int, int]:
+    """Shrink the prompt budgets in proportion so prompt + completion fit the model's window."""
+    if window is None:
+        return prefix, suffix, context
+    room = window - max_tokens - 8  # the FIM and file-separator tokens
+    total = prefix + suffix + context
+    if total <= room:
+        return prefix, suffix, context
+    scale = max(room, 64) / total
+    fitted = (max(32, int(prefix * scale)), int(suffix * scale), int(context * scale))
+    log.info("prompt budget %d+%d+%d tokens exceeds the model's %d-token window; using %d+%d+%d",
+             prefix, suffix, context, window, *fitted)
+    return fitted
 
 
 def set_cpu_threads(threads: int) -> None:
