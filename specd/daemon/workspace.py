@@ -149,6 +149,9 @@ class Workspace:
         self.recent_skips: collections.deque[tuple[str, str]] = collections.deque(maxlen=RECENT_SKIPS)
         self._skip_logged: dict[str, tuple[str, int]] = {}  # path -> (reason, mtime) already logged
         self._cond = threading.Condition()
+        # watchdog dispatches events (our touch(), which takes _cond) while holding its own lock,
+        # so its methods are never called under _cond: watches have a lock of their own.
+        self._watch_lock = threading.Lock()
         self._tasks: collections.deque[tuple[str, Path]] = collections.deque()  # (kind, folder root)
         self._touched: dict[str, bool] = {}  # path -> is_dir, waiting for the debounce
         self._replay = False
@@ -189,8 +192,8 @@ class Workspace:
                 return False
             del self._folders[root]
             self._tasks.append(("drop", root))
-            self._unwatch(entry)
             self._cond.notify()
+        self._unwatch(entry)
         return True
 
     def release_owner(self, owner: int) -> list[Path]:
@@ -317,11 +320,11 @@ class Workspace:
             return False
         started = time.monotonic()
         files, children, impure = self._walk(folder, root)
+        if not force:  # watch first: a file that changes while we read is looked at again
+            self._plan_watches(folder, root, children, impure)
         changed = False
         for path in files:
             changed |= self._consider(folder, path, force)
-        if not force:
-            self._plan_watches(folder, root, children, impure)
         with self._cond:
             under = sum(1 for name in self._files if Path(name).is_relative_to(root))
         log.info("workspace %s: %d files indexed (%.1f MB in all folders) in %.2f s; skipped so far: %s",
@@ -375,6 +378,9 @@ class Workspace:
         with self._cond:
             if self._folders.get(folder.root) is not folder or self._observer is None:
                 return
+        with self._watch_lock:
+            if directory in folder.watches and (directory in folder.recursive) == recursive:
+                return  # watched so already (a re-plan after a .gitignore change keeps it)
             old = folder.watches.pop(directory, None)
             if old is not None:
                 try:
@@ -390,18 +396,27 @@ class Workspace:
                 folder.recursive.add(directory)
             else:
                 folder.recursive.discard(directory)
+        with self._cond:
+            dropped = self._folders.get(folder.root) is not folder
+        if dropped:  # removed while we scheduled
+            self._unwatch(folder)
 
-    def _unwatch(self, folder: _Folder) -> None:
-        for watch in folder.watches.values():
-            try:
-                self._observer.unschedule(watch)
-            except (KeyError, ValueError):
-                pass
-        folder.watches.clear()
+    def _unwatch(self, folder: _Folder, below: Path | None = None) -> None:
+        """Drop the folder's watches (only those at or below ``below`` when given)."""
+        with self._watch_lock:
+            for directory in list(folder.watches):
+                if below is not None and directory != below and below not in directory.parents:
+                    continue
+                try:
+                    self._observer.unschedule(folder.watches.pop(directory))
+                except (KeyError, ValueError):
+                    pass
+                folder.recursive.discard(directory)
 
     def _covered(self, folder: _Folder, directory: Path) -> bool:
         """Whether a recursive watch already covers ``directory``."""
-        return any(d == directory or d in directory.parents for d in folder.recursive)
+        with self._watch_lock:
+            return any(d == directory or d in directory.parents for d in folder.recursive)
 
     def _examine(self, path: Path, is_dir: bool) -> bool:
         folder = self._folder_of(path)
@@ -411,13 +426,15 @@ class Workspace:
             folder.rules.forget(path.parent)
             return self._examine(path.parent, True)  # what it covers may have changed
         if is_dir or path.is_dir():
+            if not path.is_dir():
+                self._unwatch(folder, below=path)  # gone: its watches died with it
             changed = self._forget_under(path, unless_watched=False, keep_existing=True, folder=folder)
             if path.is_dir() and not path.is_symlink() and not folder.rules.ignored(path, True):
                 files, children, impure = self._walk(folder, path)
-                for file in files:
-                    changed |= self._consider(folder, file)
                 if not self._covered(folder, path):
                     self._plan_watches(folder, path, children, impure)
+                for file in files:
+                    changed |= self._consider(folder, file)
             return changed
         return self._consider(folder, path)
 
