@@ -150,13 +150,13 @@ def format_table(report: dict[str, Any]) -> str:
         peers = [p for p in HF_PEERS if p in methods]
         lines += ["", f"{name}: {workload['completions']} completions, "
                       f"prompts ~{workload['prompt_tokens_median']} tokens"]
-        header = (f"  {'method':<16}{'median ms':>10}{'p95 ms':>9}{'1st tok ms':>11}{'tok/fwd':>8}"
+        header = (f"  {'method':<20}{'median ms':>10}{'p95 ms':>9}{'1st tok ms':>11}{'tok/fwd':>8}"
                   f"{'reused':>8}{'identical':>10}" + "".join(f"{'vs ' + p:>16}" for p in peers))
         lines.append(header)
         for method, s in methods.items():
             ratios = "".join(f"{_ratio(s['speedup_vs'].get(p)):>16}" for p in peers)
             identical = "ref" if method == REFERENCE else ("yes" if s["identical"] else f"NO ({s['mismatches']})")
-            lines.append(f"  {method:<16}{s['median_ms']:>10.1f}{s['p95_ms']:>9.1f}{s['first_token_median_ms']:>11.1f}"
+            lines.append(f"  {method:<20}{s['median_ms']:>10.1f}{s['p95_ms']:>9.1f}{s['first_token_median_ms']:>11.1f}"
                          f"{s['mean_tokens_per_forward']:>8.2f}{_pct(s['prefill_reused_fraction']):>8}"
                          f"{identical:>10}{ratios}")
         if REFERENCE in methods and methods[REFERENCE]["median_ms"]:
