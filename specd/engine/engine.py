@@ -169,6 +169,7 @@ class Engine:
             return False
         with self._lock:
             open_docs = {uri: doc.text for uri, doc in self._docs.items()}
+        self.context.budget_tokens = self.prompts.extra_tokens  # as fitted to the model's window
         pair = self.pair
         return self.context.warm_step(
             open_docs=open_docs, corpus=self._corpus, encode=self.prompts.encode,
