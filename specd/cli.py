@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="PNG", help="write a latency CDF and speedup plot")
     p.add_argument("--seed", type=int, default=0, help="workload sampling seed")
-    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: torch's choice; 1 is "
+    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: engine.threads; 1 is "
                                                             "steadier on a busy machine)")
 
     p = sub.add_parser("install-service", help="install the systemd user units",

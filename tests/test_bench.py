@@ -127,7 +127,8 @@ def test_bench_json_schema(bench_run):
     report = json.loads(stdout)  # stdout is the JSON object and nothing else
     for key in ("command", "models", "device", "dtype", "torch", "transformers", "settings", "goals"):
         assert key in report
-    assert report["command"].startswith("specd bench ")
+    assert report["command"].startswith("specd bench ") and "--threads 1" in report["command"]
+    assert report["threads"] == 1
     assert set(report["workloads"]) == set(WORKLOADS)
     for name, workload in report["workloads"].items():
         assert workload["completions"] == 3

@@ -174,8 +174,6 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
     import torch
 
     previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
     try:
         return _bench(args, cfg, files, workload_names, method_names, started)
     finally:
@@ -191,6 +189,11 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
     except ModelLoadError as err:
         print(f"specd bench: {err}", file=sys.stderr)
         return EXIT_MODEL
+    threads = getattr(args, "threads", None)
+    if threads is not None:  # after loading: the engine applies engine.threads when it loads
+        import torch
+
+        torch.set_num_threads(threads)
     workloads = build_workloads(workload_names, files, args.limit, args.seed)
     methods = _methods(method_names, engine, args.max_tokens)
     log.info("bench: %s; methods %s; %d source files",
