@@ -7,7 +7,16 @@ import pytest
 
 from engine_helpers import assert_lossless, make_engine
 from specd.engine import CompletionRequest, ContextChunk
-from specd.engine.context import QUERY_CHARS_BEFORE, REGION_LINES, Candidate, ContextSelector, display_path, nearby
+from specd.engine.context import (
+    MIN_CHUNK_LINES,
+    PROMPT_OVERHEAD_TOKENS,
+    QUERY_CHARS_BEFORE,
+    REGION_LINES,
+    Candidate,
+    ContextSelector,
+    display_path,
+    nearby,
+)
 
 MAX_TOKENS = 16
 CURRENT = (
@@ -33,6 +42,7 @@ def fake_encode(text: str) -> list[int]:
 
 
 def test_choose_takes_relevant_windows_within_the_budget_most_relevant_last():
+    """Related files in, unrelated out, a text already in the document or already taken out."""
     selector = ContextSelector(budget_tokens=400)
     candidates = [
         Candidate("/p/src/net.py", UNRELATED, 1.0),
@@ -42,12 +52,18 @@ def test_choose_takes_relevant_windows_within_the_budget_most_relevant_last():
         Candidate("/p/src/helpers.py", "def item_threshold(items):\n    return min(i.quantity for i in items)\n", 1.0),
     ]
     chunks = selector.choose(CURRENT, len(CURRENT), "/p/src/report.py", candidates, fake_encode)
-    assert [c.path for c in chunks] == ["helpers.py", "stock.py"]  # least relevant first
-    assert chunks[-1].text == RELEVANT
-    # A budget that fits one chunk keeps the best one.
-    small = ContextSelector(budget_tokens=len(fake_encode(RELEVANT)) + 45)
-    assert [c.path for c in small.choose(CURRENT, len(CURRENT), "/p/src/report.py", candidates, fake_encode)] == \
-        ["stock.py"]
+    assert sorted(c.path for c in chunks) == ["helpers.py", "stock.py"]
+    assert RELEVANT in [c.text for c in chunks]
+    # Most relevant last: it is the one kept when the budget fits only it.
+    best = chunks[-1]
+    only = ContextSelector(budget_tokens=len(fake_encode(f"{best.path}\n{best.text}\n")) + 1 + PROMPT_OVERHEAD_TOKENS)
+    assert only.choose(CURRENT, len(CURRENT), "/p/src/report.py", candidates, fake_encode) == [best]
+    # A window longer than what is left keeps its first lines (at least MIN_CHUNK_LINES).
+    tight = ContextSelector(budget_tokens=PROMPT_OVERHEAD_TOKENS + 45)
+    cut = tight.choose(CURRENT, len(CURRENT), "/p/src/report.py", [Candidate("/p/src/stock.py", RELEVANT, 1.0)],
+                       fake_encode)
+    assert len(cut) == 1 and RELEVANT.startswith(cut[0].text) and cut[0].text != RELEVANT
+    assert len(cut[0].text.splitlines()) >= MIN_CHUNK_LINES
     # Nothing related, nothing chosen; no identifiers near the cursor, nothing either.
     assert selector.choose(CURRENT, len(CURRENT), "/p/src/report.py", candidates[:1], fake_encode) == []
     assert selector.choose("\n\n", 1, "/p/src/empty.py", candidates, fake_encode) == []
