@@ -30,6 +30,8 @@ def make_near_draft(target_dir: Path, out: Path, noise: float = 0.02, seed: int 
 
 
 def make_engine(target: Path, draft: Path | None, **options) -> Engine:
+    # No wall-clock cut-off: on a loaded machine a time budget would make outputs load-dependent.
+    options.setdefault("time_budget_ms", 600_000)
     opts = EngineOptions(target=str(target), draft=str(draft or ""), device="cpu", dtype="float32", **options)
     return Engine(opts, pair=load_pair(str(target), str(draft) if draft else None, "cpu", "float32"))
 
