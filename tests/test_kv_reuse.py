@@ -135,3 +135,30 @@ def test_typing_through_a_suggestion_drafts_from_its_rest(spm_engine, sample_sou
                                          use_draft_model=False))
     assert_lossless(spm_engine, second, MAX_TOKENS)
     assert second.sources["lookup:previous"].proposed > 0
+
+
+def test_idle_prefill_prepares_the_cache_where_the_user_is_typing(llama_pair, sample_source):
+    """After an edit, idle slices prefill both caches for a completion at the edit's end: the
+    next request there computes no prompt tokens at all, and still equals a cold run."""
+    from specd.engine.engine import edit_end
+
+    assert edit_end("abcdef", "abXYcdef") == 4 and edit_end("abc", "abc!") == 4 and edit_end("abcd", "ad") == 1
+    target, draft = llama_pair
+    engine = make_engine(target, draft, fim_family="demo")
+    uri = "file:///idle.py"
+    cursor = sample_source.index("    def low_stock")
+    engine.open_document(uri, sample_source)
+    assert engine.prefill_pending(1.0) is False  # opening alone: nothing edited yet
+    typed = sample_source[:cursor] + "    def size(self):\n        " + sample_source[cursor:]
+    engine.update_document(uri, typed)
+    slices = 0
+    while engine.prefill_pending(0.001):  # tiny slices: resumes where the last one stopped
+        slices += 1
+    assert slices > 1
+    offset = edit_end(sample_source, typed)  # an edit's end is ambiguous by repeated text ...
+    assert abs(offset - (cursor + len("    def size(self):\n        "))) <= 8  # ... by a few characters here
+    warm = engine.complete(CompletionRequest(uri=uri, offset=offset, max_tokens=MAX_TOKENS, stop_at_block_end=False))
+    assert warm.prefill_computed == 0 and warm.prefill_reused == len(warm.prompt_ids) - 1
+    cold = engine.complete(request(typed, offset, kv_reuse=False))
+    assert warm.token_ids == cold.token_ids
+    assert_lossless(engine, warm, MAX_TOKENS)

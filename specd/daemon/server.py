@@ -362,7 +362,7 @@ class Daemon:
         self.buffers = BufferStore(cfg["daemon.max_documents"], cfg["daemon.max_document_bytes"])
         idle = cfg["daemon.idle_unload_s"] if idle_unload_s is None else idle_unload_s
         self.worker = ModelWorker(engine_factory or (lambda: load_engine(cfg)), idle, self._on_worker_state)
-        self.mirror = DocumentMirror(lambda: self.worker.engine)
+        self.mirror = DocumentMirror(lambda: self.worker.engine, self.worker.wake)
         self.workspace = Workspace(WorkspaceOptions.from_config(cfg), self._corpus_sink, self.worker.wake)
         self.connections: dict[int, Connection] = {}
         self._ids = itertools.count(1)

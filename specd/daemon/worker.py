@@ -5,6 +5,7 @@ releases the models after an idle period and reloads them for the next job. The 
 only submits jobs and awaits their futures, so it never blocks on the model.
 
 Between jobs the worker gives the engine idle time in short slices (``BACKGROUND_SLICE_S``):
+``prefill_pending`` prefills the cache of the document just edited (where the edit ended),
 ``index_pending_corpus`` tokenizes workspace files, ``warm_context`` prefills a document's cache
 with a new set of context chunks. A job that arrives waits one slice at most; ``wake`` (the
 workspace watcher fed the engine) starts the slices without a job.
@@ -37,7 +38,7 @@ STOPPED = "stopped"
 EngineFactory = Callable[[], Any]
 
 BACKGROUND_SLICE_S = 0.02  # idle work per slice: the longest a new job waits for it
-BACKGROUND_WORK = ("index_pending_corpus", "warm_context")  # engine methods, in priority order
+BACKGROUND_WORK = ("prefill_pending", "index_pending_corpus", "warm_context")  # engine methods, in priority order
 
 
 @dataclass(eq=False)
@@ -239,8 +240,9 @@ class DocumentMirror:
     updates are dropped; ``replay`` sends every open document once it does.
     """
 
-    def __init__(self, get_engine: Callable[[], Any]):
+    def __init__(self, get_engine: Callable[[], Any], on_synced: Callable[[], None] | None = None):
         self._get_engine = get_engine
+        self._on_synced = on_synced  # the worker's wake: edited documents get prefilled when idle
         self._pending: dict[str, str | None] = {}  # uri -> latest text, None = closed
         self._known: set[str] = set()  # uris the engine has open
         self._engine_seen: Any = None
@@ -299,3 +301,5 @@ class DocumentMirror:
                         self._known.add(uri)
                 except Exception:  # the engine's lookup index is an optimisation: log, go on
                     log.exception("engine document sync failed for %s", uri)
+            if self._on_synced is not None:
+                self._on_synced()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
@@ -30,6 +31,8 @@ from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, E
 
 log = logging.getLogger(__name__)
 
+LOOKUP_START = 8  # first lookup draft length; grows on full acceptance up to engine.lookup_max
+PREFILL_SLICE = 64  # tokens per idle prefill forward: a new request waits for one slice at most
 MAX_OTHER_BUFFERS = 8  # open buffers searched by lookup, most recently edited first
 ANONYMOUS = "<anonymous>"
 
@@ -80,6 +83,7 @@ class Engine:
         self._loader = loader or _load_from_options
         self._docs: dict[str, _Document] = {}
         self._corpus = Corpus()  # workspace files: tokenized and indexed in idle time
+        self._edited: OrderedDict[str, int] = OrderedDict()  # uri -> where its last edit ended
         self.context = ContextSelector(options.context_tokens)
         self._lock = threading.Lock()
         self.caches = CacheStore(options.cache_budget_mb * 1024 * 1024)
@@ -143,11 +147,15 @@ class Engine:
             if doc is None:
                 self._docs[uri] = _Document(text)
             elif doc.text != text:
+                # Remember where the user is typing: idle time prefills the cache for it there.
+                self._edited[uri] = edit_end(doc.text, text)
+                self._edited.move_to_end(uri)
                 doc.text, doc.version, doc.updated = text, doc.version + 1, time.monotonic()
 
     def close_document(self, uri: str) -> None:
         with self._lock:
             self._docs.pop(uri, None)
+            self._edited.pop(uri, None)
         self.context.forget(uri)
         self.caches.drop(uri)
 
@@ -161,6 +169,42 @@ class Engine:
         if self.pair is None:
             return False
         return self._corpus.index_pending(self.prompts.encode, budget_s)
+
+    def prefill_pending(self, budget_s: float) -> bool:
+        """Idle work: prefill the KV caches (target and draft) of the most recently edited
+        document for a completion where its last edit ended, in slices of ``PREFILL_SLICE``
+        tokens, so the next keystroke's request reuses them. True while more remains."""
+        if self.pair is None or not self.options.kv_reuse:
+            return False
+        with self._lock:
+            if not self._edited:
+                return False
+            uri, offset = self._edited.popitem(last=True)
+            doc = self._docs.get(uri)
+            text = doc.text if doc else None
+        if text is None or offset > len(text):
+            return bool(self._edited)
+        chunks = self.context.active(uri) if self.options.auto_context else []
+        prompt = self.prompts.build(text, offset, chunks, uri).ids[:-1]
+        state = self.caches.get(uri)
+        if state is None:
+            pair = self.pair
+            state = DocumentState(KVState(pair.target), KVState(pair.draft) if pair.draft is not None else None)
+            self.caches.put(uri, state)
+        deadline = time.monotonic() + budget_s
+        for kv in (state.target, state.draft):
+            if kv is None:
+                continue
+            kv.rollback(common_prefix(kv.ids, prompt))
+            while len(kv.ids) < len(prompt):
+                if time.monotonic() > deadline:
+                    with self._lock:  # not done: resume here next slice unless a newer edit came
+                        self._edited.setdefault(uri, offset)
+                    self.caches.enforce_budget(keep=uri)
+                    return True
+                kv.extend(prompt[len(kv.ids):len(kv.ids) + PREFILL_SLICE], last_only=True)
+        self.caches.enforce_budget(keep=uri)
+        return bool(self._edited)
 
     def warm_context(self, budget_s: float) -> bool:
         """Idle work: choose the latest document's context chunks; when they changed, prefill a
@@ -264,7 +308,7 @@ class Engine:
         if use_draft:
             model = ModelDrafter(state.draft, self.vocab_size, sampling, opts.draft_confidence, generator)
         planner = DraftPlanner(lookup, model, AdaptiveLength(min(4, opts.draft_max), opts.draft_max),
-                               AdaptiveLength(opts.lookup_max, opts.lookup_max),
+                               AdaptiveLength(min(LOOKUP_START, opts.lookup_max), opts.lookup_max),
                                self._continuation(state, text, offset, len(prompt.ids)) if use_lookup else None)
         stop = StopRules(pair.tokenizer, self.stop_ids, req.single_line,
                          prompt.indent if req.stop_at_block_end else None)
@@ -335,6 +379,28 @@ class Engine:
             "acceptance": acceptance,
             "threads": torch.get_num_threads(),
         }
+
+
+def edit_end(old: str, new: str) -> int:
+    """Offset in ``new`` just after the text an edit changed (common prefix and suffix found by
+    binary search over slice comparisons, which run at C speed)."""
+    limit = min(len(old), len(new))
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if old[:mid] == new[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    prefix = lo
+    lo, hi = 0, limit - prefix
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if old[len(old) - mid:] == new[len(new) - mid:]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return len(new) - lo
 
 
 def context_window(pair: ModelPair) -> int | None:
