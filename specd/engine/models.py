@@ -74,11 +74,19 @@ def _check_source(name: str, role: str) -> None:
         raise ModelLoadError(f"{role} model directory {name} has no config.json (not a Hugging Face model)")
 
 
+def _reason(err: Exception) -> str:
+    """The first line of a loader's error, with a hint where it asks for remote code."""
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if "trust_remote_code" in str(err):
+        first += " (specd leaves model.trust_remote_code off; turn it on only for a repo you trust)"
+    return first
+
+
 def load_tokenizer(name: str, trust_remote_code: bool = False):
     try:
         return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except Exception as err:  # transformers raises OSError, ValueError, ... for a bad dir
-        raise ModelLoadError(f"cannot load tokenizer from {name}: {str(err).splitlines()[0]}") from None
+        raise ModelLoadError(f"cannot load tokenizer from {name}: {_reason(err)}") from None
 
 
 def load_model(name: str, role: str, device: torch.device, dtype: torch.dtype,
@@ -89,7 +97,7 @@ def load_model(name: str, role: str, device: torch.device, dtype: torch.dtype,
             name, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
         )
     except Exception as err:
-        raise ModelLoadError(f"cannot load {role} model from {name}: {str(err).splitlines()[0]}") from None
+        raise ModelLoadError(f"cannot load {role} model from {name}: {_reason(err)}") from None
     return model.to(device).eval()
 
 
