@@ -9,15 +9,13 @@ utf-16 = LSP's default, utf-8 = bytes as Neovim counts columns).
 
 from __future__ import annotations
 
-import bisect
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.methods import POSITION_ENCODINGS
-
-LINE_BREAK = re.compile(r"\r\n|\r|\n")
+from specd.protocol.positions import LINE_BREAK  # noqa: F401  (re-exported)
+from specd.protocol.positions import TextIndex as SharedTextIndex
 
 
 def utf8_size(text: str, limit: int) -> int:
@@ -45,46 +43,24 @@ def check_encoding(value: Any) -> str:
     return value
 
 
-class TextIndex:
-    """Line starts of one text, for position <-> offset conversion (built once per version)."""
-
-    def __init__(self, text: str):
-        self.text = text
-        self._starts: list[int] | None = None
-
-    @property
-    def line_starts(self) -> list[int]:
-        if self._starts is None:
-            self._starts = [0] + [m.end() for m in LINE_BREAK.finditer(self.text)]
-        return self._starts
-
-    def line_text(self, line: int) -> str:
-        starts = self.line_starts
-        end = starts[line + 1] if line + 1 < len(starts) else len(self.text)
-        return LINE_BREAK.sub("", self.text[starts[line]:end])  # without its line break
+class TextIndex(SharedTextIndex):
+    """The shared position index (line starts, encodings), refusing out-of-range lines and
+    negative characters with ``out_of_range`` instead of clamping them: a socket client that
+    sends a bad position gets told. A character past the end of its line still means the end
+    of the line, as in LSP."""
 
     def offset(self, line: int, character: int, encoding: str = "utf-32") -> int:
         """Code-point offset of a (line, character) position."""
-        starts = self.line_starts
-        if line < 0 or line >= len(starts):
-            raise RpcError(ErrorCode.OUT_OF_RANGE, f"line {line} outside the document (0..{len(starts) - 1})")
+        lines = self.line_count
+        if line < 0 or line >= lines:
+            raise RpcError(ErrorCode.OUT_OF_RANGE, f"line {line} outside the document (0..{lines - 1})")
         if character < 0:
             raise RpcError(ErrorCode.OUT_OF_RANGE, f"character {character} is negative")
-        text = self.line_text(line)
-        if encoding == "utf-32":
-            chars = min(character, len(text))
-        elif encoding == "utf-16":
-            # A position inside a surrogate pair rounds down to the character's start.
-            units = text.encode("utf-16-le", errors="surrogatepass")[: 2 * character]
-            chars = len(units.decode("utf-16-le", errors="ignore"))
-        else:  # utf-8: a position inside a multi-byte character rounds down likewise
-            chars = len(text.encode("utf-8", errors="surrogatepass")[:character].decode("utf-8", errors="ignore"))
-        return starts[line] + chars
+        return super().offset(line, character, encoding)
 
-    def position(self, offset: int) -> tuple[int, int]:
-        """(line, code-point character) of a code-point offset."""
-        line = bisect.bisect_right(self.line_starts, offset) - 1
-        return line, offset - self.line_starts[line]
+    def position(self, offset: int, encoding: str = "utf-32") -> tuple[int, int]:
+        """(line, character) of a code-point offset; characters in code points by default."""
+        return super().position(offset, encoding)
 
     def byte_offset_to_char(self, byte_offset: int) -> int:
         data = self.text.encode("utf-8", errors="surrogatepass")
