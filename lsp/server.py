@@ -23,6 +23,7 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.json_rpc import JsonRPCNotification
 
 from specd import __version__
+from specd.protocol.methods import LSP_ACCEPTED_COMMAND, LSP_STATUS_METHOD
 
 from specd_lsp.completer import AUTOMATIC, INVOKED, CompletionQuery, Completer, Proposal, Selected
 from specd_lsp.daemon_link import READY, UNAVAILABLE, DaemonLink, LinkEvent
@@ -33,8 +34,8 @@ from specd_lsp.positions import DEFAULT_ENCODING, TextIndex
 log = logging.getLogger("specd_lsp")
 
 # Custom protocol names, defined once; clients and plugins use the same strings.
-STATUS_METHOD = "specd/status"  # request (full status) and notification (on changes)
-ACCEPTED_COMMAND = "specd.accepted"  # each item's command: the editor inserted proposal <id>
+STATUS_METHOD = LSP_STATUS_METHOD  # request (full status) and notification (on changes)
+ACCEPTED_COMMAND = LSP_ACCEPTED_COMMAND  # each item's command: the editor inserted proposal <id>
 STATUS_NOTIFY_INTERVAL_S = 0.5  # at most this often after completions; state changes go at once
 LABEL_CHARS = 80
 

@@ -24,6 +24,11 @@ class Method(str, Enum):
 # a message with no readable msgid, a refused connection): params [{"code", "message"}].
 ERROR_NOTIFICATION = "specd/error"
 
+# specd-lsp's custom LSP names, shared with the editor plugins' code and docs: the status
+# request/notification, and the command each inline item carries to report an accept.
+LSP_STATUS_METHOD = "specd/status"
+LSP_ACCEPTED_COMMAND = "specd.accepted"
+
 # Position encodings a cursor or edit range may use for its ``character`` field, named as in
 # LSP's positionEncoding: utf-32 counts code points, utf-16 counts UTF-16 code units (LSP's
 # default), utf-8 counts bytes (Neovim's column).
