@@ -45,7 +45,9 @@ def _probability(value: Any) -> str | None:
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-FIM_FAMILIES = ("auto", "qwen", "starcoder", "deepseek", "codellama", "codestral", "demo")
+FIM_FAMILIES = ("auto", "qwen", "starcoder", "deepseek", "codellama", "codestral", "demo", "plain")
+# auto: suffix-first when the family was trained on it, else anchored prefix-suffix-middle.
+FIM_LAYOUTS = ("auto", "psm", "spm", "anchored")
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
@@ -55,6 +57,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "dtype": Key(str, "auto", "weights dtype", choices=("auto", "float32", "bfloat16", "float16")),
         "trust_remote_code": Key(bool, False, "allow model repos to run their own Python code"),
         "fim_family": Key(str, "auto", "FIM prompt template", choices=FIM_FAMILIES),
+        "fim_layout": Key(str, "auto", "prompt order: psm (prefix-suffix-middle), spm (suffix first), anchored "
+                                       "(psm whose prefix ends at a stable anchor; the typed text rides after "
+                                       "the middle token, so keystrokes re-prefill only that span)",
+                          choices=FIM_LAYOUTS),
     },
     "engine": {
         "max_tokens": Key(int, 128, "default completion length limit, in tokens", _positive),

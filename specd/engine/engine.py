@@ -45,6 +45,7 @@ class EngineOptions:
     dtype: str = "auto"
     trust_remote_code: bool = False
     fim_family: str = "auto"
+    fim_layout: str = "auto"  # auto | psm | spm | anchored (see specd.engine.prompt)
     max_tokens: int = 128
     prefix_tokens: int = 1536
     suffix_tokens: int = 512
