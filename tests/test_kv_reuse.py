@@ -22,11 +22,18 @@ def spm_engine(llama_pair):
 @pytest.fixture(scope="module")
 def psm_engine(llama_pair):
     target, draft = llama_pair
+    return make_engine(target, draft, fim_family="qwen", fim_layout="psm", prefix_tokens=1600, suffix_tokens=512)
+
+
+@pytest.fixture(scope="module")
+def anchored_engine(llama_pair):
+    """A prefix-suffix-middle family in its default (anchored) layout."""
+    target, draft = llama_pair
     return make_engine(target, draft, fim_family="qwen", prefix_tokens=1600, suffix_tokens=512)
 
 
-def request(text: str, offset: int, **kw) -> CompletionRequest:
-    return CompletionRequest(uri="file:///kv.py", text=text, offset=offset, max_tokens=MAX_TOKENS,
+def request(text: str, offset: int, uri: str = "file:///kv.py", **kw) -> CompletionRequest:
+    return CompletionRequest(uri=uri, text=text, offset=offset, max_tokens=MAX_TOKENS,
                              stop_at_block_end=False, **kw)
 
 
@@ -77,6 +84,30 @@ def test_prefix_first_layout_still_equals_cold(psm_engine, sample_source):
     assert warm.prefill_reused > 0
     assert warm.token_ids == cold.token_ids
     assert_lossless(psm_engine, warm, MAX_TOKENS)
+
+
+def test_anchored_layout_reprefills_only_the_typed_span(anchored_engine, psm_engine, sample_source):
+    """Prefix-suffix-middle families: with the prefix ending at an anchor (the line start) and
+    the typed text after the middle token, typing a line re-prefills a few tokens per request,
+    where the standard layout re-prefills the whole suffix window; outputs equal cold runs."""
+    assert anchored_engine.prompts.layout == "anchored" and psm_engine.prompts.layout == "psm"
+    text = sample_source
+    cursor = text.index("    def low_stock")
+    line = "    def extra(self) -> int:\n        return len(self"
+    computed = {"anchored": [], "psm": []}
+    for name, engine in (("anchored", anchored_engine), ("psm", psm_engine)):
+        for i in range(4, len(line) + 1, 6):
+            partial = text[:cursor] + line[:i] + text[cursor:]
+            result = engine.complete(request(partial, cursor + i, uri=f"file:///typing-{name}.py"))
+            computed[name].append(result.prefill_computed)
+        last = result
+    warm = anchored_engine.complete(request(partial, cursor + i, uri="file:///typing-anchored.py"))
+    assert max(computed["anchored"][1:]) <= 16
+    assert sum(computed["anchored"][1:]) * 10 < sum(computed["psm"][1:])
+    cold = anchored_engine.complete(request(partial, cursor + i, uri="file:///typing-anchored.py", kv_reuse=False))
+    assert cold.prompt_ids == warm.prompt_ids and cold.token_ids == warm.token_ids
+    assert_lossless(anchored_engine, warm, MAX_TOKENS)
+    assert_lossless(psm_engine, last, MAX_TOKENS)
 
 
 def test_cache_budget_evicts_least_recently_used(llama_pair, sample_source):

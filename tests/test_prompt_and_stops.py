@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specd.engine.prompt import TEMPLATES, PromptBuilder, detect_family
+from specd.engine.prompt import (ANCHOR_MAX_LINES, TEMPLATES, PromptBuilder, choose_anchor, detect_family,
+                                 resolve_layout)
+from specd.engine.kvcache import common_prefix
 from specd.engine.stops import StopRules
 from specd.engine.types import ContextChunk, EngineError
 from tiny import make_tokenizer
@@ -38,7 +40,7 @@ def test_every_family_has_prefix_and_suffix_slots():
 def test_psm_and_spm_layouts(tokenizer):
     text = "def f(x):\n    return x\n"
     cursor = text.index("return")
-    psm = PromptBuilder(tokenizer, TEMPLATES["qwen"], 100, 100).build(text, cursor)
+    psm = PromptBuilder(tokenizer, TEMPLATES["qwen"], 100, 100, layout="psm").build(text, cursor)
     spm = PromptBuilder(tokenizer, TEMPLATES["demo"], 100, 100).build(text, cursor)
     pre, suf, mid = (special(tokenizer, t) for t in ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"))
     assert psm.ids[0] == pre and psm.ids[-1] == mid and suf in psm.ids
@@ -46,6 +48,74 @@ def test_psm_and_spm_layouts(tokenizer):
     assert tokenizer.decode(spm.ids[1:spm.ids.index(pre)]) == text[cursor:]
     assert tokenizer.decode(spm.ids[spm.ids.index(pre) + 1:-1]) == text[:cursor]
     assert psm.indent == "    "
+
+
+def test_layout_defaults_per_family():
+    assert resolve_layout(TEMPLATES["demo"]) == "spm"  # trained suffix-first
+    for name in ("qwen", "starcoder", "deepseek", "codellama"):
+        assert resolve_layout(TEMPLATES[name]) == "anchored"
+    # Prefix-last templates: typing only changes the prompt's tail already.
+    assert resolve_layout(TEMPLATES["codestral"]) == "psm"
+    assert resolve_layout(TEMPLATES["plain"], "anchored") == "psm"
+    assert resolve_layout(TEMPLATES["demo"], "psm") == "psm"
+    with pytest.raises(EngineError, match="no suffix-first"):
+        resolve_layout(TEMPLATES["qwen"], "spm")
+    with pytest.raises(EngineError, match="unknown FIM layout"):
+        resolve_layout(TEMPLATES["qwen"], "middle-out")
+
+
+def test_anchored_prompt_carries_the_typed_span_after_the_middle_token(tokenizer):
+    text = "def f(x):\n    y = x + 1\n    return y\n"
+    cursor = text.index("+ 1")
+    builder = PromptBuilder(tokenizer, TEMPLATES["qwen"], 100, 100)
+    assert builder.layout == "anchored"
+    prompt = builder.build(text, cursor)
+    mid = special(tokenizer, "<|fim_middle|>")
+    line_start = text.index("    y")
+    assert prompt.anchor == line_start
+    after_middle = prompt.ids[prompt.ids.index(mid) + 1:]
+    assert len(after_middle) == prompt.forced and tokenizer.decode(after_middle) == text[line_start:cursor]
+    pre, suf = special(tokenizer, "<|fim_prefix|>"), special(tokenizer, "<|fim_suffix|>")
+    assert tokenizer.decode(prompt.ids[1:prompt.ids.index(suf)]) == text[:line_start]
+    assert tokenizer.decode(prompt.ids[prompt.ids.index(suf) + 1:prompt.ids.index(mid)]) == text[cursor:]
+    assert prompt.ids[0] == pre
+
+
+def test_anchor_stays_while_typing_and_moves_past_its_bound():
+    text = "class A:\n    def f(self):\n        "
+    first = choose_anchor(text, len(text), None)
+    assert first == text.rindex("\n") + 1
+    typed = text + "x = 1\n        y = 2\n        z"
+    assert choose_anchor(typed, len(typed), first) == first  # two lines on: same anchor
+    long = typed + "".join(f"\n        v{i} = {i}" for i in range(ANCHOR_MAX_LINES))
+    assert choose_anchor(long, len(long), first) == long.rindex("\n") + 1
+    assert choose_anchor(typed, first - 3, first) == typed.rindex("\n", 0, first - 3) + 1  # cursor went above
+    assert choose_anchor(typed, len(typed), first + 2) == typed.rindex("\n") + 1  # not a line start
+
+
+def test_typing_in_the_anchored_layout_only_changes_the_prompt_tail(tokenizer):
+    """The point of the layout: each keystroke re-prefills only the typed span, where psm
+    re-prefills the whole suffix window."""
+    body = "".join(f"    total += values[{i}] * {i}\n" for i in range(60))
+    before, after = "def f(values):\n    total = 0\n", body + "    return total\n"
+    line = "    result = compute(total, values)"
+    anchored = PromptBuilder(tokenizer, TEMPLATES["qwen"], 400, 300)
+    psm = PromptBuilder(tokenizer, TEMPLATES["qwen"], 400, 300, layout="psm")
+    anchor, previous = None, {"anchored": None, "psm": None}
+    recomputed = {"anchored": 0, "psm": 0}
+    for typed in range(1, len(line) + 1):
+        text = before + line[:typed] + "\n" + after
+        cursor = len(before) + typed
+        for name, builder in (("anchored", anchored), ("psm", psm)):
+            prompt = builder.build(text, cursor, previous_anchor=anchor if name == "anchored" else None)
+            if name == "anchored":
+                anchor = prompt.anchor
+            if previous[name] is not None:
+                recomputed[name] += len(prompt.ids) - common_prefix(previous[name], prompt.ids)
+            previous[name] = prompt.ids
+    assert anchor == len(before)
+    assert recomputed["anchored"] * 10 < recomputed["psm"]
+    assert recomputed["anchored"] <= 3 * len(line)
 
 
 def test_windows_are_fitted_in_tokens(tokenizer):

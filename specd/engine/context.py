@@ -198,12 +198,12 @@ class ContextSelector:
     # -- idle work -------------------------------------------------------------------------
 
     def warm_step(self, *, open_docs: dict[str, str], corpus: Any, encode: Callable[[str], list[int]],
-                  prompt_ids: Callable[[str, int, list[ContextChunk], str | None], list[int]],
+                  prompt_ids: Callable[[str, str, int, list[ContextChunk], str | None], list[int]],
                   caches: Any, new_state: Callable[[], Any], budget_s: float) -> bool:
         """One slice of background work; True while more remains.
 
         ``open_docs``: uri -> text of the open buffers; ``corpus``: the workspace ``Corpus``;
-        ``prompt_ids(text, offset, chunks, path)``: the prompt's token ids; ``caches``: the
+        ``prompt_ids(key, text, offset, chunks, path)``: the prompt's token ids; ``caches``: the
         engine's ``CacheStore``; ``new_state()``: an empty ``DocumentState``.
         """
         deadline = time.monotonic() + budget_s
@@ -225,7 +225,7 @@ class ContextSelector:
                 doc.chosen_region, doc.chosen_pool = doc.region, pool
                 if chunks == doc.active:
                     return True
-            ids = prompt_ids(text, offset, chunks, path)[:-1]
+            ids = prompt_ids(key, text, offset, chunks, path)[:-1]
             self._warming = _Warming(key, chunks, ids, new_state(), doc.region)
         warming = self._warming
         while len(warming.state.target.ids) < len(warming.ids):

@@ -24,7 +24,7 @@ from specd.engine.drafters import ContinuationDrafter, LookupDrafter, ModelDraft
 from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
 from specd.engine.models import ModelPair, load_pair
-from specd.engine.prompt import FimTemplate, PromptBuilder, detect_family
+from specd.engine.prompt import FimTemplate, Prompt, PromptBuilder, detect_family
 from specd.engine.sampling import SamplingParams
 from specd.engine.stops import StopRules
 from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, SourceStats
@@ -85,6 +85,7 @@ class Engine:
         self._docs: dict[str, _Document] = {}
         self._corpus = Corpus()  # workspace files: tokenized and indexed in idle time
         self._edited: OrderedDict[str, int] = OrderedDict()  # uri -> where its last edit ended
+        self._anchors: dict[str, int] = {}  # uri -> where its last anchored prompt's prefix ended
         self.context = ContextSelector(options.context_tokens)
         self._lock = threading.Lock()
         self.caches = CacheStore(options.cache_budget_mb * 1024 * 1024)
@@ -110,11 +111,12 @@ class Engine:
         prefix, suffix, context = fit_prompt_budget(
             self.options.prefix_tokens, self.options.suffix_tokens, self.options.context_tokens,
             context_window(pair), self.options.max_tokens)
-        self.prompts = PromptBuilder(pair.tokenizer, self.template, prefix, suffix, context)
+        self.prompts = PromptBuilder(pair.tokenizer, self.template, prefix, suffix, context,
+                                     layout=self.options.fim_layout)
         self.stop_ids = self.prompts.stop_ids()
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
-        log.info("engine ready: target %s, draft %s, FIM family %s, device %s",
-                 pair.target_name, pair.draft_name, self.template.name, pair.device)
+        log.info("engine ready: target %s, draft %s, FIM family %s (%s layout), device %s",
+                 pair.target_name, pair.draft_name, self.template.name, self.prompts.layout, pair.device)
 
     @property
     def loaded(self) -> bool:
@@ -157,6 +159,7 @@ class Engine:
         with self._lock:
             self._docs.pop(uri, None)
             self._edited.pop(uri, None)
+            self._anchors.pop(uri, None)
         self.context.forget(uri)
         self.caches.drop(uri)
 
@@ -186,7 +189,7 @@ class Engine:
         if text is None or offset > len(text):
             return bool(self._edited)
         chunks = self.context.active(uri) if self.options.auto_context else []
-        prompt = self.prompts.build(text, offset, chunks, uri).ids[:-1]
+        prompt = self.build_prompt(uri, text, offset, chunks, uri).ids[:-1]
         state = self.caches.get(uri)
         if state is None:
             pair = self.pair
@@ -218,7 +221,8 @@ class Engine:
         pair = self.pair
         return self.context.warm_step(
             open_docs=open_docs, corpus=self._corpus, encode=self.prompts.encode,
-            prompt_ids=lambda text, offset, chunks, path: self.prompts.build(text, offset, chunks, path).ids,
+            prompt_ids=lambda key, text, offset, chunks, path: self.prompts.build(
+                text, offset, chunks, path, self._anchors.get(key)).ids,
             caches=self.caches, budget_s=budget_s,
             new_state=lambda: DocumentState(KVState(pair.target), KVState(pair.draft) if pair.draft is not None else None))
 
@@ -238,6 +242,25 @@ class Engine:
             others = sorted((d for u, d in self._docs.items() if u != current), key=lambda d: -d.updated)
         sources = [("lookup:open", self._index_of(d)) for d in others[:MAX_OTHER_BUFFERS]]
         return sources + [("lookup:workspace", index) for index in self._corpus.indexes()]
+
+    # -- prompts ---------------------------------------------------------------------------
+
+    def build_prompt(self, uri: str | None, text: str, offset: int, chunks=None, path: str | None = None) -> Prompt:
+        """The document's prompt for a cursor at ``offset``. In the anchored layout the anchor
+        carries over from the document's previous prompt (``prompt.choose_anchor``), so the
+        same sequence of requests gives the same ids whoever asks."""
+        with self._lock:
+            previous = self._anchors.get(uri) if uri else None
+        prompt = self.prompts.build(text, offset, chunks, path, previous)
+        if uri and self.prompts.anchored:
+            with self._lock:
+                self._anchors[uri] = prompt.anchor
+        return prompt
+
+    def prompt_ids_for(self, uri: str, text: str, offset: int) -> list[int]:
+        """Prompt ids a request on ``uri`` would use (no context chunks): what the bench gives
+        its HF peers, under its own key that sees the same sequence of requests."""
+        return self.build_prompt(uri, text, offset).ids
 
     # -- completion ------------------------------------------------------------------------
 
@@ -290,7 +313,9 @@ class Engine:
         chunks = req.extra_context
         if not chunks and req.uri and opts.auto_context:  # the set in use; changes are warmed in idle time
             chunks = self.context.chunks_for(req.uri, text, offset, req.path or req.uri)
-        prompt = self.prompts.build(text, offset, chunks, req.path or req.uri)
+        prompt = self.build_prompt(req.uri, text, offset, chunks, req.path or req.uri)
+        if not prompt.ids:
+            raise EngineError("empty prompt: nothing before the cursor and no FIM template to frame it")
         key = req.uri or ANONYMOUS
         state = self.caches.get(key) if kv_reuse and req.uri else None
         if state is None:

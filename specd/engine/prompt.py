@@ -1,10 +1,22 @@
 """Fill-in-the-middle prompts: templates per model family (data), detection, token windows.
 
 Prompt layout is chosen so typing at the cursor invalidates as little KV cache as possible:
-extra context chunks first (stable across keystrokes), then, for families trained suffix-first
-(SPM), the suffix before the prefix, so a keystroke only changes the prompt's tail. The prefix
-window starts on a line that is a multiple of ``WINDOW_STEP_LINES``, so the start moves in
-coarse jumps instead of sliding with every character.
+extra context chunks first (stable across keystrokes), then one of three layouts:
+
+- ``spm`` (families trained suffix-first): suffix, then prefix, so a keystroke only changes the
+  prompt's tail;
+- ``anchored`` (prefix-suffix-middle families: Qwen2.5-Coder, StarCoder2, DeepSeek-Coder ...):
+  the prefix ends at a stable *anchor* (a line start at or before the cursor's line) and the
+  text typed between the anchor and the cursor rides after the middle token, as the forced
+  start of the middle. FIM training teacher-forces the middle, so a partial middle is in
+  distribution, and a keystroke changes only the prompt's tail here too. The anchor stays put
+  while the cursor stays within ``ANCHOR_MAX_LINES`` lines / ``ANCHOR_MAX_CHARS`` characters
+  after it (``choose_anchor``);
+- ``psm``: the standard order with the prefix ending at the cursor (every keystroke re-prefills
+  the whole suffix window).
+
+The prefix window starts on a line that is a multiple of ``WINDOW_STEP_LINES``, so the start
+moves in coarse jumps instead of sliding with every character.
 """
 
 from __future__ import annotations
@@ -18,6 +30,10 @@ from specd.engine.types import ContextChunk, EngineError
 
 PREFIX, SUFFIX = "{prefix}", "{suffix}"
 WINDOW_STEP_LINES = 32
+LAYOUTS = ("psm", "spm", "anchored")
+ANCHOR_MAX_LINES = 8  # the anchor moves to the cursor's line once the typed span is longer ...
+ANCHOR_MAX_CHARS = 640  # ... in lines or characters (FIM middles of this size are common in training)
+ANCHOR_RESERVE_TOKENS = 192  # of the prefix budget, kept for the forced middle (at most a quarter)
 CHARS_PER_TOKEN_CAP = 12  # no tokenizer packs more chars than this into a token, on average
 
 
@@ -34,6 +50,44 @@ class FimTemplate:
 
     def layout(self, suffix_first: bool) -> tuple[str, ...]:
         return self.spm if suffix_first and self.spm else self.psm
+
+    @property
+    def middle_after_suffix(self) -> bool:
+        """Whether the standard layout ends with a middle token after the suffix (where a
+        forced middle can ride); False for prefix-last templates (Codestral, plain)."""
+        return SUFFIX in self.psm and self.psm.index(SUFFIX) > self.psm.index(PREFIX) \
+            and self.psm[-1] not in (PREFIX, SUFFIX)
+
+
+def resolve_layout(template: FimTemplate, requested: str = "auto") -> str:
+    """The layout a template can serve: ``auto`` is spm for families trained suffix-first, else
+    anchored where the template has a middle token after the suffix, else psm."""
+    if requested not in ("auto", *LAYOUTS):
+        raise EngineError(f"unknown FIM layout {requested!r} (known: auto, {', '.join(LAYOUTS)})")
+    if requested == "spm" and template.spm is None:
+        raise EngineError(f"FIM family {template.name!r} has no suffix-first layout; use psm or anchored")
+    if requested == "auto":
+        if template.spm is not None:
+            return "spm"
+        return "anchored" if template.middle_after_suffix else "psm"
+    if requested == "anchored" and not template.middle_after_suffix:
+        return "psm"  # the prefix already ends the prompt: typing only changes the tail
+    return requested
+
+
+def choose_anchor(text: str, offset: int, previous: int | None) -> int:
+    """Where an anchored prompt's prefix ends: ``previous`` while it is still a line start at
+    most ``ANCHOR_MAX_LINES`` lines and ``ANCHOR_MAX_CHARS`` characters before the cursor,
+    else the start of the cursor's line. A pure function of its inputs, so every caller that
+    sees the same requests (the daemon, idle prefill, the bench's peers) builds the same ids."""
+    line_start = text.rfind("\n", 0, offset) + 1
+    if previous is None or not 0 <= previous <= line_start:
+        return line_start
+    if previous > 0 and text[previous - 1] != "\n":
+        return line_start
+    if offset - previous > ANCHOR_MAX_CHARS or text.count("\n", previous, offset) >= ANCHOR_MAX_LINES:
+        return line_start
+    return previous
 
 
 _QWEN_STOPS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|im_end|>",
@@ -91,17 +145,27 @@ class Prompt:
     indent: str  # leading whitespace of the cursor's line (for the block-end stop rule)
     cursor_line_tail: str = ""  # text after the cursor on its line
     chunks_used: list[str] = field(default_factory=list)
+    anchor: int = -1  # char offset where the prefix ends (the cursor, unless anchored)
+    forced: int = 0  # tokens at the end of ids that re-type text[anchor:cursor] after the middle token
 
 
 class PromptBuilder:
     def __init__(self, tokenizer, template: FimTemplate, prefix_tokens: int, suffix_tokens: int,
-                 extra_tokens: int = 512):
+                 extra_tokens: int = 512, layout: str = "auto"):
         self.tokenizer = tokenizer
         self.template = template
         self.prefix_tokens = prefix_tokens
         self.suffix_tokens = suffix_tokens
         self.extra_tokens = extra_tokens
-        self.suffix_first = template.spm is not None
+        self.layout = resolve_layout(template, layout)
+
+    @property
+    def suffix_first(self) -> bool:
+        return self.layout == "spm"
+
+    @property
+    def anchored(self) -> bool:
+        return self.layout == "anchored"
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
@@ -122,40 +186,41 @@ class PromptBuilder:
 
     def _prefix_window(self, text: str, offset: int) -> tuple[int, list[int]]:
         """Start offset (a line start on a coarse grid) and tokens of the prefix window."""
-        floor = max(0, offset - self.prefix_tokens * CHARS_PER_TOKEN_CAP)
-        # Anchors: starts of lines whose absolute number is on the grid, at or after the floor.
+        budget = self.prefix_tokens - self.anchor_reserve
+        floor = max(0, offset - budget * CHARS_PER_TOKEN_CAP)
+        # Window starts: starts of lines whose absolute number is on the grid, at or after the floor.
         if floor == 0:
             pos = 0
         else:
             newline = text.find("\n", floor - 1, offset)
             pos = newline + 1 if newline >= 0 else -1
-        anchors: list[int] = []
+        grid_starts: list[int] = []
         line_no = text.count("\n", 0, pos) if pos >= 0 else 0
         while 0 <= pos <= offset:
             if line_no % WINDOW_STEP_LINES == 0:
-                anchors.append(pos)
+                grid_starts.append(pos)
             newline = text.find("\n", pos, offset)
             if newline < 0:
                 break
             pos, line_no = newline + 1, line_no + 1
-        if anchors:
-            # One encode with offsets estimates every anchor's token count; then exact encodes
-            # from the first anchor estimated to fit (usually one).
-            first = anchors[0]
+        if grid_starts:
+            # One encode with offsets estimates every start's token count; then exact encodes
+            # from the first start estimated to fit (usually one).
+            first = grid_starts[0]
             spans = self.tokenizer(text[first:offset], add_special_tokens=False,
                                    return_offsets_mapping=True)["offset_mapping"]
             starts = [s for s, _ in spans]
-            for i, start in enumerate(anchors):
+            for i, start in enumerate(grid_starts):
                 estimate = len(starts) - bisect.bisect_left(starts, start - first)
-                if estimate > self.prefix_tokens + 2:
+                if estimate > budget + 2:
                     continue
                 ids = self.encode(text[start:offset])
-                if len(ids) <= self.prefix_tokens:
+                if len(ids) <= budget:
                     return start, ids
         # The last grid stretch alone is over budget: take the tokens nearest the cursor.
-        start = anchors[-1] if anchors else floor
+        start = grid_starts[-1] if grid_starts else floor
         ids = self.encode(text[start:offset])
-        return start, ids[-self.prefix_tokens:]
+        return start, ids[-budget:]
 
     def _suffix_window(self, text: str, offset: int) -> tuple[int, list[int]]:
         if self.suffix_tokens == 0 or offset >= len(text):
@@ -186,11 +251,28 @@ class PromptBuilder:
             ids += self.special(self.template.file_sep) + self.encode(f"{path or 'current'}\n")
         return ids, used
 
+    @property
+    def anchor_reserve(self) -> int:
+        return min(ANCHOR_RESERVE_TOKENS, self.prefix_tokens // 4) if self.anchored else 0
+
+    def _anchor(self, text: str, offset: int, previous: int | None) -> tuple[int, list[int]]:
+        """The anchor and the forced middle's tokens: ``choose_anchor``'s, unless the span is
+        over the reserved tokens; then the cursor's line start, or (a huge line) the cursor."""
+        for candidate in (choose_anchor(text, offset, previous), text.rfind("\n", 0, offset) + 1):
+            forced = self.encode(text[candidate:offset])
+            if len(forced) <= self.anchor_reserve:
+                return candidate, forced
+        return offset, []
+
     def build(self, text: str, offset: int, chunks: list[ContextChunk] | None = None,
-              path: str | None = None) -> Prompt:
+              path: str | None = None, previous_anchor: int | None = None) -> Prompt:
+        """The prompt for a cursor at ``offset``. In the anchored layout the prefix ends at an
+        anchor chosen from the document's ``previous_anchor`` (``choose_anchor``); the prompt
+        records it, for the caller to pass back with the next request."""
         if not 0 <= offset <= len(text):
             raise EngineError(f"cursor offset {offset} is out of range 0..{len(text)}")
-        prefix_start, prefix_ids = self._prefix_window(text, offset)
+        anchor, forced = self._anchor(text, offset, previous_anchor) if self.anchored else (offset, [])
+        prefix_start, prefix_ids = self._prefix_window(text, anchor)
         suffix_end, suffix_ids = self._suffix_window(text, offset)
         context_ids, used = self._context_ids(chunks or [], path)
         ids: list[int] = []
@@ -204,9 +286,10 @@ class PromptBuilder:
                 ids += suffix_ids
             else:
                 ids += self.special(part)
+        ids += forced
         line_start = text.rfind("\n", 0, offset) + 1
         line = text[line_start:offset]
         indent = line[: len(line) - len(line.lstrip(" \t"))]
         line_end = text.find("\n", offset)
         tail = text[offset: line_end if line_end >= 0 else len(text)]
-        return Prompt(ids, prefix_start, suffix_end, indent, tail, used)
+        return Prompt(ids, prefix_start, suffix_end, indent, tail, used, anchor, len(forced))
