@@ -15,6 +15,12 @@ the number speculative decoding lives on.
 The run is bounded by wall time, not steps: the learning-rate schedule is a function of the
 fraction of the budget spent, so a busy machine trains on fewer tokens but still finishes
 its schedule. Run with ``specd train-demo`` or ``python -m specd.demo.train``.
+
+The same script trains development pairs of other shapes: ``--arch llama`` builds Llama
+models instead of Qwen2, ``--fim-format starcoder`` uses StarCoder's special tokens
+(``<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>{middle}<|endoftext|>``, PSM only), and
+``--distill-weight 0`` trains the draft on the data alone. The ``dev-llama`` preset combines
+all three (``scripts/train-dev-pair``).
 """
 
 from __future__ import annotations
@@ -54,6 +60,42 @@ SPLIT_PATTERN = (
 
 SPECD_JSON = {"fim_family": "demo", "spm": True}
 MODEL_DTYPE_ON_DISK = "bfloat16"
+
+
+@dataclass(frozen=True)
+class FimFormat:
+    """A model family's special tokens, as the tokenizer learns them and the samples use them."""
+
+    family: str      # specd.json "fim_family": the engine's prompt template (specd.engine.prompt)
+    eos: str
+    prefix: str
+    middle: str
+    suffix: str
+    pad: str
+    repo_name: str
+    file_sep: str
+    spm: bool        # the family's template has a suffix-first layout, so samples may use it
+
+    @property
+    def special_tokens(self) -> list[str]:
+        """Ids 0..6 of the vocabulary, in this order."""
+        return [self.eos, self.prefix, self.middle, self.suffix, self.pad, self.repo_name, self.file_sep]
+
+    def specd_json(self) -> dict[str, Any]:
+        return dict(SPECD_JSON) if self.family == "demo" else {"fim_family": self.family}
+
+
+FIM_FORMATS: dict[str, FimFormat] = {
+    "qwen": FimFormat("demo", *SPECIAL_TOKENS, spm=True),
+    # StarCoder / StarCoder2: the engine's "starcoder" template, prefix-suffix-middle only.
+    "starcoder": FimFormat("starcoder", "<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>",
+                           "<fim_pad>", "<repo_name>", "<file_sep>", spm=False),
+}
+# transformers config and model classes per --arch; both get tied embeddings and no biases added.
+ARCHS: dict[str, tuple[str, str]] = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+}
 
 # --- FIM sampling -------------------------------------------------------------------------
 # How the middle is chosen (cumulative thresholds on one uniform draw). The product completes
@@ -99,6 +141,8 @@ class ModelSize:
 class Settings:
     """Everything that decides the result; written verbatim into TRAINING.md."""
 
+    arch: str = "qwen2"          # a key of ARCHS
+    fim_format: str = "qwen"     # a key of FIM_FORMATS
     vocab_size: int = 8192
     target: ModelSize = ModelSize(hidden=256, layers=6, heads=4, kv_heads=2, intermediate=1024)
     draft: ModelSize = ModelSize(hidden=128, layers=2, heads=4, kv_heads=2, intermediate=512)
@@ -123,6 +167,18 @@ class Settings:
     eval_lm_max_windows: int | None = None
     eval_seq_len: int = 1024
 
+    def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown arch {self.arch!r} (known: {', '.join(ARCHS)})")
+        if self.fim_format not in FIM_FORMATS:
+            raise ValueError(f"unknown FIM format {self.fim_format!r} (known: {', '.join(FIM_FORMATS)})")
+        if self.spm_rate > 0 and not FIM_FORMATS[self.fim_format].spm:
+            raise ValueError(f"FIM format {self.fim_format!r} has no suffix-first layout: spm_rate must be 0")
+
+    @property
+    def fim(self) -> FimFormat:
+        return FIM_FORMATS[self.fim_format]
+
 
 PRESETS: dict[str, Settings] = {
     "full": Settings(),
@@ -139,12 +195,26 @@ PRESETS: dict[str, Settings] = {
         eval_lm_max_windows=4,
         eval_seq_len=128,
     ),
+    # A second development pair of another architecture and FIM family (scripts/train-dev-pair):
+    # Llama with multi-query attention, StarCoder tokens, PSM only, and a draft trained on the
+    # data alone, so it agrees with its target less often than the distilled demo draft. Small
+    # enough for ~20 minutes on one thread.
+    "dev-llama": Settings(
+        arch="llama",
+        fim_format="starcoder",
+        target=ModelSize(hidden=192, layers=5, heads=3, kv_heads=1, intermediate=512),
+        draft=ModelSize(hidden=128, layers=2, heads=2, kv_heads=1, intermediate=384),
+        spm_rate=0.0,
+        distill_weight=0.0,
+        minutes=20.0,
+        threads=1,
+    ),
 }
 
 
 # --- tokenizer ----------------------------------------------------------------------------
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int):
+def train_tokenizer(texts: Iterable[str], vocab_size: int, special_tokens: list[str] = SPECIAL_TOKENS):
     """A byte-level BPE `tokenizers.Tokenizer` with the special tokens at ids 0..6."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -162,7 +232,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -170,15 +240,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
     return tok
 
 
-def wrap_tokenizer(tok, max_positions: int):
+def wrap_tokenizer(tok, max_positions: int, fim: FimFormat = FIM_FORMATS["qwen"]):
     """The transformers tokenizer saved next to each model: no BOS, EOS doubles as pad."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token=EOS,
-        pad_token=EOS,
-        extra_special_tokens=SPECIAL_TOKENS[1:],
+        eos_token=fim.eos,
+        pad_token=fim.eos,
+        extra_special_tokens=fim.special_tokens[1:],
         clean_up_tokenization_spaces=False,  # would turn " ." into "." and break round trips
         model_max_length=max_positions,
     )
@@ -232,10 +302,10 @@ class SampleMaker:
     """Draws training sequences from a list of source texts.
 
     Plain samples are windows of one token stream holding every file (some with a
-    ``<|file_sep|>path`` header), each followed by ``<|endoftext|>``. FIM samples cut one
-    file at character level and tokenize prefix, middle and suffix separately, as the engine
-    does at a cursor; the prefix is trimmed from the left and the suffix from the right so
-    the sample fills the sequence.
+    ``<|file_sep|>path`` header), each followed by ``<|endoftext|>`` (or the FIM format's
+    equivalents). FIM samples cut one file at character level and tokenize prefix, middle and
+    suffix separately, as the engine does at a cursor; the prefix is trimmed from the left and
+    the suffix from the right so the sample fills the sequence.
     """
 
     def __init__(self, tok, texts: list[tuple[str, str]], settings: Settings, rng: random.Random):
@@ -244,13 +314,14 @@ class SampleMaker:
         import torch
 
         self.tok, self.settings, self.rng = tok, settings, rng
-        self.ids = {name: tok.token_to_id(name) for name in SPECIAL_TOKENS}
+        self.fmt = fmt = settings.fim
+        self.ids = {name: tok.token_to_id(name) for name in fmt.special_tokens}
         self.texts = [text for _, text in texts if len(text) >= MIN_FILE_CHARS]
         self.cum_chars = list(itertools.accumulate(len(t) for t in self.texts))
         docs = []
         for rel, text in texts:
-            header = f"{FILE_SEP}{rel}\n" if rng.random() < FILE_HEADER_RATE else ""
-            docs.append(header + text + EOS)
+            header = f"{fmt.file_sep}{rel}\n" if rng.random() < FILE_HEADER_RATE else ""
+            docs.append(header + text + fmt.eos)
         encoded = tok.encode_batch(docs, add_special_tokens=False)
         self.stream = torch.tensor([i for e in encoded for i in e.ids], dtype=torch.long)
 
@@ -283,12 +354,12 @@ class SampleMaker:
         prefix_budget = budget - len(suffix)
         prefix = self.encode(text[max(0, start - prefix_budget * MAX_CHARS_PER_TOKEN):start])
         prefix = prefix[len(prefix) - prefix_budget:] if prefix_budget > 0 else []
-        ids = self.ids
+        ids, fmt = self.ids, self.fmt
         if spm:
-            head = [ids[FIM_SUFFIX], *suffix, ids[FIM_PREFIX], *prefix, ids[FIM_MIDDLE]]
+            head = [ids[fmt.suffix], *suffix, ids[fmt.prefix], *prefix, ids[fmt.middle]]
         else:
-            head = [ids[FIM_PREFIX], *prefix, ids[FIM_SUFFIX], *suffix, ids[FIM_MIDDLE]]
-        return Sample(head + middle + [ids[EOS]], len(head), fim=True)
+            head = [ids[fmt.prefix], *prefix, ids[fmt.suffix], *suffix, ids[fmt.middle]]
+        return Sample(head + middle + [ids[fmt.eos]], len(head), fim=True)
 
     def sample(self, n_tokens: int) -> Sample:
         if self.rng.random() < self.settings.fim_rate:
@@ -297,7 +368,7 @@ class SampleMaker:
 
     def batch(self, count: int, seq_len: int):
         """(inputs [B, T], targets [B, T], mask [B, T]) for count sequences of seq_len tokens."""
-        return collate([self.sample(seq_len + 1) for _ in range(count)], seq_len, self.ids[EOS])
+        return collate([self.sample(seq_len + 1) for _ in range(count)], seq_len, self.ids[self.fmt.eos])
 
 
 def collate(samples: list[Sample], seq_len: int, pad_id: int, middle_only: bool = False):
@@ -317,9 +388,11 @@ def collate(samples: list[Sample], seq_len: int, pad_id: int, middle_only: bool 
 # --- models -------------------------------------------------------------------------------
 
 def build_model(size: ModelSize, settings: Settings, eos_id: int):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
-    config = Qwen2Config(
+    config_name, model_name = ARCHS[settings.arch]
+    extra = {"use_sliding_window": False} if settings.arch == "qwen2" else {}
+    config = getattr(transformers, config_name)(
         vocab_size=settings.vocab_size,
         hidden_size=size.hidden,
         num_hidden_layers=size.layers,
@@ -331,9 +404,9 @@ def build_model(size: ModelSize, settings: Settings, eos_id: int):
         bos_token_id=None,
         eos_token_id=eos_id,
         pad_token_id=eos_id,
-        use_sliding_window=False,
+        **extra,
     )
-    return Qwen2ForCausalLM(config)
+    return getattr(transformers, model_name)(config)
 
 
 def param_count(model) -> int:
@@ -393,9 +466,9 @@ class EvalResult:
     agreement: float = float("nan")      # P(draft argmax == target argmax) on FIM middles
 
 
-def heldout_lm_batches(tok, texts: list[str], seq_len: int, max_windows: int | None):
+def heldout_lm_batches(tok, texts: list[str], seq_len: int, max_windows: int | None, eos_token: str = EOS):
     """Non-overlapping seq_len windows over each held-out file followed by EOS."""
-    eos = tok.token_to_id(EOS)
+    eos = tok.token_to_id(eos_token)
     windows = []
     for text in texts:
         ids = tok.encode(text, add_special_tokens=False).ids + [eos]
@@ -407,8 +480,9 @@ def heldout_lm_batches(tok, texts: list[str], seq_len: int, max_windows: int | N
 
 
 def heldout_fim_batches(maker: SampleMaker, count: int, seq_len: int):
-    samples = [maker.fim(seq_len + 1, spm=i % 2 == 1) for i in range(count)]
-    eos = maker.ids[EOS]
+    # Half suffix-first when training uses that layout at all.
+    samples = [maker.fim(seq_len + 1, spm=maker.settings.spm_rate > 0 and i % 2 == 1) for i in range(count)]
+    eos = maker.ids[maker.fmt.eos]
     return [collate(samples[i:i + 4], seq_len, eos, middle_only=True) for i in range(0, count, 4)]
 
 
@@ -445,7 +519,8 @@ def evaluate(target, draft, lm_batches, fim_batches, autocast: bool) -> EvalResu
     return result
 
 
-def sample_completion(model_dir: Path, text: str, context: int, max_new_tokens: int = SAMPLE_MAX_NEW_TOKENS):
+def sample_completion(model_dir: Path, text: str, context: int, fim: FimFormat = FIM_FORMATS["qwen"],
+                      max_new_tokens: int = SAMPLE_MAX_NEW_TOKENS):
     """Greedy PSM completion at a fixed cursor in a held-out file: (prefix tail, completion, original).
 
     The cursor sits after the indentation of the line following SAMPLE_ANCHOR (or mid-file
@@ -466,7 +541,7 @@ def sample_completion(model_dir: Path, text: str, context: int, max_new_tokens: 
     suffix_ids = tok.encode(suffix[:budget * MAX_CHARS_PER_TOKEN])[:budget // 4]
     prefix_ids = tok.encode(prefix[-budget * MAX_CHARS_PER_TOKEN:])[-(budget - len(suffix_ids)):]
     special = tok.convert_tokens_to_ids
-    prompt = [special(FIM_PREFIX), *prefix_ids, special(FIM_SUFFIX), *suffix_ids, special(FIM_MIDDLE)]
+    prompt = [special(fim.prefix), *prefix_ids, special(fim.suffix), *suffix_ids, special(fim.middle)]
     input_ids = torch.tensor([prompt])
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
@@ -491,7 +566,7 @@ def save_model(model, hf_tokenizer, out_dir: Path, eos_id: int, settings: Settin
     model.to(torch.bfloat16).save_pretrained(out_dir, safe_serialization=True)
     model.to(torch.float32)
     hf_tokenizer.save_pretrained(out_dir)
-    meta = dict(SPECD_JSON, trained_context=max(settings.seq_lens))
+    meta = dict(settings.fim.specd_json(), trained_context=max(settings.seq_lens))
     (out_dir / "specd.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -548,9 +623,10 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
     print(f"data: {len(sources)} training files ({corpus_mb:.1f} MB) from {root}, "
           f"{len(heldout)} held-out modules", flush=True)
 
-    tok = train_tokenizer((text for _, text in sources), settings.vocab_size)
-    hf_tok = wrap_tokenizer(tok, settings.max_positions)
-    eos_id = tok.token_to_id(EOS)
+    fim = settings.fim
+    tok = train_tokenizer((text for _, text in sources), settings.vocab_size, fim.special_tokens)
+    hf_tok = wrap_tokenizer(tok, settings.max_positions, fim)
+    eos_id = tok.token_to_id(fim.eos)
     heldout_chars = sum(len(t) for t in heldout)
     heldout_tokens = sum(len(e.ids) for e in tok.encode_batch(heldout, add_special_tokens=False))
     chars_per_token = heldout_chars / max(heldout_tokens, 1)
@@ -561,7 +637,7 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
     eval_maker = SampleMaker(tok, [("", t) for t in heldout], settings, random.Random(settings.seed + 1))
     fim_eval = heldout_fim_batches(eval_maker, settings.eval_fim_samples, settings.eval_seq_len)
     progress_fim_eval = fim_eval[:max(1, len(fim_eval) // 3)]
-    lm_eval = heldout_lm_batches(tok, heldout, settings.eval_seq_len, settings.eval_lm_max_windows)
+    lm_eval = heldout_lm_batches(tok, heldout, settings.eval_seq_len, settings.eval_lm_max_windows, fim.eos)
     print(f"stream: {len(maker.stream):,} training tokens", flush=True)
 
     target = build_model(settings.target, settings, eos_id)
@@ -649,7 +725,7 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
     print(f"held-out FIM-middle loss: target {final.target_fim:.3f} draft {final.draft_fim:.3f}; "
           f"draft/target greedy agreement {final.agreement:.3f}", flush=True)
     sample_file = next((p for p in heldout_files(root) if p.name == SAMPLE_FILE), None)
-    sample = (sample_completion(target_dir, sample_file.read_text(encoding="utf-8"), settings.eval_seq_len)
+    sample = (sample_completion(target_dir, sample_file.read_text(encoding="utf-8"), settings.eval_seq_len, fim)
               if sample_file else None)
     if sample:
         print(f"sample ({SAMPLE_FILE}, target, greedy): {sample[1]!r} (original {sample[2]!r})", flush=True)
@@ -676,8 +752,16 @@ def write_training_md(path: Path, *, command: str, settings: Settings, log: RunL
     import transformers
 
     f = facts
+    fim = settings.fim
+    arch = ARCHS[settings.arch][1].removesuffix("ForCausalLM")
+    if settings.distill_weight > 0:
+        distillation = (f"The draft's loss blends in KL to the target from {DISTILL_START:.0%} of the budget, "
+                        f"reaching weight {settings.distill_weight} at {DISTILL_FULL:.0%}.")
+    else:
+        distillation = "No distillation: the draft learns from the data alone, on the target's batches."
     lines = [
-        "# Demo pair: training log",
+        "# Demo pair: training log" if settings.arch == "qwen2" and settings.fim_format == "qwen"
+        else f"# Development pair ({arch}, {fim.family} FIM tokens): training log",
         "",
         f"Command: `{command}`",
         "",
@@ -694,12 +778,12 @@ def write_training_md(path: Path, *, command: str, settings: Settings, log: RunL
         f"without tests, GUI code, codec tables and the held-out modules; {f['stream_tokens']:,} tokens.",
         f"- Held out: {', '.join(HELDOUT_MODULES)}.",
         f"- Tokenizer: byte-level BPE, vocab {f['vocab']}, {f['chars_per_token']:.2f} characters/token "
-        "on the held-out modules; special tokens " + ", ".join(f"`{t}`" for t in SPECIAL_TOKENS) + ".",
+        "on the held-out modules; special tokens " + ", ".join(f"`{t}`" for t in fim.special_tokens) + ".",
         f"- Objective: causal LM; {settings.fim_rate:.0%} of samples fill-in-the-middle "
         f"({settings.spm_rate:.0%} of those suffix-first), middles mostly the rest of a line or 1-"
         f"{MAX_MIDDLE_LINES} whole lines; sequences of {' / '.join(map(str, settings.seq_lens))} tokens.",
         "",
-        "## Models (Qwen2, tied embeddings, bfloat16 on disk)",
+        f"## Models ({arch}, tied embeddings, bfloat16 on disk)",
         "",
         "| | params | hidden | layers | heads (kv) | MLP | on disk |",
         "|---|---|---|---|---|---|---|",
@@ -712,13 +796,12 @@ def write_training_md(path: Path, *, command: str, settings: Settings, log: RunL
         "",
         f"AdamW {ADAM_BETAS}, weight decay {settings.weight_decay}, peak lr {settings.target_lr} (target) / "
         f"{settings.draft_lr} (draft), {WARMUP_FRACTION:.0%} warm-up then cosine to {MIN_LR_RATIO:.0%} over "
-        f"the time budget, bfloat16 autocast. The draft's loss blends in KL to the target from "
-        f"{DISTILL_START:.0%} of the budget, reaching weight {settings.distill_weight} at {DISTILL_FULL:.0%}.",
+        f"the time budget, bfloat16 autocast. {distillation}",
         "",
         "## Losses (nats/token)",
         "",
         "Train columns are running averages of cross-entropy on the data; the held-out FIM columns "
-        "score only the middle tokens (and the closing `<|endoftext|>`) on a third of the final FIM set.",
+        f"score only the middle tokens (and the closing `{fim.eos}`) on a third of the final FIM set.",
         "",
         "| min | step | tokens | lr | train target | train draft | distill | held-out FIM target "
         "| held-out FIM draft | agreement |",
@@ -764,11 +847,34 @@ def write_training_md(path: Path, *, command: str, settings: Settings, log: RunL
     path.write_text("\n".join(lines))
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The trainer's options, shared by ``specd train-demo`` and ``python -m specd.demo.train``."""
+    parser.add_argument("--out", metavar="DIR", help="output directory (default: the package's demo folder)")
+    parser.add_argument("--minutes", type=float, help="training-loop time budget in minutes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="full",
+                        help="model and batch sizes ('tiny' is a seconds-long smoke run; 'dev-llama' the "
+                             "second development pair)")
+    parser.add_argument("--arch", choices=sorted(ARCHS), help="model architecture (default: the preset's)")
+    parser.add_argument("--fim-format", choices=sorted(FIM_FORMATS),
+                        help="special tokens and FIM layouts (default: the preset's; 'starcoder' is PSM only)")
+    parser.add_argument("--distill-weight", type=float, metavar="W",
+                        help="final weight of the draft's KL to the target (0: the draft learns from data alone)")
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     base = PRESETS[getattr(args, "preset", None) or "full"]
     changes: dict[str, Any] = {"seed": getattr(args, "seed", None) or 0}
     if getattr(args, "minutes", None) is not None:
         changes["minutes"] = float(args.minutes)
+    if getattr(args, "arch", None):
+        changes["arch"] = args.arch
+    if getattr(args, "fim_format", None):
+        changes["fim_format"] = args.fim_format
+        if not FIM_FORMATS[args.fim_format].spm:
+            changes["spm_rate"] = 0.0
+    if getattr(args, "distill_weight", None) is not None:
+        changes["distill_weight"] = float(args.distill_weight)
     return replace(base, **changes)
 
 
@@ -779,22 +885,25 @@ def run_train_demo(args: argparse.Namespace, cfg: Any = None) -> int:
     # when torch first loads, so this only helps when torch is not imported yet.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     settings = settings_from_args(args)
+    if settings.threads == 1:
+        # tokenizers trains and batch-encodes on every core unless told otherwise.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out_dir = Path(args.out) if getattr(args, "out", None) else DEMO_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     preset = getattr(args, "preset", None) or "full"
+    options = {"arch": getattr(args, "arch", None), "fim-format": getattr(args, "fim_format", None),
+               "distill-weight": getattr(args, "distill_weight", None)}
     command = (f"python -m specd.demo.train --minutes {settings.minutes:g} --seed {settings.seed}"
                + (f" --preset {preset}" if preset != "full" else "")
+               + "".join(f" --{name} {value:g}" if isinstance(value, float) else f" --{name} {value}"
+                         for name, value in options.items() if value is not None)
                + (f" --out {out_dir}" if out_dir != DEMO_DIR else ""))
     return train(settings, out_dir, command)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m specd.demo.train", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", metavar="DIR", help="output directory (default: the package's demo folder)")
-    parser.add_argument("--minutes", type=float, help="training-loop time budget in minutes")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="full",
-                        help="model and batch sizes ('tiny' is a seconds-long smoke run)")
+    add_arguments(parser)
     return run_train_demo(parser.parse_args(argv))
 
 
