@@ -1,0 +1,122 @@
+"""The trainer's options for a second development pair: Llama, StarCoder FIM tokens, no distillation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from specd.demo import demo_pair_paths  # noqa: E402
+from specd.demo.train import (  # noqa: E402
+    ARCHS, FIM_FORMATS, PRESETS, SPECIAL_TOKENS, Settings, add_arguments, settings_from_args, train,
+)
+from specd.engine.prompt import TEMPLATES, detect_family  # noqa: E402
+from specd.engine.types import CompletionRequest  # noqa: E402
+
+STARCODER_TOKENS = ["<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>",
+                    "<repo_name>", "<file_sep>"]
+SMOKE_MINUTES = 0.05
+COMPLETE_TOKENS = 12
+DOCUMENT = "import os\n\n\ndef join(a, b):\n    return os.path.join(a, b)\n\n\ndef main():\n    \n"
+
+
+def _args(**options) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    argv = []
+    for name, value in options.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    return parser.parse_args(argv)
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, tuple]:
+    return {a.dest: (tuple(a.choices or ()), a.type, a.default) for a in parser._actions if a.dest != "help"}
+
+
+def test_cli_train_demo_takes_the_trainers_options():
+    from specd.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    trainer = argparse.ArgumentParser()
+    add_arguments(trainer)
+    assert _options(sub.choices["train-demo"]) == _options(trainer)
+
+
+def test_default_preset_is_the_demo_pair():
+    settings = settings_from_args(_args())
+    assert settings == PRESETS["full"]
+    assert (settings.arch, settings.fim_format, settings.fim.family) == ("qwen2", "qwen", "demo")
+    assert settings.fim.special_tokens == SPECIAL_TOKENS and settings.fim.spm
+    assert settings.spm_rate > 0 and settings.distill_weight > 0
+
+
+def test_starcoder_format_matches_the_engine_template_and_trains_psm_only():
+    fmt = FIM_FORMATS["starcoder"]
+    assert fmt.special_tokens == STARCODER_TOKENS
+    template = TEMPLATES[fmt.family]
+    assert template.spm is None and not fmt.spm
+    assert template.psm == (fmt.prefix, "{prefix}", fmt.suffix, "{suffix}", fmt.middle)
+    assert (template.repo_name, template.file_sep) == (fmt.repo_name, fmt.file_sep)
+    assert settings_from_args(_args(fim_format="starcoder")).spm_rate == 0.0
+    with pytest.raises(ValueError, match="spm_rate"):
+        Settings(fim_format="starcoder")
+    with pytest.raises(ValueError, match="arch"):
+        Settings(arch="gpt2")
+
+
+def test_dev_llama_preset():
+    settings = settings_from_args(_args(preset="dev-llama"))
+    assert (settings.arch, settings.fim_format, settings.spm_rate, settings.distill_weight) == (
+        "llama", "starcoder", 0.0, 0.0)
+    assert settings.threads == 1 and settings.vocab_size == 8192 and settings.max_positions == 4096
+    assert settings.target.hidden < PRESETS["full"].target.hidden
+    assert ARCHS[settings.arch] == ("LlamaConfig", "LlamaForCausalLM")
+    assert asdict(settings)["arch"] == "llama"  # recorded in TRAINING.md's settings
+
+
+def test_llama_starcoder_smoke_run_loads_in_the_engine(tmp_path, monkeypatch):
+    from specd.engine.engine import Engine, EngineOptions
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    settings = settings_from_args(_args(preset="tiny", minutes=SMOKE_MINUTES, arch="llama",
+                                        fim_format="starcoder", distill_weight=0))
+    threads = torch.get_num_threads()
+    try:
+        assert train(replace(settings, threads=1), tmp_path, "smoke") == 0
+    finally:
+        torch.set_num_threads(threads)
+
+    target_dir, draft_dir = demo_pair_paths(tmp_path)
+    for model_dir in (target_dir, draft_dir):
+        config = json.loads((model_dir / "config.json").read_text())
+        assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
+        assert json.loads((model_dir / "specd.json").read_text())["fim_family"] == "starcoder"
+    tok = transformers.AutoTokenizer.from_pretrained(target_dir)
+    assert [tok.encode(t) for t in STARCODER_TOKENS] == [[i] for i in range(len(STARCODER_TOKENS))]
+    assert tok.eos_token == "<|endoftext|>" and tok.bos_token is None
+    assert detect_family(tok, str(target_dir)).name == "starcoder"
+    training_md = (tmp_path / "TRAINING.md").read_text()
+    assert "Llama" in training_md and "No distillation" in training_md
+
+    engine = Engine(EngineOptions(target=str(target_dir), draft=str(draft_dir), device="cpu",
+                                  dtype="float32", threads=1, max_tokens=COMPLETE_TOKENS,
+                                  time_budget_ms=600_000))
+    try:
+        engine.ensure_loaded()
+        assert engine.template.name == "starcoder"
+        result = engine.complete(CompletionRequest(text=DOCUMENT, offset=len(DOCUMENT) - 1,
+                                                   stop_at_block_end=False))
+    finally:
+        torch.set_num_threads(threads)
+    # Prefix-suffix-middle order (the middle token may be followed by forced text in an anchored prompt).
+    prefix_id, suffix_id, middle_id = tok.convert_tokens_to_ids(["<fim_prefix>", "<fim_suffix>", "<fim_middle>"])
+    ids = result.prompt_ids
+    assert ids[0] == prefix_id and ids.index(prefix_id) < ids.index(suffix_id) < ids.index(middle_id)
+    assert result.target_forwards >= 1 and result.stop_reason in ("eos", "max_tokens", "single_line")
+    assert len(result.token_ids) <= COMPLETE_TOKENS
