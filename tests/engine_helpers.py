@@ -29,11 +29,26 @@ def make_near_draft(target_dir: Path, out: Path, noise: float = 0.02, seed: int 
     return out
 
 
-def make_engine(target: Path, draft: Path | None, **options) -> Engine:
+def make_engine(target: Path, draft: Path | None, free_drafting: bool = True, **options) -> Engine:
+    """An engine over a tiny pair. ``free_drafting``: the planner believes drafts cost nothing
+    and verify widths cost the same, so every step drafts at full length, whatever the drafts'
+    acceptance: the tests of losslessness exercise rejections. (Tests of the planner's economics
+    turn it off or set their own costs.)"""
     # No wall-clock cut-off: on a loaded machine a time budget would make outputs load-dependent.
     options.setdefault("time_budget_ms", 600_000)
     opts = EngineOptions(target=str(target), draft=str(draft or ""), device="cpu", dtype="float32", **options)
-    return Engine(opts, pair=load_pair(str(target), str(draft) if draft else None, "cpu", "float32"))
+    engine = Engine(opts, pair=load_pair(str(target), str(draft) if draft else None, "cpu", "float32"))
+    if free_drafting:
+        make_drafting_free(engine)
+    return engine
+
+
+def make_drafting_free(engine: Engine) -> None:
+    costs = engine.planning.costs
+    costs.target = {width: 1.0 for width in range(1, 65)}
+    costs.draft_step, costs.draft_per_token = 1e-6, 0.0
+    costs.record_target = lambda width, ms: None  # measurements must not change the plan
+    costs.record_draft = lambda catch_up, steps, ms: None
 
 
 def reference_tokens(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -14,70 +14,131 @@ from typing import Callable, Sequence
 
 import torch
 
+from specd.engine.costs import Acceptance, ForwardCosts
 from specd.engine.drafters import EMPTY, ContinuationDrafter, Draft, LookupDrafter, ModelDrafter
-from specd.engine.kvcache import KVState
+from specd.engine.kvcache import KVState, common_prefix
 from specd.engine.sampling import SamplingParams, probabilities
 from specd.engine.types import Cancelled, SourceStats
 
-LOOKUP_TRUSTED_NGRAM = 3  # a lookup match this long beats the draft model outright
-LOOKUP_MIN_RATE = 0.35  # below this acceptance rate, shorter lookup matches yield to the model
+PROBE_EVERY = 24  # steps without the draft model after which it is tried once, so its estimate can recover
+PROBE_CATCH_UP = 64  # ... if catching it up costs at most this many tokens
+TRUSTED_NGRAM = 3  # lookup matches this long are their own kind of draft (they stand far more often)
+
+PRIORS = {  # per-token acceptance before anything is measured
+    ContinuationDrafter.source: 0.9,
+    "lookup/trusted": 0.6,
+    "lookup/short": 0.3,
+    ModelDrafter.source: 0.5,
+}
+
+
+def draft_kind(draft: Draft) -> str:
+    """The acceptance bucket a draft belongs to."""
+    if draft.source.startswith("lookup:") and draft.source != ContinuationDrafter.source:
+        return "lookup/trusted" if draft.ngram >= TRUSTED_NGRAM else "lookup/short"
+    return draft.source
 
 
 @dataclass
-class AdaptiveLength:
-    """Draft length per source: grow after a fully accepted draft, shrink after a rejection."""
+class PlannerMemory:
+    """What the planner learns across requests, per loaded pair: costs and acceptance."""
 
-    current: int
-    maximum: int
+    costs: ForwardCosts = field(default_factory=ForwardCosts)
+    acceptance: dict[str, Acceptance] = field(default_factory=dict)
+    steps_since_model: int = 0
 
-    def update(self, proposed: int, accepted: int) -> None:
-        if proposed and accepted == proposed:
-            self.current = min(self.maximum, self.current + 2)
-        elif proposed:
-            self.current = max(1, min(self.current - 1, accepted + 1))
+    def of(self, kind: str) -> Acceptance:
+        if kind not in self.acceptance:
+            self.acceptance[kind] = Acceptance.prior(PRIORS.get(kind, 0.3))
+        return self.acceptance[kind]
 
 
 @dataclass
 class DraftPlanner:
-    """Per step, the source most likely to be accepted: a trusted lookup match, else the draft
-    model, else a weaker lookup match. Counts proposals and acceptances per source."""
+    """Per step, the draft that maximises expected tokens per millisecond: none, the rest of the
+    previous suggestion, a lookup match, or a draft-model chain, each cut to its best length.
 
-    lookup: LookupDrafter | None
-    model: ModelDrafter | None
-    model_length: AdaptiveLength
-    lookup_length: AdaptiveLength
+    rate(draft of k tokens) = (1 + E[accepted | k]) / (target_ms(k + 1) + drafting ms); a plain
+    step is rate 1 / target_ms(1). The draft model's catch-up (tokens its cache lacks) is spread
+    over the steps the rest of the completion should take. Counts proposals and acceptances per
+    source for reporting.
+    """
+
+    memory: PlannerMemory
+    lookup: LookupDrafter | None = None
+    model: ModelDrafter | None = None
     continuation: ContinuationDrafter | None = None
+    lookup_max: int = 16
+    draft_max: int = 8
     stats: dict[str, SourceStats] = field(default_factory=dict)
-    lookup_rate: float = 0.6  # running acceptance rate of lookup drafts
+
+    def _best_length(self, kind: str, available: int, extra_ms: Callable[[int], float]) -> tuple[int, float]:
+        acceptance, costs = self.memory.of(kind), self.memory.costs
+        best_k, best_rate = 0, 0.0
+        for k in range(1, available + 1):
+            rate = (1.0 + acceptance.expected(k)) / (costs.target_ms(k + 1) + extra_ms(k))
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate
 
     def propose(self, seq: Sequence[int], room: int) -> Draft:
         if room <= 0:
             return EMPTY
+        best, best_rate = EMPTY, 1.0 / self.memory.costs.target_ms(1)
+        candidates: list[Draft] = []
         if self.continuation is not None:
             draft = self.continuation.propose(seq, room)
             if draft.tokens:
-                return draft
-            self.continuation = None  # diverged or used up: it never proposes again
-        match = self.lookup.propose(seq, min(room, self.lookup_length.current)) if self.lookup else EMPTY
-        if match.tokens and (match.ngram >= LOOKUP_TRUSTED_NGRAM or self.model is None
-                             or self.lookup_rate >= LOOKUP_MIN_RATE):
-            return match
+                candidates.append(draft)
+            else:
+                self.continuation = None  # diverged or used up: it never proposes again
+        if self.lookup is not None:
+            candidates.append(self.lookup.propose(seq, min(room, self.lookup_max)))
+        for draft in candidates:
+            if draft.tokens:
+                k, rate = self._best_length(draft_kind(draft), len(draft), lambda k: 0.0)
+                if rate > best_rate:
+                    best, best_rate = Draft(draft.tokens[:k], draft.source, None, draft.ngram), rate
         if self.model is not None:
-            return self.model.propose(seq, min(room, self.model_length.current))
-        return match
+            catch_up = len(seq) - common_prefix(self.model.state.ids, seq)
+            k = self._model_length(catch_up, room, best_rate)
+            if k:
+                self.memory.steps_since_model = 0
+                started, forwards = time.perf_counter(), self.model.state.forwards
+                draft = self.model.propose(seq, k)
+                self.memory.costs.record_draft(catch_up, self.model.state.forwards - forwards,
+                                               (time.perf_counter() - started) * 1000)
+                return draft
+            self.memory.steps_since_model += 1
+        return best
 
-    def record(self, draft: Draft, accepted: int) -> None:
+    def _model_length(self, catch_up: int, room: int, rate_to_beat: float) -> int:
+        """Draft-model chain length worth running (its cache lacks ``catch_up`` tokens), or 0."""
+        acceptance, costs = self.memory.of(ModelDrafter.source), self.memory.costs
+
+        def drafting_ms(k: int) -> float:
+            steps_left = max(1.0, room / (1.0 + acceptance.expected(k)))
+            return costs.draft_ms(1, k) + costs.draft_ms(catch_up, 0) / steps_left
+
+        k, rate = self._best_length(ModelDrafter.source, min(room, self.draft_max), drafting_ms)
+        if rate > rate_to_beat:
+            return k
+        if self.memory.steps_since_model >= PROBE_EVERY and catch_up <= PROBE_CATCH_UP:
+            return min(2, room)
+        return 0
+
+    def record(self, draft: Draft, accepted: int, ms: float | None = None) -> None:
+        """After verification: ``accepted`` of the draft's tokens stood; the target forward (and
+        verification) took ``ms``."""
+        if ms is not None:
+            self.memory.costs.record_target(len(draft) + 1, ms)
         if not draft.tokens:
             return
         stats = self.stats.setdefault(draft.source, SourceStats())
         stats.proposed += len(draft)
         stats.accepted += accepted
         stats.steps += 1
-        if draft.source == ModelDrafter.source:
-            self.model_length.update(len(draft), accepted)
-        elif draft.source != ContinuationDrafter.source:
-            self.lookup_length.update(len(draft), accepted)
-            self.lookup_rate = 0.8 * self.lookup_rate + 0.2 * (accepted / len(draft))
+        self.memory.of(draft_kind(draft)).record(len(draft), accepted)
 
 
 def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
@@ -149,11 +210,12 @@ def speculative_decode(
             return DecodeOutcome(out, "time_budget", forwards, first_token_s)
         room = max_tokens - len(out) - 1  # one token of each step is the target's own
         draft = planner.propose(seq, room)
+        step_started = time.perf_counter()
         logits = target.extend([seq[-1], *draft.tokens])  # [k + 1, V], one forward
         forwards += 1
-        accepted, own = verify(logits, draft, sampling, generator)
+        accepted, own = verify(logits, draft, sampling, generator)  # reads the logits: a device sync
+        planner.record(draft, accepted, (time.perf_counter() - step_started) * 1000)
         target.rollback(len(seq) + accepted)  # keep seq[-1] and the accepted drafts
-        planner.record(draft, accepted)
         new = [*draft.tokens[:accepted], own]
         if not out:
             first_token_s = time.monotonic() - start

@@ -19,7 +19,8 @@ import torch
 from specd.engine import compat
 from specd.engine.context import ContextSelector
 from specd.engine.corpus import Corpus
-from specd.engine.decode import AdaptiveLength, DraftPlanner, speculative_decode
+from specd.engine.costs import calibrate
+from specd.engine.decode import DraftPlanner, PlannerMemory, speculative_decode
 from specd.engine.drafters import ContinuationDrafter, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
@@ -31,7 +32,6 @@ from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, E
 
 log = logging.getLogger(__name__)
 
-LOOKUP_START = 8  # first lookup draft length; grows on full acceptance up to engine.lookup_max
 PREFILL_SLICE = 64  # tokens per idle prefill forward: a new request waits for one slice at most
 MAX_OTHER_BUFFERS = 8  # open buffers searched by lookup, most recently edited first
 ANONYMOUS = "<anonymous>"
@@ -115,6 +115,11 @@ class Engine:
                                      layout=self.options.fim_layout)
         self.stop_ids = self.prompts.stop_ids()
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
+        self.planning = PlannerMemory(calibrate(
+            lambda: KVState(pair.target), (lambda: KVState(pair.draft)) if pair.draft is not None else None,
+            min(m.get_input_embeddings().weight.shape[0] for m in (pair.target, pair.draft) if m is not None),
+            max(self.options.lookup_max, self.options.draft_max) + 1, pair.device))
+        log.info("forward costs: %s", self.planning.costs.describe())
         log.info("engine ready: target %s, draft %s, FIM family %s (%s layout), device %s",
                  pair.target_name, pair.draft_name, self.template.name, self.prompts.layout, pair.device)
 
@@ -333,9 +338,10 @@ class Engine:
         model = None
         if use_draft:
             model = ModelDrafter(state.draft, self.vocab_size, sampling, opts.draft_confidence, generator)
-        planner = DraftPlanner(lookup, model, AdaptiveLength(min(4, opts.draft_max), opts.draft_max),
-                               AdaptiveLength(min(LOOKUP_START, opts.lookup_max), opts.lookup_max),
-                               self._continuation(state, text, offset, len(prompt.ids)) if use_lookup else None)
+        planner = DraftPlanner(
+            self.planning, lookup=lookup, model=model,
+            continuation=self._continuation(state, text, offset, len(prompt.ids)) if use_lookup else None,
+            lookup_max=opts.lookup_max, draft_max=opts.draft_max)
         stop = StopRules(pair.tokenizer, self.stop_ids, req.single_line,
                          prompt.indent if req.stop_at_block_end else None)
         target_forwards_before = state.target.forwards
@@ -403,8 +409,17 @@ class Engine:
             "requests": self.requests,
             "oom_retries": self.oom_retries,
             "acceptance": acceptance,
+            "planner": self._planner_stats(),
             "threads": torch.get_num_threads(),
         }
+
+
+    def _planner_stats(self) -> dict[str, Any] | None:
+        memory = getattr(self, "planning", None)
+        if memory is None or self.pair is None:
+            return None
+        return {**memory.costs.describe(),
+                "alpha": {kind: round(a.alpha, 3) for kind, a in sorted(memory.acceptance.items())}}
 
 
 def edit_end(old: str, new: str) -> int:

@@ -1,0 +1,163 @@
+"""What drafting costs and buys on this machine, for this model pair, measured as it runs.
+
+The planner (``decode.DraftPlanner``) chooses each step's draft to maximise expected tokens per
+millisecond, so it needs two things per loaded pair:
+
+- ``ForwardCosts``: milliseconds of a target forward by width (how many tokens it verifies),
+  of one draft-model step, and of the draft model catching up on tokens it has not seen. Seeded
+  by ``calibrate`` at load (a few forwards of each width, off the request path) and kept current
+  by every step the engine runs (exponential moving averages).
+- ``Acceptance``: per kind of draft, the probability that each drafted token stands, as a
+  geometric model (each token stands with probability alpha until the first rejection), from
+  decayed counts so the estimate follows the text being written.
+
+Expected tokens of a step that verifies k drafted tokens: 1 + alpha (1 - alpha^k) / (1 - alpha)
+(the accepted prefix plus the target's own token after it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+EMA = 0.2  # weight of a new timing in the moving averages
+DECAY = 0.97  # per-record decay of acceptance counts: about the last 30 drafts of a kind matter
+CALIBRATION_WIDTHS = (1, 2, 4, 8, 12, 16, 24, 32)
+CALIBRATION_CONTEXT = 256  # tokens of context behind the calibration forwards
+CALIBRATION_REPEATS = 3  # per width, after one warm-up forward; the median counts
+
+
+@dataclass
+class Acceptance:
+    """Per-token acceptance of one kind of draft (decayed counts; the prior is a few pseudo-drafts)."""
+
+    accepted: float
+    rejections: float
+
+    @classmethod
+    def prior(cls, alpha: float, weight: float = 4.0) -> "Acceptance":
+        return cls(alpha * weight, (1.0 - alpha) * weight)
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejections)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.accepted = self.accepted * DECAY + accepted
+        self.rejections = self.rejections * DECAY + (1.0 if accepted < proposed else 0.0)
+
+    def expected(self, k: int) -> float:
+        """Expected accepted tokens of a k-token draft."""
+        a = min(self.alpha, 0.999)
+        return a * (1.0 - a ** k) / (1.0 - a)
+
+
+@dataclass
+class ForwardCosts:
+    """Milliseconds per forward: the target by width, the draft model per step and per catch-up token."""
+
+    target: dict[int, float] = field(default_factory=dict)  # width -> ms
+    draft_step: float | None = None  # one draft token after a synced cache
+    draft_per_token: float | None = None  # draft catch-up (prefill) per token, beyond one step
+
+    def target_ms(self, width: int) -> float:
+        """Interpolated between measured widths; beyond the widest, extended along the last slope."""
+        if not self.target:
+            return 1.0 + 0.05 * (width - 1)  # unmeasured: only ratios matter, assume nearly flat
+        known = sorted(self.target)
+        if width in self.target:
+            return self.target[width]
+        i = bisect.bisect_left(known, width)
+        if i == 0:
+            return self.target[known[0]]
+        if i == len(known):
+            if len(known) == 1:
+                return self.target[known[0]]
+            lo, hi = known[-2], known[-1]
+        else:
+            lo, hi = known[i - 1], known[i]
+        slope = (self.target[hi] - self.target[lo]) / (hi - lo)
+        return max(self.target[lo] + slope * (width - lo), 1e-3)
+
+    def draft_ms(self, catch_up: int, steps: int) -> float:
+        """A draft chain of ``steps`` tokens whose first forward also runs ``catch_up`` tokens
+        the draft cache has not seen."""
+        step = self.draft_step if self.draft_step is not None else self.target_ms(1) / 3
+        per_token = self.draft_per_token if self.draft_per_token is not None else step / 8
+        return steps * step + max(0, catch_up - 1) * per_token
+
+    def record_target(self, width: int, ms: float) -> None:
+        old = self.target.get(width)
+        self.target[width] = ms if old is None else (1 - EMA) * old + EMA * ms
+
+    def record_draft(self, catch_up: int, steps: int, ms: float) -> None:
+        if steps <= 0:
+            return
+        if catch_up <= 2:
+            step = ms / steps
+            self.draft_step = step if self.draft_step is None else (1 - EMA) * self.draft_step + EMA * step
+        elif self.draft_step is not None:
+            per_token = max(0.0, ms - steps * self.draft_step) / (catch_up - 1)
+            self.draft_per_token = per_token if self.draft_per_token is None else \
+                (1 - EMA) * self.draft_per_token + EMA * per_token
+
+    def describe(self) -> dict:
+        return {"target_ms_by_width": {w: round(ms, 3) for w, ms in sorted(self.target.items())},
+                "draft_step_ms": None if self.draft_step is None else round(self.draft_step, 3),
+                "draft_catch_up_ms_per_token": None if self.draft_per_token is None else round(self.draft_per_token, 4)}
+
+
+def _median_ms(run: Callable[[], object], repeats: int, synchronize: Callable[[], None]) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        synchronize()
+        times.append((time.perf_counter() - started) * 1000)
+    return sorted(times)[len(times) // 2]
+
+
+def calibrate(target_state_factory: Callable[[], object], draft_state_factory: Callable[[], object] | None,
+              vocab_size: int, max_width: int, device: torch.device) -> ForwardCosts:
+    """Seed the costs: forwards of each width after ``CALIBRATION_CONTEXT`` tokens of context,
+    for the target, and draft steps and catch-up for the draft model. KV states come from the
+    factories (``KVState``s) and are thrown away."""
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randint(0, vocab_size, (CALIBRATION_CONTEXT,), generator=generator).tolist()
+    costs = ForwardCosts()
+    state = target_state_factory()
+    state.extend(context, last_only=True)
+    for width in (w for w in CALIBRATION_WIDTHS if w <= max_width):
+        tokens = context[:width]
+
+        def verify_step():
+            state.extend(tokens)
+            state.rollback(len(context))
+
+        verify_step()  # warm-up: first calls of a shape allocate
+        costs.target[width] = _median_ms(verify_step, CALIBRATION_REPEATS, synchronize)
+    if draft_state_factory is not None:
+        draft = draft_state_factory()
+        draft.extend(context, last_only=True)
+
+        def one_step():
+            draft.extend(context[:1], last_only=True)
+            draft.rollback(len(context))
+
+        one_step()
+        costs.draft_step = _median_ms(one_step, CALIBRATION_REPEATS, synchronize)
+        catch_up = 32
+
+        def catch_up_step():
+            draft.extend(context[:catch_up], last_only=True)
+            draft.rollback(len(context))
+
+        catch_up_step()
+        costs.draft_per_token = max(0.0, _median_ms(catch_up_step, CALIBRATION_REPEATS, synchronize)
+                                    - costs.draft_step) / (catch_up - 1)
+    return costs

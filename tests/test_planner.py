@@ -1,0 +1,127 @@
+"""The cost-aware draft planner: per step, the draft with the most expected tokens per ms.
+
+Pure: stand-in drafters and a hand-set cost table, no model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from specd.engine.costs import Acceptance, ForwardCosts
+from specd.engine.decode import PROBE_EVERY, DraftPlanner, PlannerMemory
+from specd.engine.drafters import Draft
+
+
+class FixedLookup:
+    def __init__(self, tokens, ngram=4, source="lookup:current"):
+        self.tokens, self.ngram, self.source = tokens, ngram, source
+
+    def propose(self, seq, k):
+        return Draft(self.tokens[:k], self.source, None, self.ngram)
+
+
+@dataclass
+class _State:
+    ids: list = field(default_factory=list)
+    forwards: int = 0
+
+
+class CountingModel:
+    """Stands in for ModelDrafter: records how often and how long it was asked to draft."""
+
+    def __init__(self, synced=True):
+        self.state = _State()
+        self.synced = synced
+        self.calls: list[int] = []
+
+    def propose(self, seq, k):
+        if self.synced:
+            self.state.ids = list(seq)
+        self.calls.append(k)
+        self.state.forwards += k
+        return Draft([7] * k, "draft", torch.full((k, 8), 1 / 8))
+
+
+def memory(target_ms, draft_step=1.0, alphas=None):
+    costs = ForwardCosts(target=dict(target_ms), draft_step=draft_step, draft_per_token=draft_step / 10)
+    mem = PlannerMemory(costs)
+    for kind, alpha in (alphas or {}).items():
+        mem.acceptance[kind] = Acceptance.prior(alpha, weight=1000)
+    return mem
+
+
+# A CPU-like table: a verify of 9 tokens costs 1.6x a single-token forward.
+CPU = {1: 10.0, 2: 10.8, 4: 12.0, 8: 15.0, 16: 21.0, 32: 34.0}
+
+
+def test_useless_draft_model_is_not_run():
+    mem = memory(CPU, draft_step=3.0, alphas={"draft": 0.05})
+    model = CountingModel()
+    planner = DraftPlanner(mem, model=model, draft_max=8)
+    seq = list(range(100))
+    for _ in range(PROBE_EVERY - 1):
+        assert planner.propose(seq, 40).tokens == []
+    assert model.calls == []
+
+
+def test_good_draft_model_is_run_at_a_length_that_pays():
+    mem = memory(CPU, draft_step=1.0, alphas={"draft": 0.8})
+    model = CountingModel()
+    planner = DraftPlanner(mem, model=model, draft_max=8)
+    draft = planner.propose(list(range(100)), 40)
+    assert draft.source == "draft" and 3 <= len(draft) <= 8
+
+
+def test_probe_lets_a_rejected_draft_model_recover():
+    mem = memory(CPU, draft_step=3.0, alphas={"draft": 0.05})
+    model = CountingModel()
+    planner = DraftPlanner(mem, model=model, draft_max=8)
+    seq = list(range(100))
+    model.state.ids = list(seq)
+    for _ in range(PROBE_EVERY + 1):
+        planner.propose(seq, 40)
+    assert model.calls == [2]  # one short probe
+
+
+def test_trusted_lookup_goes_as_long_as_the_match():
+    mem = memory(CPU, alphas={"lookup/trusted": 0.95})
+    planner = DraftPlanner(mem, lookup=FixedLookup(list(range(16))), lookup_max=16)
+    assert len(planner.propose([1, 2, 3], 40)) == 16
+
+
+def test_lookup_is_cut_to_its_expected_value():
+    """A weak match on a machine where width is expensive: short, or none at all."""
+    steep = {1: 10.0, 2: 14.0, 4: 22.0, 8: 38.0, 16: 70.0}
+    planner = DraftPlanner(memory(steep, alphas={"lookup/short": 0.2}), lookup=FixedLookup(list(range(16)), ngram=2))
+    assert planner.propose([1, 2, 3], 40).tokens == []
+    planner = DraftPlanner(memory(steep, alphas={"lookup/short": 0.6}), lookup=FixedLookup(list(range(16)), ngram=2))
+    assert 1 <= len(planner.propose([1, 2, 3], 40)) <= 3
+
+
+def test_draft_model_catch_up_is_weighed():
+    """A draft model whose cache lacks a long prompt is worth catching up only when the rest of
+    the completion is long enough to repay it."""
+    mem = memory(CPU, draft_step=1.0, alphas={"draft": 0.6})
+    mem.costs.draft_per_token = 0.5  # a 1,000-token catch-up costs 50 target forwards
+    model = CountingModel(synced=False)
+    planner = DraftPlanner(mem, model=model, draft_max=8)
+    assert planner.propose(list(range(1000)), 4).tokens == []
+    assert planner.propose(list(range(1000)), 4000).source == "draft"
+
+
+def test_record_learns_acceptance_and_costs():
+    mem = memory(CPU)
+    planner = DraftPlanner(mem)
+    for _ in range(50):
+        planner.record(Draft([1, 2, 3, 4], "lookup:current", None, 2), 0, ms=12.0)
+    assert mem.of("lookup/short").alpha < 0.05
+    assert mem.costs.target_ms(5) == pytest.approx(12.0, rel=0.01)
+    assert planner.stats["lookup:current"].proposed == 200
+
+
+def test_target_cost_interpolates_between_measured_widths():
+    costs = ForwardCosts(target={1: 10.0, 8: 17.0})
+    assert costs.target_ms(4) == pytest.approx(13.0)
+    assert costs.target_ms(16) == pytest.approx(25.0)  # the last slope, extended
