@@ -193,3 +193,34 @@ def test_idle_prefill_prepares_the_cache_where_the_user_is_typing(llama_pair, sa
     cold = engine.complete(request(typed, offset, kv_reuse=False))
     assert warm.token_ids == cold.token_ids
     assert_lossless(engine, warm, MAX_TOKENS)
+
+
+def test_an_empty_prompt_is_an_engine_error(llama_pair):
+    """A plain (no FIM) family with the cursor at offset 0 has nothing to condition on."""
+    from specd.engine import EngineError
+
+    target, draft = llama_pair
+    engine = make_engine(target, draft, fim_family="plain")
+    with pytest.raises(EngineError, match="empty prompt"):
+        engine.complete(CompletionRequest(text="x = 1\n", offset=0, max_tokens=4))
+    assert engine.complete(CompletionRequest(text="x = 1\n", offset=6, max_tokens=4)).prompt_ids
+
+
+def test_prefill_in_pieces_resumes_and_keeps_the_common_prefix(llama_pair, sample_source):
+    """The one prefill primitive: pieces under a deadline resume where they stopped, and a
+    changed tail re-runs only from the first difference."""
+    import time
+
+    target, draft = llama_pair
+    engine = make_engine(target, draft)
+    ids = engine.prompts.encode(sample_source[:1500])
+    state = engine._new_state()
+    calls = 0
+    while not state.prefill(ids, deadline=time.monotonic() - 1, piece=64):  # past deadline: one piece a call
+        calls += 1
+    assert calls >= len(ids) // 64 - 1
+    assert state.target.ids == ids and state.draft.ids == ids
+    forwards = state.target.forwards
+    changed = ids[:-10] + ids[-5:]
+    assert state.prefill(changed)
+    assert state.target.ids == changed and state.target.forwards == forwards + 1

@@ -228,16 +228,10 @@ class ContextSelector:
             ids = prompt_ids(key, text, offset, chunks, path)[:-1]
             self._warming = _Warming(key, chunks, ids, new_state(), doc.region)
         warming = self._warming
-        while len(warming.state.target.ids) < len(warming.ids):
-            done = len(warming.state.target.ids)
-            piece = warming.ids[done:done + WARM_PIECE_TOKENS]
-            warming.state.target.extend(piece, last_only=True)
-            if warming.state.draft is not None:
-                warming.state.draft.extend(piece, last_only=True)
-            self.warm_tokens += len(piece)
-            if time.monotonic() >= deadline:
-                break
-        if len(warming.state.target.ids) < len(warming.ids):
+        before = len(warming.state.target.ids)
+        done = warming.state.prefill(warming.ids, deadline=deadline, piece=WARM_PIECE_TOKENS)
+        self.warm_tokens += len(warming.state.target.ids) - before
+        if not done:
             return True
         with self._lock:
             self._warming = None

@@ -197,23 +197,14 @@ class Engine:
         prompt = self.build_prompt(uri, text, offset, chunks, uri).ids[:-1]
         state = self.caches.get(uri)
         if state is None:
-            pair = self.pair
-            state = DocumentState(KVState(pair.target), KVState(pair.draft) if pair.draft is not None else None)
+            state = self._new_state()
             self.caches.put(uri, state)
-        deadline = time.monotonic() + budget_s
-        for kv in (state.target, state.draft):
-            if kv is None:
-                continue
-            kv.rollback(common_prefix(kv.ids, prompt))
-            while len(kv.ids) < len(prompt):
-                if time.monotonic() > deadline:
-                    with self._lock:  # not done: resume here next slice unless a newer edit came
-                        self._edited.setdefault(uri, offset)
-                    self.caches.enforce_budget(keep=uri)
-                    return True
-                kv.extend(prompt[len(kv.ids):len(kv.ids) + PREFILL_SLICE], last_only=True)
+        done = state.prefill(prompt, deadline=time.monotonic() + budget_s, piece=PREFILL_SLICE)
+        if not done:
+            with self._lock:  # not done: resume here next slice unless a newer edit came
+                self._edited.setdefault(uri, offset)
         self.caches.enforce_budget(keep=uri)
-        return bool(self._edited)
+        return not done or bool(self._edited)
 
     def warm_context(self, budget_s: float) -> bool:
         """Idle work: choose the latest document's context chunks; when they changed, prefill a
@@ -223,13 +214,16 @@ class Engine:
         with self._lock:
             open_docs = {uri: doc.text for uri, doc in self._docs.items()}
         self.context.budget_tokens = self.prompts.extra_tokens  # as fitted to the model's window
-        pair = self.pair
         return self.context.warm_step(
             open_docs=open_docs, corpus=self._corpus, encode=self.prompts.encode,
             prompt_ids=lambda key, text, offset, chunks, path: self.prompts.build(
                 text, offset, chunks, path, self._anchors.get(key)).ids,
             caches=self.caches, budget_s=budget_s,
-            new_state=lambda: DocumentState(KVState(pair.target), KVState(pair.draft) if pair.draft is not None else None))
+            new_state=self._new_state)
+
+    def _new_state(self) -> DocumentState:
+        pair = self.pair
+        return DocumentState(KVState(pair.target), KVState(pair.draft) if pair.draft is not None else None)
 
     def document_text(self, uri: str) -> str | None:
         with self._lock:
@@ -297,69 +291,76 @@ class Engine:
                                       "lower engine.prefix_tokens or use a smaller model") from None
                 raise
 
-    def _option(self, value: Any, default: Any) -> Any:
-        return default if value is None else value
+    def _settings(self, req: CompletionRequest) -> "_RequestSettings":
+        """The request's settings, each defaulting to the engine's option."""
+        opts = self.options
 
-    def _complete(self, req: CompletionRequest, text: str, offset: int,
-                  cancel: threading.Event | None) -> CompletionResult:
-        started = time.monotonic()
-        pair, opts = self.pair, self.options
-        use_draft = self._option(req.use_draft_model, opts.use_draft_model) and pair.draft is not None
-        use_lookup = self._option(req.use_lookup, opts.use_lookup)
-        kv_reuse = self._option(req.kv_reuse, opts.kv_reuse)
-        max_tokens = max(1, self._option(req.max_tokens, opts.max_tokens))
-        budget_s = self._option(req.time_budget_ms, opts.time_budget_ms) / 1000.0
+        def pick(value: Any, default: Any) -> Any:
+            return default if value is None else value
+
         sampling = SamplingParams(max(0.0, req.temperature), req.top_p)
         generator = None
         if not sampling.greedy:
-            generator = torch.Generator().manual_seed(req.seed if req.seed is not None
-                                                      else int(time.time_ns() % 2**31))
+            seed = req.seed if req.seed is not None else int(time.time_ns() % 2**31)
+            generator = torch.Generator().manual_seed(seed)
+        return _RequestSettings(
+            use_draft=pick(req.use_draft_model, opts.use_draft_model) and self.pair.draft is not None,
+            use_lookup=pick(req.use_lookup, opts.use_lookup),
+            kv_reuse=pick(req.kv_reuse, opts.kv_reuse) and bool(req.uri),
+            max_tokens=max(1, pick(req.max_tokens, opts.max_tokens)),
+            budget_s=pick(req.time_budget_ms, opts.time_budget_ms) / 1000.0,
+            sampling=sampling, generator=generator)
 
+    def _request_prompt(self, req: CompletionRequest, text: str, offset: int) -> Prompt:
         chunks = req.extra_context
-        if not chunks and req.uri and opts.auto_context:  # the set in use; changes are warmed in idle time
+        if not chunks and req.uri and self.options.auto_context:  # the set in use; changes are warmed in idle time
             chunks = self.context.chunks_for(req.uri, text, offset, req.path or req.uri)
         prompt = self.build_prompt(req.uri, text, offset, chunks, req.path or req.uri)
         if not prompt.ids:
             raise EngineError("empty prompt: nothing before the cursor and no FIM template to frame it")
+        return prompt
+
+    def _planner(self, state: DocumentState, settings: "_RequestSettings", req: CompletionRequest,
+                 text: str, offset: int, prompt: Prompt) -> DraftPlanner:
+        lookup = continuation = model = None
+        if settings.use_lookup:
+            lookup = LookupDrafter(state.context_index, self._lookup_sources(req.uri))
+            continuation = self._continuation(state, text, offset, len(prompt.ids))
+        if settings.use_draft:
+            model = ModelDrafter(state.draft, self.vocab_size, settings.sampling, self.options.draft_confidence,
+                                 settings.generator)
+        return DraftPlanner(self.planning, lookup=lookup, model=model, continuation=continuation,
+                            lookup_max=self.options.lookup_max, draft_max=self.options.draft_max)
+
+    def _complete(self, req: CompletionRequest, text: str, offset: int,
+                  cancel: threading.Event | None) -> CompletionResult:
+        started = time.monotonic()
+        settings = self._settings(req)
+        prompt = self._request_prompt(req, text, offset)
         key = req.uri or ANONYMOUS
-        state = self.caches.get(key) if kv_reuse and req.uri else None
-        if state is None:
-            state = DocumentState(KVState(pair.target), KVState(pair.draft) if pair.draft is not None else None)
-        # Prefill: the target must hold prompt[:-1]; reuse the longest common prefix.
+        state = (self.caches.get(key) if settings.kv_reuse else None) or self._new_state()
+
+        # Prefill: the target holds prompt[:-1] (the last token rides with the first step),
+        # reusing the longest common prefix. The draft model catches up only if the planner runs it.
         reused = min(common_prefix(state.target.ids, prompt.ids), len(prompt.ids) - 1)
-        state.target.rollback(reused)
-        if len(prompt.ids) - 1 > reused:
-            state.target.extend(prompt.ids[reused:-1], last_only=True)
+        state.target.prefill(prompt.ids[:-1])
         prefill_s = time.monotonic() - started
         if cancel is not None and cancel.is_set():
             raise Cancelled("completion cancelled")
 
-        lookup = LookupDrafter(state.context_index, self._lookup_sources(req.uri)) if use_lookup else None
-        model = None
-        if use_draft:
-            model = ModelDrafter(state.draft, self.vocab_size, sampling, opts.draft_confidence, generator)
-        planner = DraftPlanner(
-            self.planning, lookup=lookup, model=model,
-            continuation=self._continuation(state, text, offset, len(prompt.ids)) if use_lookup else None,
-            lookup_max=opts.lookup_max, draft_max=opts.draft_max)
-        stop = StopRules(pair.tokenizer, self.stop_ids, req.single_line,
+        planner = self._planner(state, settings, req, text, offset, prompt)
+        stop = StopRules(self.pair.tokenizer, self.stop_ids, req.single_line,
                          prompt.indent if req.stop_at_block_end else None)
-        target_forwards_before = state.target.forwards
         draft_forwards_before = state.draft.forwards if state.draft else 0
-        outcome = speculative_decode(state.target, list(prompt.ids), planner, sampling, max_tokens, stop,
-                                     deadline=started + budget_s, cancel=cancel, generator=generator)
+        outcome = speculative_decode(state.target, list(prompt.ids), planner, settings.sampling,
+                                     settings.max_tokens, stop, deadline=started + settings.budget_s,
+                                     cancel=cancel, generator=settings.generator)
         completion = stop.text()
         state.last_prefix, state.last_completion = text[:offset], completion
-        if kv_reuse and req.uri:
+        if settings.kv_reuse:
             self.caches.put(key, state)
             self.caches.enforce_budget(keep=key)
-        self.requests += 1
-        with self._lock:  # stats() may read these from another thread
-            for name, s in planner.stats.items():
-                total = self.totals.setdefault(name, SourceStats())
-                total.proposed += s.proposed
-                total.accepted += s.accepted
-                total.steps += s.steps
+        self._count(planner.stats)
         total_s = time.monotonic() - started
         return CompletionResult(
             text=completion,
@@ -375,6 +376,15 @@ class Engine:
             first_token_ms=(prefill_s + outcome.first_token_s) * 1000,
             total_ms=total_s * 1000,
         )
+
+    def _count(self, sources: dict[str, SourceStats]) -> None:
+        with self._lock:  # stats() may read these from another thread
+            self.requests += 1
+            for name, s in sources.items():
+                total = self.totals.setdefault(name, SourceStats())
+                total.proposed += s.proposed
+                total.accepted += s.accepted
+                total.steps += s.steps
 
     def _continuation(self, state: DocumentState, text: str, offset: int,
                       prompt_length: int) -> ContinuationDrafter | None:
@@ -420,6 +430,17 @@ class Engine:
             return None
         return {**memory.costs.describe(),
                 "alpha": {kind: round(a.alpha, 3) for kind, a in sorted(memory.acceptance.items())}}
+
+
+@dataclass(frozen=True)
+class _RequestSettings:
+    use_draft: bool
+    use_lookup: bool
+    kv_reuse: bool  # and the request names a document
+    max_tokens: int
+    budget_s: float
+    sampling: SamplingParams
+    generator: torch.Generator | None
 
 
 def edit_end(old: str, new: str) -> int:

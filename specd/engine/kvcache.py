@@ -54,21 +54,24 @@ class KVState:
         self.forwards += 1
         return logits
 
-    def sync(self, seq: Sequence[int], last_only: bool = True) -> torch.Tensor | None:
-        """Make the cache hold exactly ``seq``: reuse the common prefix, run the rest.
-
-        Returns the logits of the tokens run (None when nothing needed running).
-        """
-        keep = common_prefix(self.ids, seq)
-        self.rollback(keep)
-        if keep == len(seq):
-            return None
-        return self.extend(seq[keep:], last_only=last_only)
-
     def logits_after(self, seq: Sequence[int]) -> torch.Tensor:
         """Logits [1, V] for the token after ``seq``, reusing whatever prefix the cache holds."""
         self.rollback(min(common_prefix(self.ids, seq), len(seq) - 1))
         return self.extend(seq[len(self.ids):], last_only=True)
+
+    def prefill(self, ids: Sequence[int], deadline: float | None = None, piece: int | None = None) -> bool:
+        """Make the cache hold exactly ``ids``: keep the common prefix, run the rest, in pieces of
+        ``piece`` tokens (all at once when None) until ``deadline`` (time.monotonic; at least one
+        piece runs, so repeated calls always progress). True when it holds all of ``ids``; False
+        when the deadline stopped it (call again to resume). The one prefill of the engine:
+        requests, idle prefill and context warming use it."""
+        self.rollback(common_prefix(self.ids, ids))
+        while len(self.ids) < len(ids):
+            end = len(ids) if piece is None else min(len(ids), len(self.ids) + piece)
+            self.extend(ids[len(self.ids):end], last_only=True)
+            if deadline is not None and len(self.ids) < len(ids) and time.monotonic() > deadline:
+                return False
+        return True
 
     def nbytes(self) -> int:
         return compat.cache_nbytes(self.cache)
@@ -91,6 +94,10 @@ class DocumentState:
 
     def nbytes(self) -> int:
         return self.target.nbytes() + (self.draft.nbytes() if self.draft else 0)
+
+    def prefill(self, ids: Sequence[int], deadline: float | None = None, piece: int | None = None) -> bool:
+        """Both models' caches to ``ids`` (see ``KVState.prefill``); True when both hold it."""
+        return all(kv.prefill(ids, deadline, piece) for kv in (self.target, self.draft) if kv is not None)
 
 
 class CacheStore:
