@@ -1,25 +1,40 @@
-"""Speculative sampling keeps the target's distribution exactly: chi-square tests of the first
-two sampled tokens against the target's exact marginals, with a deliberately different draft
-model and with deterministic (lookup-style) drafts."""
+"""Speculative sampling keeps the target's distribution exactly.
+
+- ``verify`` alone: for given p and q rows, the law of its output (accepted count, own token)
+  is known in closed form; checked over many draws, for model drafts, point masses (lookup) and
+  the empty-residual branch.
+- Model-draft chains with the shipped settings (``draft_confidence``, ``draft_max``): a hand-built
+  bigram target and draft whose p and q are exact, so the law of the first generated tokens is
+  known by enumeration; the chain may stop on the draft's confidence, never on the token drawn.
+- The tiny random-weight pair: chi-square tests of the first two sampled tokens against the
+  target's exact marginals, with a model draft and a deterministic draft.
+"""
 
 from __future__ import annotations
 
+import itertools
 import math
+import types
 from collections import Counter
 
 import pytest
 import torch
 from scipy.stats import chi2
+from transformers import LlamaConfig
 
 from engine_helpers import make_engine
-from specd.engine.decode import AdaptiveLength, DraftPlanner, speculative_decode
+from specd.engine import drafters
+from specd.engine.decode import speculative_decode, verify
 from specd.engine.drafters import Draft, ModelDrafter
+from specd.engine.engine import EngineOptions
 from specd.engine.kvcache import KVState
 from specd.engine.sampling import SamplingParams, probabilities
+from specd.engine.types import SourceStats
 
 DRAWS = 1000
 TEMPERATURE = 1.5  # spread the tiny model's peaked distributions so several tokens matter
-ALPHA = 1e-4  # false-alarm rate per test: these tests must not flake
+ALPHA = 1e-4  # false-alarm rate per check: these tests must not flake
+SHIPPED = EngineOptions()  # draft_confidence 0.3, draft_max 8, as a user gets them
 
 
 @pytest.fixture(scope="module")
@@ -39,20 +54,250 @@ def exact_marginals(model, prompt: list[int], sampling: SamplingParams) -> tuple
     return p1, p2
 
 
-def chi_square_pvalue(counts: Counter, probs: torch.Tensor, draws: int) -> float:
-    """Pearson chi-square over categories expected >= 5 times, the rest pooled into one."""
-    expected = probs * draws
-    big = (expected >= 5).nonzero().flatten().tolist()
-    observed = [counts.get(t, 0) for t in big]
-    exp = [expected[t].item() for t in big]
+def chi_square_pvalue(counts: Counter, probs, draws: int) -> float:
+    """Pearson chi-square over categories expected >= 5 times, the rest pooled into one.
+    ``probs``: a tensor indexed by category, or a dict category -> probability."""
+    items = probs.items() if isinstance(probs, dict) else enumerate(probs.tolist())
+    expected = {c: float(pr) * draws for c, pr in items}
+    big = [c for c, e in expected.items() if e >= 5]
+    observed = [counts.get(c, 0) for c in big]
+    exp = [expected[c] for c in big]
     rest_exp = draws - sum(exp)
     rest_obs = draws - sum(observed)
     if rest_exp >= 5:
         observed.append(rest_obs)
         exp.append(rest_exp)
+    elif rest_exp > 1e-6:  # too rare to stand alone: pooled with the rarest big category
+        i = min(range(len(exp)), key=exp.__getitem__)
+        observed[i] += rest_obs
+        exp[i] += rest_exp
+    elif rest_obs:  # what the law rules out happened
+        return 0.0
+    if len(exp) == 1:  # a single possible category, and nothing else turned up
+        return 1.0
     statistic = sum((o - e) ** 2 / e for o, e in zip(observed, exp))
     return float(chi2.sf(statistic, df=len(exp) - 1))
 
+
+class FixedPlanner:
+    """The speculative loop's planner cut down to one source at a fixed length, so these tests
+    exercise the acceptance rule and the drafter, not the planner's choices."""
+
+    def __init__(self, drafter, length: int):
+        self.drafter = drafter
+        self.length = length
+        self.stats: dict[str, SourceStats] = {}
+        self.chains: Counter = Counter()  # draft length -> how many steps proposed that many
+        self.cut = 0  # steps whose draft came back shorter than asked
+
+    def propose(self, seq, room):
+        asked = min(room, self.length)
+        draft = self.drafter.propose(seq, asked) if asked > 0 else Draft([], "none")
+        self.chains[len(draft)] += 1
+        self.cut += len(draft) < asked
+        return draft
+
+    def record(self, draft: Draft, accepted: int, ms: float | None = None) -> None:
+        if draft.tokens:
+            stats = self.stats.setdefault(draft.source, SourceStats())
+            stats.proposed += len(draft)
+            stats.accepted += accepted
+            stats.steps += 1
+
+
+# -- verify alone: the closed-form law of its output ----------------------------------------
+
+def verify_law(p: torch.Tensor, q: torch.Tensor | None, tokens: list[int]) -> dict[tuple[int, int], float]:
+    """P(verify returns (n, own)) for draft ``tokens`` with target rows p [k + 1, V] and draft
+    rows q [k, V] (None: point masses). Draft i is reached with the product of the earlier
+    acceptance probabilities min(1, p(d)/q(d)); rejected, the own token follows
+    norm(max(0, p - q)) (p itself when that is empty); all accepted, it follows p[k]."""
+    p = p.double()
+    law, reach = {}, 1.0
+    for i, d in enumerate(tokens):
+        qi = q[i].double() if q is not None else torch.nn.functional.one_hot(torch.tensor(d), p.shape[1]).double()
+        accept = min(1.0, float(p[i, d] / qi[d]))
+        residual = (p[i] - qi).clamp(min=0.0)
+        residual = p[i] if residual.sum() <= 0 else residual
+        for t, r in enumerate((residual / residual.sum()).tolist()):
+            law[(i, t)] = reach * (1.0 - accept) * r
+        reach *= accept
+    for t, r in enumerate(p[len(tokens)].tolist()):
+        law[(len(tokens), t)] = reach * r
+    return law
+
+
+def run_verify(logits: torch.Tensor, draft: Draft, draws: int, seed: int) -> Counter:
+    sampling = SamplingParams(temperature=1.0)
+    generator = torch.Generator().manual_seed(seed)
+    return Counter(verify(logits, draft, sampling, generator) for _ in range(draws))
+
+
+def rows(*values: list[float]) -> torch.Tensor:
+    t = torch.tensor(values, dtype=torch.float32)
+    return t / t.sum(-1, keepdim=True)
+
+
+P_ROWS = rows([0.40, 0.25, 0.15, 0.10, 0.06, 0.04],
+              [0.05, 0.10, 0.45, 0.20, 0.15, 0.05],
+              [0.20, 0.20, 0.20, 0.20, 0.10, 0.10],
+              [0.10, 0.30, 0.05, 0.05, 0.30, 0.20])
+Q_ROWS = rows([0.20, 0.50, 0.10, 0.10, 0.05, 0.05],
+              [0.05, 0.10, 0.30, 0.40, 0.10, 0.05],
+              [0.60, 0.10, 0.10, 0.10, 0.05, 0.05])
+VERIFY_DRAWS = 12_000
+
+
+@pytest.mark.parametrize("case", ["model", "point-mass", "point-mass-certain", "p-equals-q", "empty-residual"])
+def test_verify_output_follows_the_closed_form_law(case):
+    p, q, tokens = P_ROWS, Q_ROWS, [1, 3, 0]  # drafts the target likes less than the drafter
+    if case == "point-mass":
+        q, tokens = None, [0, 2, 5]
+    elif case == "point-mass-certain":  # p(d) = 1 (nothing left to resample) and p(d) = 0
+        p = P_ROWS.clone()
+        p[0] = torch.nn.functional.one_hot(torch.tensor(2), 6).float()
+        p[1, 4] = 0.0
+        p = p / p.sum(-1, keepdim=True)
+        q, tokens = None, [2, 4, 1]
+    elif case == "p-equals-q":  # the drafter is the target: every draft stands
+        q = probabilities(P_ROWS.log(), SamplingParams(temperature=1.0))[:3]
+    elif case == "empty-residual":  # q >= p everywhere (rounding can leave it so): resample from p
+        q = P_ROWS[:3] * 1.25
+    logits = p.log()  # softmax(log p) = p at temperature 1 (up to rounding: the law uses verify's p)
+    draft = Draft(tokens, "draft" if q is not None else "lookup:current", q)
+    law = verify_law(probabilities(logits, SamplingParams(temperature=1.0)), q, tokens)
+    counts = run_verify(logits, draft, VERIFY_DRAWS, seed=11)
+    assert chi_square_pvalue(counts, law, VERIFY_DRAWS) > ALPHA
+    accepted = Counter()
+    for (n, _), count in counts.items():
+        accepted[n] += count
+    accepted_law = {n: sum(v for (m, _), v in law.items() if m == n) for n in range(len(tokens) + 1)}
+    assert chi_square_pvalue(accepted, accepted_law, VERIFY_DRAWS) > ALPHA
+    if case == "p-equals-q":
+        assert set(accepted) == {len(tokens)}
+    if case == "point-mass-certain":
+        assert set(accepted) == {1}  # the first always stands, the second never
+
+
+@pytest.mark.parametrize("kind", ["model", "point-mass"])
+def test_verify_keeps_the_target_distribution_of_the_first_token(kind):
+    """Draft d ~ q (or any fixed d for a point mass): the first token out is exactly ~ p."""
+    p, q = P_ROWS[:2], Q_ROWS[:1]
+    generator = torch.Generator().manual_seed(5)
+    sampling = SamplingParams(temperature=1.0)
+    if kind == "model":
+        drafts = torch.multinomial(q[0], VERIFY_DRAWS, replacement=True, generator=generator).tolist()
+    else:
+        drafts = [i % 6 for i in range(VERIFY_DRAWS)]
+    first = Counter()
+    for d in drafts:
+        n, own = verify(p.log(), Draft([d], "draft", q if kind == "model" else None), sampling, generator)
+        first[d if n else own] += 1
+    assert chi_square_pvalue(first, p[0], VERIFY_DRAWS) > ALPHA
+
+
+# -- model-draft chains with the shipped settings ---------------------------------------------
+
+class Bigram(torch.nn.Module):
+    """A causal LM whose next-token distribution is a fixed row per current token: p and q are
+    known exactly. Its cache holds the token ids, so KVState's extend / crop work as usual."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = table
+        self.config = LlamaConfig(vocab_size=table.shape[1], hidden_size=8, intermediate_size=8,
+                                  num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1)
+        self.device = torch.device("cpu")
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, position_ids=None):
+        ids = input_ids.float()[:, None, :, None]  # k, v: [1, 1, T, 1]
+        past_key_values.update(ids, ids, 0)
+        return types.SimpleNamespace(logits=self.table[input_ids].log())  # [1, T, V]
+
+
+# Rows: the distribution after each token. The draft's rows have a top token at or above the
+# shipped confidence (0.3) and others below it, except row 2 (every q < 0.3: the chain stops
+# there); the draft is under-confident (row 0), over-confident (row 4) or prefers other tokens
+# (rows 1, 3), so both acceptance and rejection are common.
+BIGRAM_P = rows([0.55, 0.15, 0.10, 0.10, 0.10],
+                [0.10, 0.20, 0.50, 0.10, 0.10],
+                [0.15, 0.15, 0.15, 0.40, 0.15],
+                [0.30, 0.10, 0.10, 0.10, 0.40],
+                [0.20, 0.20, 0.20, 0.20, 0.20])
+BIGRAM_Q = rows([0.45, 0.20, 0.15, 0.10, 0.10],
+                [0.10, 0.40, 0.25, 0.15, 0.10],
+                [0.22, 0.20, 0.20, 0.20, 0.18],
+                [0.35, 0.05, 0.10, 0.20, 0.30],
+                [0.10, 0.10, 0.10, 0.10, 0.60])
+CHAIN_DRAWS = 3000
+CHAIN_TOKENS = 3  # the law of the first three tokens is checked
+CHAIN_MAX_TOKENS = 5  # room for a first chain of 4 drafts
+
+
+def bigram_law(prompt_last: int, n: int) -> dict[tuple[int, ...], float]:
+    """P(first n tokens) after a prompt ending in ``prompt_last``, by enumeration."""
+    table = BIGRAM_P.double()
+    law = {}
+    for tokens in itertools.product(range(table.shape[0]), repeat=n):
+        prob, last = 1.0, prompt_last
+        for t in tokens:
+            prob, last = prob * float(table[last, t]), t
+        law[tokens] = prob
+    return law
+
+
+def test_model_draft_chains_keep_the_target_distribution():
+    """Chains of 4 drafts with the shipped confidence cut-off: the joint law of the first three
+    tokens and each one's marginal match the target's exactly. (The old cut-off, on the drawn
+    token's own probability, skewed the second token by ~10 points here.)"""
+    sampling = SamplingParams(temperature=1.0)
+    target, draft_state = KVState(Bigram(BIGRAM_P)), KVState(Bigram(BIGRAM_Q))
+    prompt = [3, 0]
+    target.extend(prompt[:-1])
+    generator = torch.Generator().manual_seed(2024)
+    drafter = ModelDrafter(draft_state, BIGRAM_P.shape[1], sampling, SHIPPED.draft_confidence, generator)
+    planner = FixedPlanner(drafter, SHIPPED.draft_max)
+    joint, marginals = Counter(), [Counter() for _ in range(CHAIN_TOKENS)]
+    for _ in range(CHAIN_DRAWS):
+        target.rollback(len(prompt) - 1)
+        out = speculative_decode(target, list(prompt), planner, sampling, max_tokens=CHAIN_MAX_TOKENS,
+                                 stop=lambda t: None, deadline=math.inf, generator=generator)
+        first = tuple(out.tokens[:CHAIN_TOKENS])
+        joint[first] += 1
+        for i, t in enumerate(first):
+            marginals[i][t] += 1
+    stats = planner.stats["draft"]
+    law = bigram_law(prompt[-1], CHAIN_TOKENS)
+    assert chi_square_pvalue(joint, law, CHAIN_DRAWS) > ALPHA
+    for i in range(CHAIN_TOKENS):
+        marginal = {}
+        for tokens, prob in law.items():
+            marginal[tokens[i]] = marginal.get(tokens[i], 0.0) + prob
+        assert chi_square_pvalue(marginals[i], marginal, CHAIN_DRAWS) > ALPHA, f"token {i + 1}"
+    assert 0 < stats.accepted < stats.proposed, "both acceptance and rejection must occur"
+    assert planner.chains[CHAIN_MAX_TOKENS - 1] > CHAIN_DRAWS // 4, "chains of 4 drafts must be common"
+    assert planner.cut > CHAIN_DRAWS // 10, "the confidence cut-off must fire too"
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_chain_stops_on_confidence_not_on_the_token_drawn(monkeypatch, temperature):
+    """Exact, draw-free: the chain goes on iff the draft's top probability reaches the cut-off,
+    whatever token is drawn. (At temperature 0 the token drawn is the argmax, so this is the
+    argmax's probability, as it always was.)"""
+    sampling = SamplingParams(temperature=temperature)
+    confident = rows(*[[0.45, 0.25, 0.15, 0.10, 0.05]] * 5)  # top >= 0.3, the rest below it
+    unsure = rows(*[[0.28, 0.27, 0.20, 0.15, 0.10]] * 5)  # every token below 0.3
+    if temperature > 0:  # draw the least likely token every time
+        monkeypatch.setattr(drafters, "sample", lambda q, params, generator: int(q.argmin()))
+    drawn = 4 if temperature > 0 else 0
+    for table, chain in ((confident, SHIPPED.draft_max), (unsure, 1)):
+        drafter = ModelDrafter(KVState(Bigram(table)), 5, sampling, SHIPPED.draft_confidence)
+        draft = drafter.propose([1, 2], SHIPPED.draft_max)
+        assert draft.tokens == [drawn] * chain
+        assert torch.allclose(draft.probs, table[:1].expand(chain, -1))
+
+
+# -- the tiny random-weight pair --------------------------------------------------------------
 
 class FixedDrafter:
     """A deterministic drafter (what prompt lookup is): always proposes the same chain."""
@@ -72,11 +317,10 @@ def sample_two_tokens(engine, prompt: list[int], drafter, sampling, seed: int) -
     generator = torch.Generator().manual_seed(seed)
     if drafter == "model":
         drafter = ModelDrafter(KVState(engine.pair.draft), engine.vocab_size, sampling, 0.0, generator)
-    planner = DraftPlanner(None, drafter, AdaptiveLength(3, 3), AdaptiveLength(3, 3))
+    planner = FixedPlanner(drafter, 3)
     first, second = Counter(), Counter()
     for _ in range(DRAWS):
         target.rollback(len(prompt) - 1)
-        planner.model_length.current = 3
         out = speculative_decode(target, list(prompt), planner, sampling, max_tokens=2, stop=lambda t: None,
                                  deadline=math.inf, generator=generator)
         first[out.tokens[0]] += 1

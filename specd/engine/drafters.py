@@ -70,7 +70,8 @@ class ContinuationDrafter:
 
 
 class ModelDrafter:
-    """Chain from the draft model; stops early when its confidence falls below a threshold."""
+    """Chain from the draft model; stops early when its confidence (the top probability of its
+    next-token distribution, known before the draw) falls below a threshold."""
 
     source = "draft"
 
@@ -98,9 +99,12 @@ class ModelDrafter:
         probs: list[torch.Tensor] = []
         while True:
             q = self._fit_vocab(probabilities(logits[-1], self.sampling))  # [V]
-            token = sample(q, self.sampling, self.generator)
-            if tokens and q[token].item() < self.confidence:
+            # Stop on q alone, before drawing: a cut that depended on the drawn token would
+            # skew the drafted tokens away from q, and verification divides by q (not lossless).
+            # Greedy draws the argmax, so this is the argmax's confidence there, as before.
+            if tokens and q.max().item() < self.confidence:
                 break
+            token = sample(q, self.sampling, self.generator)
             tokens.append(token)
             probs.append(q)
             if len(tokens) == k:
