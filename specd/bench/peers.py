@@ -141,7 +141,7 @@ class SpecdMethod:
                    result.prefill_computed, result.prefill_reused, dict(result.sources))
 
     def close_document(self, doc: str) -> None:
-        self.engine.caches.drop(self._uri(doc))
+        self.engine.close_document(self._uri(doc))  # its KV caches, and its prompt anchor if any
 
 
 _HELD: "weakref.WeakKeyDictionary[Engine, dict[str, str]]" = weakref.WeakKeyDictionary()

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 EXIT_USAGE = 2
 EXIT_MODEL = 1
 WARMUP_DOC = "warmup"
+PROMPT_KEY = "bench/prompts/{doc}"  # the engine document key the HF peers' prompts are built under
 
 
 def _names(value: str | None, known: tuple[str, ...], what: str) -> list[str]:
@@ -86,15 +87,32 @@ def _progress(total: int):
     return tqdm(total=total, desc="bench", unit="completion", file=sys.stderr, disable=None, dynamic_ncols=True)
 
 
+def _prompt_ids(engine, item: Completion) -> list[int]:
+    """The prompt ids the engine builds for ``item``: what the HF peers are given. Under the
+    anchored layout a prompt also depends on the document's previous request (where its anchor
+    sits): an engine that tracks that answers ``prompt_ids_for`` under a key of the bench's own,
+    which sees the same sequence of requests as each specd method's document. Otherwise the
+    prompt is a pure function of text and cursor."""
+    if hasattr(engine, "prompt_ids_for"):
+        return list(engine.prompt_ids_for(PROMPT_KEY.format(doc=item.doc), item.text, item.offset))
+    return list(engine.prompts.build(item.text, item.offset).ids)
+
+
+def _close(engine, methods: list[Method], doc: str) -> None:
+    for method in methods:
+        method.close_document(doc)
+    engine.close_document(PROMPT_KEY.format(doc=doc))  # the prompt key's anchor, if any
+
+
 def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]]) -> dict[str, Any]:
     """Run every method on every completion; per workload: ({method: [Run]}, prompt lengths, labels)."""
-    prompt_of = lambda item: engine.prompts.build(item.text, item.offset).ids  # noqa: E731
     first = next((items[0] for items in workloads.values() if items), None)
     if first is not None:
         warm = Completion(first.workload, WARMUP_DOC, first.text, first.offset)
+        prompt = _prompt_ids(engine, warm)
         for method in methods:
-            method.run(warm, prompt_of(warm))
-            method.close_document(WARMUP_DOC)
+            method.run(warm, prompt)
+        _close(engine, methods, WARMUP_DOC)
     results: dict[str, Any] = {}
     total = sum(len(items) for items in workloads.values())
     turn = 0
@@ -104,14 +122,13 @@ def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]
             lengths: list[int] = []
             last_use = {item.doc: i for i, item in enumerate(items)}
             for i, item in enumerate(items):
-                prompt = prompt_of(item)
+                prompt = _prompt_ids(engine, item)
                 lengths.append(len(prompt))
                 shift = turn % len(methods)
                 for method in methods[shift:] + methods[:shift]:
                     runs[method.name].append(method.run(item, prompt))
                 if last_use[item.doc] == i:
-                    for method in methods:
-                        method.close_document(item.doc)
+                    _close(engine, methods, item.doc)
                 turn += 1
                 bar.update()
             results[name] = (runs, lengths, [item.label for item in items])
