@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", default="line,edit_replay,cold,multi_file",
                    help="comma-separated: line, edit_replay, cold, multi_file")
     p.add_argument("--methods", help="comma-separated subset of methods to run")
-    p.add_argument("--limit", type=int, default=12, help="completions per workload")
+    p.add_argument("--limit", type=int, default=12,
+                   help="completions per workload; edit_replay makes max(2N, 24) requests, at most 6 per "
+                        "edited function, so at least 4 functions (default: 12)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per completion")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="PNG", help="write a latency CDF and speedup plot")

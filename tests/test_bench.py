@@ -13,12 +13,14 @@ import pytest
 from specd.bench.peers import ALL_METHODS
 from specd.bench.report import format_table, percentile
 from specd.bench.workloads import (
+    REPLAY_STEPS,
     WORKLOADS,
     SourceFile,
     build_workloads,
     function_body_lines,
     load_corpus,
     typing_stops,
+    workload_size,
 )
 from specd.cli import main
 
@@ -47,7 +49,19 @@ def test_workloads_are_deterministic_by_seed(corpus_dir):
     first = build_workloads(WORKLOADS, files, 6, seed=1)
     assert first == build_workloads(WORKLOADS, files, 6, seed=1)
     assert first != build_workloads(WORKLOADS, files, 6, seed=2)
-    assert all(len(items) == 6 for items in first.values())
+    assert {name: len(items) for name, items in first.items()} == {name: workload_size(name, 6) for name in WORKLOADS}
+
+
+def test_edit_replay_asks_at_least_24_requests_over_4_functions_by_default(corpus_dir):
+    files = load_corpus(corpus_dir)
+    assert workload_size("line", 12) == 12 and workload_size("edit_replay", 12) == 24
+    assert workload_size("edit_replay", 2) == 24 and workload_size("edit_replay", 20) == 40
+    items = build_workloads(["edit_replay"], files, 12, seed=0)["edit_replay"]
+    assert len(items) == 24
+    per_doc: dict[str, int] = {}
+    for item in items:
+        per_doc[item.doc] = per_doc.get(item.doc, 0) + 1
+    assert len(per_doc) >= 4 and max(per_doc.values()) <= REPLAY_STEPS
 
 
 def test_line_cursor_sits_after_indentation_inside_a_function(corpus_dir):
@@ -131,14 +145,15 @@ def test_bench_json_schema(bench_run):
     assert report["threads"] == 1
     assert set(report["workloads"]) == set(WORKLOADS)
     for name, workload in report["workloads"].items():
-        assert workload["completions"] == 3
+        completions = workload_size(name, 3)
+        assert workload["completions"] == completions
         assert list(workload["methods"]) == list(ALL_METHODS)
         for method, s in workload["methods"].items():
             for key in ("median_ms", "p95_ms", "mean_tokens_per_forward", "first_token_median_ms"):
                 assert isinstance(s[key], float) and s[key] >= 0, (name, method, key)
             assert s["median_ms"] > 0 and s["p95_ms"] >= s["median_ms"]
             assert isinstance(s["identical"], bool)
-            assert len(s["ms"]) == 3
+            assert len(s["ms"]) == completions
             assert s["mean_tokens_per_forward"] > 0
             assert set(s["speedup_vs"]) == {"hf_greedy", "hf_assisted", "hf_lookup"} - {method}
             for peer, ratio in s["speedup_vs"].items():

@@ -18,6 +18,12 @@ completions sharing a ``doc`` are successive requests on one editor buffer.
   one that is not open in the editor. The workload's workspace (``Completion.workspace``) holds
   every completion's twin; methods that use the workspace index draft from it.
 
+How many completions (``--limit N``): N for ``line``, ``cold`` and ``multi_file``; for
+``edit_replay``, max(2N, ``EDIT_REPLAY_MIN_REQUESTS`` = 24) requests (``edit_replay_requests``).
+A replayed region (one function) gives at most ``REPLAY_STEPS`` = 6 successive requests, so that
+is at least 4 regions: with N requests, as before, the default N = 12 gave 2 regions, and one
+function's quirks could decide the workload.
+
 Everything is drawn from ``random.Random`` seeded by (seed, workload name): the same flags
 give the same completions.
 """
@@ -37,6 +43,7 @@ MIN_FILE_CHARS = 500  # smaller files give too little context to complete in
 MAX_FILE_CHARS = 400_000  # generated tables and the like; not what people type
 REPLAY_LINES = 3  # lines typed back per edit-replay region
 REPLAY_STEPS = 6  # completions per edit-replay region (one per word typed)
+EDIT_REPLAY_MIN_REQUESTS = 24  # with REPLAY_STEPS, at least 4 regions (functions)
 WORD = re.compile(r"\w+|[^\w\s]+")  # what one burst of typing between two requests adds
 TWIN_MIN_BODY_LINES = 3  # shorter functions have too little to draft from a twin
 
@@ -178,7 +185,15 @@ def typing_stops(typed: str) -> list[int]:
     return sorted(set(stops))
 
 
+def edit_replay_requests(limit: int) -> int:
+    """Requests of the edit_replay workload for ``--limit limit``: 2 x limit, at least
+    ``EDIT_REPLAY_MIN_REQUESTS``."""
+    return max(2 * limit, EDIT_REPLAY_MIN_REQUESTS)
+
+
 def edit_replay_workload(files: list[SourceFile], limit: int, seed: int) -> list[Completion]:
+    """``limit`` requests (exactly this many, corpus permitting), ``REPLAY_STEPS`` per region at
+    most; ``build_workloads`` passes ``edit_replay_requests(--limit)``."""
     rng = _rng(seed, "edit_replay")
     candidates = _all_body_lines(files)
     # A region starts on a body line and spans up to REPLAY_LINES lines of the same function.
@@ -255,11 +270,16 @@ BUILDERS: dict[str, Callable[[list[SourceFile], int, int], list[Completion]]] = 
 }
 
 
+def workload_size(name: str, limit: int) -> int:
+    """Completions asked of workload ``name`` for ``--limit limit`` (see the module docstring)."""
+    return edit_replay_requests(limit) if name == "edit_replay" else limit
+
+
 def build_workloads(names: Iterable[str], files: list[SourceFile], limit: int,
                     seed: int) -> dict[str, list[Completion]]:
     out = {}
     for name in names:
         if name not in BUILDERS:
             raise ValueError(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
-        out[name] = BUILDERS[name](files, limit, seed)
+        out[name] = BUILDERS[name](files, workload_size(name, limit), seed)
     return out
