@@ -1,5 +1,6 @@
 """specd bench: workloads cut from source, and the whole bench through the real CLI on a tiny pair
-(JSON schema, every method token-identical to HF greedy, KV reuse visible, PNG plot)."""
+(JSON schema, every method token-identical to HF greedy, KV reuse visible, PNG plot); the
+prefix-cache HF peer, decode times and empty references."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import shutil
 
 import pytest
 
-from specd.bench.peers import ALL_METHODS
-from specd.bench.report import format_table, percentile
+from specd.bench.peers import ALL_METHODS, HF_PEERS, Run
+from specd.bench.report import format_table, goals, percentile, summarize_workload
 from specd.bench.workloads import (
     REPLAY_STEPS,
     WORKLOADS,
@@ -144,21 +145,30 @@ def test_bench_json_schema(bench_run):
     assert report["command"].startswith("specd bench ") and "--threads 1" in report["command"]
     assert report["threads"] == 1
     assert set(report["workloads"]) == set(WORKLOADS)
+    assert report["settings"]["edit_replay_requests"] == 24
+    assistant = report["hf_settings"]["hf_assisted"]
+    assert {"num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"} <= set(assistant)
     for name, workload in report["workloads"].items():
         completions = workload_size(name, 3)
         assert workload["completions"] == completions
+        assert workload["empty_references"] == len(workload["empty_reference_at"])
         assert list(workload["methods"]) == list(ALL_METHODS)
         for method, s in workload["methods"].items():
-            for key in ("median_ms", "p95_ms", "mean_tokens_per_forward", "first_token_median_ms"):
+            for key in ("median_ms", "p95_ms", "mean_tokens_per_forward", "first_token_median_ms", "decode_median_ms"):
                 assert isinstance(s[key], float) and s[key] >= 0, (name, method, key)
             assert s["median_ms"] > 0 and s["p95_ms"] >= s["median_ms"]
+            # decode time = whole call - first token, per completion, so its median is no larger
+            assert s["decode_median_ms"] <= s["median_ms"]
             assert isinstance(s["identical"], bool)
             assert len(s["ms"]) == completions
             assert s["mean_tokens_per_forward"] > 0
-            assert set(s["speedup_vs"]) == {"hf_greedy", "hf_assisted", "hf_lookup"} - {method}
+            assert set(s["speedup_vs"]) == set(s["decode_speedup_vs"]) == set(HF_PEERS) - {method}
             for peer, ratio in s["speedup_vs"].items():
                 peer_median = workload["methods"][peer]["median_ms"]
                 assert ratio == pytest.approx(peer_median / s["median_ms"], rel=1e-2)
+            for peer, ratio in s["decode_speedup_vs"].items():
+                peer_decode = workload["methods"][peer]["decode_median_ms"]
+                assert ratio == pytest.approx(peer_decode / s["decode_median_ms"], rel=1e-2, abs=1e-3)
 
 
 def test_bench_every_method_is_token_identical_to_hf_greedy(bench_run):
@@ -167,6 +177,10 @@ def test_bench_every_method_is_token_identical_to_hf_greedy(bench_run):
     for workload in report["workloads"].values():
         for method, s in workload["methods"].items():
             assert s["identical"] is True and s["mismatches"] == 0, method
+            # Identity proven on the completions where the reference wrote something.
+            expected = workload["completions"] - workload["empty_references"]
+            assert s["matched_nonempty"] == expected, method
+    assert report["identical_evidence"] > 0
 
 
 def test_bench_kv_reuse_shows_in_edit_replay(bench_run):
@@ -174,6 +188,7 @@ def test_bench_kv_reuse_shows_in_edit_replay(bench_run):
     assert methods["specd"]["prefill_tokens"]["reused"] > 0
     assert methods["specd_no_reuse"]["prefill_tokens"]["reused"] == 0
     assert methods["hf_greedy"]["prefill_tokens"]["reused"] == 0
+    assert methods["hf_prefix_cache"]["prefill_tokens"]["reused"] > 0
     # Acceptance is reported per draft source, and only for the sources a method may use (which
     # ones the engine's planner chooses on a random tiny pair is the engine's business).
     assert any(methods[m]["acceptance"] for m in ("specd", "specd_no_draft", "specd_no_lookup"))
@@ -190,7 +205,9 @@ def test_bench_plot_is_a_png(bench_run):
 def test_bench_table_prints_ratios(bench_run):
     table = format_table(json.loads(bench_run[1]))
     assert "vs hf_greedy" in table and "edit_replay" in table and "identical" in table
-    assert "specd_no_reuse" in table
+    assert "specd_no_reuse" in table and "vs hf_prefix_cache" in table
+    for column in ("1st tok ms", "decode ms", "prompt reused", "decode vs hf_greedy"):
+        assert column in table
 
 
 def test_bench_rejects_unknown_names(capsys):
@@ -198,3 +215,75 @@ def test_bench_rejects_unknown_names(capsys):
     assert "unknown workload nope" in capsys.readouterr().err
     assert main(["bench", "--methods", "hf_greedy,fast"]) == 2
     assert "unknown method fast" in capsys.readouterr().err
+
+
+# -- the prefix-cache HF peer, empty references -------------------------------------------
+
+def test_hf_prefix_cache_reuses_a_documents_prefix_and_matches_hf_greedy(llama_pair, corpus_dir):
+    import torch
+
+    from engine_helpers import make_engine
+    from specd.bench.peers import make_method
+    from specd.bench.run import _prompt_ids
+
+    target, draft = llama_pair
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = make_engine(target, draft, prefix_tokens=192, suffix_tokens=64)
+        items = build_workloads(["edit_replay"], load_corpus(corpus_dir), 3, seed=0)["edit_replay"]
+        doc = items[0].doc
+        steps = [item for item in items if item.doc == doc][:3]
+        steps.append(steps[-1])  # the same request again: all but the last prompt token reused
+        greedy, cached = make_method("hf_greedy", engine, 8), make_method("hf_prefix_cache", engine, 8)
+        runs = []
+        for item in steps:
+            prompt = _prompt_ids(engine, item)
+            expected, got = greedy.run(item, prompt), cached.run(item, prompt)
+            assert got.tokens == expected.tokens
+            assert got.prefill_computed + got.prefill_reused == len(prompt)
+            assert got.decode_ms == pytest.approx(got.ms - got.first_token_ms)
+            runs.append((prompt, got))
+        assert any(got.tokens for _, got in runs)  # not an empty-vs-empty comparison
+        assert runs[0][1].prefill_reused == 0  # first request of the document: cold
+        assert all(got.prefill_reused > 0 for _, got in runs[1:])  # then the common prefix is reused
+        prompt, again = runs[-1]
+        assert again.prefill_reused == len(prompt) - 1
+        cached.close_document(doc)  # drops the cache: cold again
+        after = cached.run(steps[0], _prompt_ids(engine, steps[0]))
+        assert after.prefill_reused == 0 and after.tokens == runs[0][1].tokens
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _runs(outputs: list[list[int]], ms: float) -> list[Run]:
+    return [Run(tokens, ms, max(1, len(tokens)), ms / 4, 100, 0) for tokens in outputs]
+
+
+def test_empty_references_are_counted_and_prove_nothing():
+    labels = ["edit_replay/a.py@3:3", "edit_replay/a.py@3:3"]
+    mixed = summarize_workload({"hf_greedy": _runs([[], [5, 6, 7]], 100.0), "specd": _runs([[], [5, 6, 7]], 20.0)},
+                               [50, 50], labels)
+    assert mixed["empty_references"] == 1 and mixed["empty_reference_at"] == [0]
+    specd = mixed["methods"]["specd"]
+    assert specd["identical"] and specd["matched_nonempty"] == 1
+    assert specd["decode_median_ms"] == pytest.approx(15.0)
+    assert specd["decode_speedup_vs"]["hf_greedy"] == pytest.approx(5.0)
+
+    # Every reference empty: identical, but vacuously so; speed goals are not met on that.
+    vacuous = summarize_workload({"hf_greedy": _runs([[], []], 100.0), "specd": _runs([[], []], 10.0)},
+                                 [50, 50], labels)
+    assert vacuous["empty_references"] == 2 and vacuous["methods"]["specd"]["matched_nonempty"] == 0
+    checked = goals({"edit_replay": vacuous})
+    assert checked and all(not g["met"] and g["evidence"] == 0 for g in checked)
+    proven = goals({"edit_replay": mixed})
+    assert any(g["met"] for g in proven) and all(g["evidence"] == 1 for g in proven)
+
+    report = {"models": {"target": "t", "target_params": 1e6, "draft": "d", "draft_params": 1e5},
+              "settings": {"max_tokens": 8, "seed": 0, "corpus": "c"}, "device": "cpu", "dtype": "float32",
+              "torch": "x", "transformers": "y", "threads": 1, "fim_layout": "psm",
+              "workloads": {"edit_replay": vacuous}, "goals": checked, "identical": True,
+              "identical_evidence": 0, "empty_references": 2, "command": "specd bench", "wall_s": 1.0}
+    table = format_table(report)
+    assert "vacuous" in table and "2 of 2 hf_greedy outputs are empty" in table
+    assert "'identical' proves nothing" in table

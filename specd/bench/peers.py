@@ -1,9 +1,24 @@
 """The methods a benchmark compares: Hugging Face ``generate()`` peers and specd variants.
 
 Every method answers ``run(completion, prompt_ids) -> Run`` on the same loaded models. The HF
-peers get specd's own prompt ids (so all methods see identical inputs) and start cold every
-time, as ``generate()`` does; specd variants go through ``Engine.complete`` with the document
-text and cursor, so their wall time includes building the prompt.
+peers get specd's own prompt ids (so all methods see identical inputs); specd variants go
+through ``Engine.complete`` with the document text and cursor, so their wall time includes
+building the prompt.
+
+- ``hf_greedy``: ``generate(do_sample=False)`` of the target alone, cold every time. The reference.
+- ``hf_prefix_cache``: the same, but each document keeps its last ``DynamicCache`` and the ids it
+  holds; the next request of that document crops it to the common token prefix and hands it to
+  ``generate()``, which prefills only the rest (what llama.cpp's server does with
+  ``cache_prompt``). Plain greedy decoding with prompt reuse: specd's KV reuse without drafting.
+- ``hf_assisted``: ``generate(assistant_model=draft)`` with transformers' assistant defaults
+  (5.x: ``num_assistant_tokens=20``, schedule ``"constant"``, ``assistant_confidence_threshold=0.4``):
+  the draft proposes up to 20 tokens per step and stops early once its probability for its own
+  token falls below 0.4. The threshold re-fits itself during a call only when scikit-learn is
+  installed; the values in effect are in the report's ``hf_settings``.
+- ``hf_lookup``: ``generate(prompt_lookup_num_tokens=10)``: HF's prompt-lookup decoding (n-grams
+  of up to ``max_matching_ngram_size=2`` tokens matched in the prompt and output so far).
+- ``specd`` and its ablations (``specd_no_draft``, ``specd_no_lookup``, ``specd_no_reuse``,
+  ``specd_no_workspace``): the engine with parts switched off.
 
 All methods generate greedily with the same token limit and the same stop set (end-of-text and
 FIM tokens); the indentation block-end rule is off, since HF peers cannot apply it, so the
@@ -24,15 +39,18 @@ from typing import Protocol
 import torch
 
 from specd.bench.workloads import Completion
+from specd.engine import compat
 from specd.engine.engine import Engine
+from specd.engine.kvcache import common_prefix
 from specd.engine.types import CompletionRequest, SourceStats
 
 REFERENCE = "hf_greedy"
-HF_PEERS = ("hf_greedy", "hf_assisted", "hf_lookup")
+HF_PEERS = ("hf_greedy", "hf_prefix_cache", "hf_assisted", "hf_lookup")
 SPECD_METHODS = ("specd", "specd_no_draft", "specd_no_lookup", "specd_no_reuse", "specd_no_workspace")
 ALL_METHODS = HF_PEERS + SPECD_METHODS
 NEEDS_DRAFT = frozenset({"hf_assisted", "specd_no_lookup"})
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented example value for prompt_lookup_num_tokens
+PROMPT_LOOKUP_MAX_NGRAM = 2  # transformers' default max_matching_ngram_size (left unset)
 NO_TIME_BUDGET_MS = 10**9  # the bench compares full outputs; the engine's wall-clock stop stays out
 
 
@@ -47,6 +65,11 @@ class Run:
     prefill_computed: int  # prompt tokens run through the target
     prefill_reused: int  # prompt tokens served from a cache
     sources: dict[str, SourceStats] = field(default_factory=dict)  # proposals/acceptances per drafter
+
+    @property
+    def decode_ms(self) -> float:
+        """Time after the first token: what drafting can shorten (prefill is the rest)."""
+        return max(0.0, self.ms - self.first_token_ms)
 
 
 class Method(Protocol):
@@ -95,18 +118,65 @@ class HfMethod:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.pair.device)
         with ForwardWatch(target) as watch:
             started = time.perf_counter()
+            reused, cache_kwargs = self._prepare(item.doc, prompt_ids)  # part of the request's time
             out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_tokens,
                                   do_sample=False, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-                                  **self.generate_kwargs)
-            tokens = out[0, len(prompt_ids):].tolist()  # .tolist() waits for the device
+                                  **self.generate_kwargs, **cache_kwargs)
+            sequence = out[0].tolist()  # .tolist() waits for the device
             ms = (time.perf_counter() - started) * 1000
+        self._keep(item.doc, sequence, cache_kwargs)
+        tokens = sequence[len(prompt_ids):]
         if tokens and tokens[-1] in self.stop_ids:  # generate() keeps the stop token; specd doesn't
             tokens.pop()
         first = ((watch.first_end or started) - started) * 1000
-        return Run(tokens, ms, watch.calls, first, len(prompt_ids), 0)
+        return Run(tokens, ms, watch.calls, first, len(prompt_ids) - reused, reused)
+
+    def _prepare(self, doc: str, prompt_ids: list[int]) -> tuple[int, dict]:
+        """(prompt tokens served from a cache, extra ``generate()`` keywords): none, cold."""
+        return 0, {}
+
+    def _keep(self, doc: str, sequence: list[int], cache_kwargs: dict) -> None:
+        pass
 
     def close_document(self, doc: str) -> None:
         pass
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """How ``generate()`` takes a cache: the keyword the model's ``forward`` spells it with
+    (``past_key_values`` in early 5.x, ``cache`` later), which compat already tracks."""
+    return compat._cache_kwarg(type(model))
+
+
+class HfPrefixCacheMethod(HfMethod):
+    """Greedy ``generate()`` that reuses each document's KV cache for the common token prefix of
+    its previous request, like llama.cpp's ``cache_prompt``: no drafting, only prompt reuse."""
+
+    def __init__(self, name: str, engine: Engine, max_tokens: int):
+        super().__init__(name, engine, max_tokens)
+        # doc -> (cache, the token ids it holds: the last prompt and all but the last generated token)
+        self._caches: dict[str, tuple[object, list[int]]] = {}
+
+    def _prepare(self, doc: str, prompt_ids: list[int]) -> tuple[int, dict]:
+        target = self.pair.target
+        # Popped: if generate() fails the cache is gone rather than holding ids we no longer know.
+        cache, held = self._caches.pop(doc, (None, []))
+        # At least one prompt token must run: it yields the first generated token's logits.
+        reused = min(common_prefix(held, prompt_ids), len(prompt_ids) - 1)
+        if cache is None or reused <= 0:
+            cache, reused = compat.new_cache(target), 0
+        else:
+            compat.crop_cache(cache, reused)
+        # generate() takes a prefilled cache and runs only the ids after it.
+        return reused, {_cache_keyword(target): cache}
+
+    def _keep(self, doc: str, sequence: list[int], cache_kwargs: dict) -> None:
+        (cache,) = cache_kwargs.values()
+        # The cache now holds the prompt and every generated token but the last (never run).
+        self._caches[doc] = (cache, sequence[:compat.cache_length(cache)])
+
+    def close_document(self, doc: str) -> None:
+        self._caches.pop(doc, None)
 
 
 class SpecdMethod:
@@ -166,6 +236,8 @@ def make_method(name: str, engine: Engine, max_tokens: int) -> Method:
     draft = engine.pair.draft
     if name == "hf_greedy":
         return HfMethod(name, engine, max_tokens)
+    if name == "hf_prefix_cache":
+        return HfPrefixCacheMethod(name, engine, max_tokens)
     if name == "hf_assisted":
         return HfMethod(name, engine, max_tokens, assistant_model=draft)
     if name == "hf_lookup":

@@ -18,8 +18,9 @@ import time
 from typing import Any
 
 from specd.bench import report as reporting
-from specd.bench.peers import ALL_METHODS, NEEDS_DRAFT, REFERENCE, Method, Run, make_method
-from specd.bench.workloads import WORKLOADS, Completion, build_workloads, load_corpus
+from specd.bench.peers import (ALL_METHODS, NEEDS_DRAFT, PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_TOKENS, REFERENCE,
+                               Method, Run, make_method)
+from specd.bench.workloads import WORKLOADS, Completion, build_workloads, edit_replay_requests, load_corpus
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ def command_line(args: argparse.Namespace) -> str:
     """The ``specd bench`` invocation that reproduces this run (flags that were given)."""
     parts = ["specd", "bench"]
     for flag, name in (("--model", "model"), ("--draft-model", "draft_model"), ("--device", "device"),
-                       ("--dtype", "dtype"), ("--corpus", "corpus"), ("--methods", "methods")):
+                       ("--dtype", "dtype"), ("--fim-layout", "fim_layout"), ("--corpus", "corpus"),
+                       ("--methods", "methods")):
         value = getattr(args, name, None)
         if value:
             parts += [flag, str(value)]
@@ -135,6 +137,35 @@ def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]
     return results
 
 
+def prompt_layout(engine) -> str:
+    """The FIM prompt layout the engine uses (psm, spm, anchored), or the requested option when
+    the engine does not say which it resolved to."""
+    layout = getattr(getattr(engine, "prompts", None), "layout", None)
+    if isinstance(layout, str):
+        return layout
+    return getattr(engine.options, "fim_layout", "auto")
+
+
+def hf_settings(engine) -> dict[str, Any]:
+    """What HF's speculative peers run with: transformers' assistant defaults as the installed
+    version fills them in (the draft's generation config first), and the prompt-lookup settings."""
+    from transformers import GenerationConfig
+    from transformers.utils import is_sklearn_available
+
+    names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    config = engine.pair.draft.generation_config if engine.pair.draft is not None else GenerationConfig()
+    values = {name: getattr(config, name, None) for name in names}
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", None)  # 5.x keeps them here
+    if callable(defaults):
+        values = {name: defaults().get(name) if value is None else value for name, value in values.items()}
+    return {
+        "hf_assisted": {**values,
+                        # Without scikit-learn the confidence threshold stays fixed during a call.
+                        "confidence_threshold_adapts": bool(is_sklearn_available())},
+        "hf_lookup": {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "max_matching_ngram_size": PROMPT_LOOKUP_MAX_NGRAM},
+    }
+
+
 def _metadata(args: argparse.Namespace, engine, wall_s: float) -> dict[str, Any]:
     import torch
     import transformers
@@ -149,6 +180,7 @@ def _metadata(args: argparse.Namespace, engine, wall_s: float) -> dict[str, Any]
         "device": str(engine.pair.device),
         "dtype": str(engine.pair.dtype).removeprefix("torch."),
         "fim_family": engine.template.name,
+        "fim_layout": prompt_layout(engine),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
@@ -162,7 +194,10 @@ def _metadata(args: argparse.Namespace, engine, wall_s: float) -> dict[str, Any]
             "prefix_tokens": opts.prefix_tokens, "suffix_tokens": opts.suffix_tokens,
             "draft_max": opts.draft_max, "lookup_max": opts.lookup_max,
             "draft_confidence": opts.draft_confidence, "stop_at_block_end": False,
+            "fim_layout": getattr(opts, "fim_layout", "auto"),  # as asked; the top-level one is in effect
+            "edit_replay_requests": edit_replay_requests(args.limit),
         },
+        "hf_settings": hf_settings(engine),
         "reference": REFERENCE,
         "wall_s": round(wall_s, 1),
     }
@@ -222,6 +257,10 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
                            for name, result in results.items() if result[1]}
     report["goals"] = reporting.goals(report["workloads"])
     report["identical"] = all(s["identical"] for w in report["workloads"].values() for s in w["methods"].values())
+    # Evidence behind "identical": matches of a non-empty reference (empty-vs-empty proves nothing).
+    report["identical_evidence"] = sum(s["matched_nonempty"] for w in report["workloads"].values()
+                                       for name, s in w["methods"].items() if name != REFERENCE)
+    report["empty_references"] = sum(w["empty_references"] for w in report["workloads"].values())
     if args.plot:
         reporting.write_plot(report, args.plot)
         log.info("plot written to %s", args.plot)
@@ -233,4 +272,8 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
         print(reporting.format_table(report))
     if not report["identical"]:
         log.warning("some methods' outputs differ from %s; see 'identical' / 'mismatches'", REFERENCE)
+    elif reporting.all_references_empty(report):
+        log.warning("every %s output was empty: 'identical' proves nothing", REFERENCE)
+    elif report["empty_references"]:
+        log.info("%d %s outputs were empty; 'identical' is vacuous on those", report["empty_references"], REFERENCE)
     return 0
