@@ -42,6 +42,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "model.draft": get("draft_model"),
         "model.device": get("device"),
         "model.dtype": get("dtype"),
+        "model.fim_layout": get("fim_layout"),
         "log.level": get("log_level"),
         "daemon.socket": get("socket"),
     }
@@ -90,14 +91,20 @@ def build_parser() -> argparse.ArgumentParser:
                                "answers, then it exits and removes the socket file.")
 
     p = sub.add_parser("bench", help="measure specd against HF generate, assisted generation and prompt lookup",
-                       description="Run workloads from real source files through plain HF generate(), HF "
-                                   "assisted generation, HF prompt lookup and specd (with ablations), side "
-                                   "by side on the same models and prompts; print ratios.")
+                       description="Run workloads from real source files through plain HF generate() (cold, and "
+                                   "with a per-document prefix cache as llama.cpp's cache_prompt), HF assisted "
+                                   "generation (transformers' defaults: up to 20 draft tokens per step, constant "
+                                   "schedule, drafting stops below 0.4 draft confidence), HF prompt lookup and "
+                                   "specd (with ablations), side by side on the same models and prompts; print "
+                                   "ratios.")
     _model_flags(p)
+    p.add_argument("--fim-layout", choices=("auto", "psm", "spm", "anchored"),
+                   help="force the engine's FIM prompt layout (model.fim_layout); the report records the "
+                        "layout in effect")
     p.add_argument("--corpus", metavar="DIR", help="source files to build workloads from (default: held-out stdlib modules)")
     p.add_argument("--workloads", default="line,edit_replay,cold,multi_file",
                    help="comma-separated: line, edit_replay, cold, multi_file")
-    p.add_argument("--methods", help="comma-separated subset of methods to run")
+    p.add_argument("--methods", help="comma-separated subset of methods to run (hf_greedy always runs)")
     p.add_argument("--limit", type=int, default=12,
                    help="completions per workload; edit_replay makes max(2N, 24) requests, at most 6 per "
                         "edited function, so at least 4 functions (default: 12)")

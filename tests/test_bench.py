@@ -1,6 +1,6 @@
 """specd bench: workloads cut from source, and the whole bench through the real CLI on a tiny pair
 (JSON schema, every method token-identical to HF greedy, KV reuse visible, PNG plot); the
-prefix-cache HF peer, decode times and empty references."""
+prefix-cache HF peer, decode times, empty references and the forced FIM layout."""
 
 from __future__ import annotations
 
@@ -217,7 +217,7 @@ def test_bench_rejects_unknown_names(capsys):
     assert "unknown method fast" in capsys.readouterr().err
 
 
-# -- the prefix-cache HF peer, empty references -------------------------------------------
+# -- the prefix-cache HF peer, empty references, the FIM layout flag -------------------------
 
 def test_hf_prefix_cache_reuses_a_documents_prefix_and_matches_hf_greedy(llama_pair, corpus_dir):
     import torch
@@ -287,3 +287,32 @@ def test_empty_references_are_counted_and_prove_nothing():
     table = format_table(report)
     assert "vacuous" in table and "2 of 2 hf_greedy outputs are empty" in table
     assert "'identical' proves nothing" in table
+
+
+@pytest.mark.parametrize("layout", ["psm", "anchored"])
+def test_bench_fim_layout_flag_is_applied_and_recorded(layout, llama_pair, corpus_dir, monkeypatch):
+    target, draft = llama_pair
+    monkeypatch.setenv("SPECD_ENGINE_PREFIX_TOKENS", "192")
+    monkeypatch.setenv("SPECD_ENGINE_SUFFIX_TOKENS", "64")
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["bench", "--model", str(target), "--draft-model", str(draft), "--device", "cpu",
+                     "--corpus", str(corpus_dir), "--workloads", "edit_replay", "--methods",
+                     "hf_prefix_cache,specd", "--fim-layout", layout, "--limit", "1", "--max-tokens", "6",
+                     "--threads", "1", "--json"])
+    assert code == 0
+    report = json.loads(stdout.getvalue())
+    assert report["fim_layout"] == layout and report["settings"]["fim_layout"] == layout
+    assert f"--fim-layout {layout}" in report["command"]
+    workload = report["workloads"]["edit_replay"]
+    assert workload["completions"] == 24 and workload["documents"] >= 4
+    # Same prompts for all (specd checks it built the ids the HF peers got), same outputs.
+    assert report["identical"] is True and report["identical_evidence"] > 0
+    assert workload["methods"]["hf_prefix_cache"]["prefill_tokens"]["reused"] > 0
+
+
+def test_bench_rejects_an_unknown_fim_layout(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--fim-layout", "sideways"])
+    assert exit_info.value.code == 2
+    assert "--fim-layout" in capsys.readouterr().err
