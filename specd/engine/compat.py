@@ -3,6 +3,7 @@
 Supported: transformers 5.x. Known differences handled:
 - the cache keyword of ``forward``: ``past_key_values`` (5.0 - 5.2x) became ``cache`` (later 5.x);
 - ``DynamicCache.crop`` takes a negative count of tokens to drop in 5.x (4.x took a length);
+- per-layer caches: ``cache.layers``, each with its own ``get_seq_length`` and ``crop`` (5.x);
 - ``DynamicCache(config=...)`` builds per-layer caches (sliding-window layers included).
 """
 
@@ -41,6 +42,23 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
         raise ValueError(f"cannot crop a cache of {cache_length(cache)} tokens to {length}")
     if drop:
         cache.crop(-drop)
+
+
+def layer_lengths(cache: DynamicCache) -> list[int]:
+    """Positions each layer holds: all equal, except after a forward that failed part-way."""
+    return [int(layer.get_seq_length()) for layer in cache.layers]
+
+
+def crop_layers(cache: DynamicCache, length: int) -> None:
+    """Keep the first ``length`` positions of every layer, each cropped by its own count. A
+    forward that failed part-way leaves the layers it reached longer than the rest, where one
+    count for all layers (``DynamicCache.crop``) would cut the rest short."""
+    lengths = layer_lengths(cache)
+    if min(lengths, default=length) < length:
+        raise ValueError(f"cannot crop cache layers of {lengths} tokens to {length}")
+    for layer, held in zip(cache.layers, lengths):
+        if held > length:
+            layer.crop(length - held)  # 5.x: a negative count of tokens to drop
 
 
 def cache_nbytes(cache: DynamicCache) -> int:

@@ -2,7 +2,7 @@
 
 ``KVState`` is the small explicit cache object the decode loop works with: it knows which token
 ids its cache holds (``ids``), extends by running new tokens, and rolls back by cropping.
-Invariant: ``len(state.ids) == cache length``.
+Invariant: ``len(state.ids) == cache length`` of every layer, also after a forward failed.
 """
 
 from __future__ import annotations
@@ -41,18 +41,44 @@ class KVState:
         self.forwards = 0
 
     def rollback(self, length: int) -> None:
-        """Forget everything after the first ``length`` tokens (a crop, not a recompute)."""
+        """Forget everything after the first ``length`` tokens (a crop, not a recompute). Should
+        the crop fail, the state starts empty (ids and cache still agree) and the error is raised."""
         if length < len(self.ids):
-            compat.crop_cache(self.cache, length)
+            try:
+                compat.crop_layers(self.cache, length)
+            except BaseException:
+                self.reset()
+                raise
             del self.ids[length:]
 
     def extend(self, new_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
-        """Run ``new_ids`` after the held tokens; logits [len(new_ids), V] (or [1, V] when last_only)."""
+        """Run ``new_ids`` after the held tokens; logits [len(new_ids), V] (or [1, V] when last_only).
+
+        A forward that fails part-way (out of memory, or any other error) has grown
+        the layers it reached and not the rest: every layer is cropped back to the tokens held
+        before the call, and the error is raised. The cache is never left inconsistent."""
         input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
-        logits = compat.forward(self.model, input_ids, self.cache, last_only=last_only)
+        try:
+            logits = compat.forward(self.model, input_ids, self.cache, last_only=last_only)
+        except BaseException:
+            self._restore(len(self.ids))
+            raise
         self.ids.extend(new_ids)
         self.forwards += 1
         return logits
+
+    def _restore(self, length: int) -> None:
+        """Every layer back to ``length`` positions after a failed forward; an empty state if
+        that cannot be done (a layer that cannot be cropped, one shorter than ``length``)."""
+        try:
+            compat.crop_layers(self.cache, length)
+            if all(held == length for held in compat.layer_lengths(self.cache)):
+                return
+        except Exception:
+            log.debug("cropping the cache after a failed forward failed", exc_info=True)
+        log.warning("KV cache of %d tokens could not be restored after a failed forward; starting "
+                    "it empty", length)
+        self.reset()
 
     def logits_after(self, seq: Sequence[int]) -> torch.Tensor:
         """Logits [1, V] for the token after ``seq``, reusing whatever prefix the cache holds."""
