@@ -316,3 +316,11 @@ def test_bench_rejects_an_unknown_fim_layout(capsys):
         main(["bench", "--fim-layout", "sideways"])
     assert exit_info.value.code == 2
     assert "--fim-layout" in capsys.readouterr().err
+
+
+def test_bench_refuses_a_layout_the_model_family_lacks(llama_pair, corpus_dir, capsys):
+    target, draft = llama_pair  # Qwen-style FIM tokens: no suffix-first layout
+    code = main(["bench", "--model", str(target), "--draft-model", str(draft), "--device", "cpu",
+                 "--corpus", str(corpus_dir), "--fim-layout", "spm", "--limit", "1", "--json"])
+    assert code == 2
+    assert "suffix-first" in capsys.readouterr().err

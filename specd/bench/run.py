@@ -234,13 +234,16 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
 
 def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], method_names: list[str],
            started: float) -> int:
-    from specd.engine.types import ModelLoadError
+    from specd.engine.types import EngineError, ModelLoadError
 
     try:
         engine = _load_engine(cfg)
     except ModelLoadError as err:
         print(f"specd bench: {err}", file=sys.stderr)
         return EXIT_MODEL
+    except EngineError as err:  # settings the model cannot serve, e.g. --fim-layout spm on a PSM-only family
+        print(f"specd bench: {err}", file=sys.stderr)
+        return EXIT_USAGE
     threads = getattr(args, "threads", None)
     if threads is not None:  # after loading: the engine applies engine.threads when it loads
         import torch
