@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from specd.bench.peers import ALL_METHODS, HF_PEERS, Run
-from specd.bench.report import format_table, goals, percentile, summarize_workload
+from specd.bench.report import format_table, goals, percentile, quality, summarize_workload
 from specd.bench.workloads import (
     REPLAY_STEPS,
     WORKLOADS,
@@ -104,6 +104,25 @@ def test_nested_functions_and_bad_source():
     assert function_body_lines(SourceFile("bad.py", "def (:\n")) == []
 
 
+def test_every_completion_knows_the_deleted_text(corpus_dir):
+    """The reference for quality metrics: the text that followed the cursor before deletion."""
+    source = load_corpus(corpus_dir)[0].text
+    workloads = build_workloads(WORKLOADS, load_corpus(corpus_dir), 4, seed=1)
+    for name, items in workloads.items():
+        for item in items:
+            assert item.expected, (name, item.label)
+            # putting the deleted text back gives the original file, up to the kept newline
+            restored = item.text[:item.offset] + item.expected
+            assert source.startswith(restored) or source.startswith(restored.rstrip("\n")), (name, item.label)
+
+
+def test_quality_scores_the_cursor_line():
+    q = quality(["return x + 1\n    pass", "  y = 2", "zzz"], ["return x + 1\n", "y = 3\n", "\nnext"])
+    assert q["scored"] == 2  # an empty expected line is not scored
+    assert q["next_line_exact"] == 0.5
+    assert 0.5 < q["edit_similarity"] < 1.0
+
+
 def test_percentile_interpolates():
     assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
     assert percentile([10.0, 20.0], 95) == pytest.approx(19.5)
@@ -149,6 +168,7 @@ def test_bench_json_schema(bench_run):
     assistant = report["hf_settings"]["hf_assisted"]
     assert {"num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"} <= set(assistant)
     for name, workload in report["workloads"].items():
+        assert {"scored", "next_line_exact", "edit_similarity"} <= set(workload["quality"])
         completions = workload_size(name, 3)
         assert workload["completions"] == completions
         assert workload["empty_references"] == len(workload["empty_reference_at"])

@@ -14,6 +14,7 @@ goals are met only with some.
 
 from __future__ import annotations
 
+import difflib
 import math
 import statistics
 from typing import Any, Iterable
@@ -123,6 +124,24 @@ def summarize_workload(runs: dict[str, list[Run]], prompt_lengths: list[int],
     }
 
 
+def next_line(text: str) -> str:
+    return text.split("\n", 1)[0].strip()
+
+
+def quality(completions: list[str], expected: list[str]) -> dict[str, Any]:
+    """How close the reference's output (every identical method's) is to the deleted text, on
+    the cursor's line: exact match of the stripped line, and edit similarity (difflib's ratio,
+    what fuzzywuzzy's pure-Python ratio computes, as CrossCodeEval reports it). A property of
+    the prompt (layout, windows), not of the drafting: compare runs with ``--fim-layout``."""
+    pairs = [(next_line(c), next_line(e)) for c, e in zip(completions, expected) if next_line(e)]
+    if not pairs:
+        return {"scored": 0, "next_line_exact": 0.0, "edit_similarity": 0.0}
+    exact = sum(a == b for a, b in pairs)
+    similarity = sum(difflib.SequenceMatcher(None, a, b).ratio() for a, b in pairs)
+    return {"scored": len(pairs), "next_line_exact": _round(exact / len(pairs)),
+            "edit_similarity": _round(similarity / len(pairs))}
+
+
 def goals(workloads: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 3's speed goals for ``specd``, checked where issue 3 sets them: the edit-replay
     workload (completing lines of a file that already holds similar code), against HF peers that
@@ -215,6 +234,10 @@ def format_table(report: dict[str, Any]) -> str:
         for method, s in methods.items():
             cells = "".join(f"{_ratio(s[key].get(peer)):>{w}}" for (_, key, peer), w in zip(columns, widths))
             lines.append(f"  {method:<20}{cells}")
+        if workload.get("quality", {}).get("scored"):
+            q = workload["quality"]
+            lines.append(f"  quality of the cursor's line vs the deleted text ({q['scored']} scored): exact match "
+                         f"{_pct(q['next_line_exact'])}, edit similarity {q['edit_similarity']:.2f}")
         if REFERENCE in methods and methods[REFERENCE]["median_ms"]:
             ref = methods[REFERENCE]
             lines.append(f"  ({REFERENCE} spends {_pct(ref['first_token_median_ms'] / ref['median_ms'])} of its median "

@@ -133,7 +133,7 @@ def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]
                     _close(engine, methods, item.doc)
                 turn += 1
                 bar.update()
-            results[name] = (runs, lengths, [item.label for item in items])
+            results[name] = (runs, lengths, [item.label for item in items], [item.expected for item in items])
     return results
 
 
@@ -256,8 +256,13 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
 
     results = measure(engine, methods, workloads)
     report = _metadata(args, engine, time.monotonic() - started)
-    report["workloads"] = {name: reporting.summarize_workload(*result)
-                           for name, result in results.items() if result[1]}
+    decode = engine.pair.tokenizer.decode
+    report["workloads"] = {}
+    for name, (runs, lengths, labels, expected) in results.items():
+        if lengths:
+            summary = reporting.summarize_workload(runs, lengths, labels)
+            summary["quality"] = reporting.quality([decode(r.tokens) for r in runs[REFERENCE]], expected)
+            report["workloads"][name] = summary
     report["goals"] = reporting.goals(report["workloads"])
     report["identical"] = all(s["identical"] for w in report["workloads"].values() for s in w["methods"].values())
     # Evidence behind "identical": matches of a non-empty reference (empty-vs-empty proves nothing).

@@ -61,6 +61,7 @@ class Completion:
     text: str  # the whole document at request time
     offset: int  # cursor, in characters
     workspace: tuple[tuple[str, str], ...] = ()  # (path, text) of workspace files not open in the editor
+    expected: str = ""  # what the deleted text held after the cursor: the reference for quality metrics
 
     @property
     def label(self) -> str:
@@ -155,8 +156,8 @@ def line_workload(files: list[SourceFile], limit: int, seed: int) -> list[Comple
     picked = _rng(seed, "line").sample(candidates, min(limit, len(candidates)))
     order = {f.name: i for i, f in enumerate(files)}
     picked.sort(key=lambda c: (order[c.file.name], c.cursor))
-    return [Completion("line", f"line/{c.file.name}", _open_line(c.file.text, c.cursor, c.body_end), c.cursor)
-            for c in picked]
+    return [Completion("line", f"line/{c.file.name}", _open_line(c.file.text, c.cursor, c.body_end), c.cursor,
+                       expected=c.file.text[c.cursor:c.body_end]) for c in picked]
 
 
 def cold_workload(files: list[SourceFile], limit: int, seed: int) -> list[Completion]:
@@ -167,7 +168,7 @@ def cold_workload(files: list[SourceFile], limit: int, seed: int) -> list[Comple
     for i, c in enumerate(picked):
         cursor = rng.randint(c.cursor, c.line_end)  # anywhere from after the indent to the line end
         out.append(Completion("cold", f"cold/{i}/{c.file.name}", c.file.text[:cursor] + c.file.text[c.line_end:],
-                              cursor))
+                              cursor, expected=c.file.text[cursor:c.line_end]))
     return out
 
 
@@ -219,7 +220,7 @@ def edit_replay_workload(files: list[SourceFile], limit: int, seed: int) -> list
         doc = f"edit_replay/{c.file.name}@{text.count(chr(10), 0, c.line_start) + 1}"
         for stop in stops[: limit - len(out)]:
             cursor = c.line_start + stop
-            out.append(Completion("edit_replay", doc, _open_line(text, cursor, end), cursor))
+            out.append(Completion("edit_replay", doc, _open_line(text, cursor, end), cursor, expected=text[cursor:end]))
     return out
 
 
@@ -258,8 +259,8 @@ def multi_file_workload(files: list[SourceFile], limit: int, seed: int) -> list[
         line = file.text[body_start:line_end if line_end >= 0 else len(file.text)]
         items.append((file, f"multi_file/{file.name}:{first}", body_start + len(line) - len(line.lstrip(" \t")), end))
     workspace = tuple(twins)
-    return [Completion("multi_file", doc, _open_line(file.text, cursor, end), cursor, workspace)
-            for file, doc, cursor, end in items]
+    return [Completion("multi_file", doc, _open_line(file.text, cursor, end), cursor, workspace,
+                       expected=file.text[cursor:end]) for file, doc, cursor, end in items]
 
 
 BUILDERS: dict[str, Callable[[list[SourceFile], int, int], list[Completion]]] = {
