@@ -63,7 +63,12 @@ def run_doctor(args, cfg) -> int:
         print(f"  draft:  {info['draft']} ({info['draft_params'] / 1e6:.1f}M params)")
     else:
         print("  draft:  none (prompt lookup drafting only)")
-    print(f"  device {info['device']}, dtype {info['dtype']}, FIM family {engine.template.name}, "
-          f"loaded in {time.monotonic() - started:.1f} s")
+    print(f"  device {info['device']}, dtype {info['dtype']}, FIM family {engine.template.name} "
+          f"({engine.prompts.layout} layout), loaded in {time.monotonic() - started:.1f} s")
+    costs = engine.planning.costs
+    widths = ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(costs.target.items()))
+    print(f"  target forward ms by width: {widths}")
+    if costs.draft_step is not None:
+        print(f"  draft step {costs.draft_step:.2f} ms ({costs.draft_step / costs.target_ms(1):.0%} of a target forward)")
     print("  OK")
     return 0
