@@ -1,0 +1,369 @@
+"""A lean batch-1 forward for Llama-family decoders, on the loaded HF model's own weights.
+
+HF's eager forward spends most of a small model's step outside arithmetic: mask building, the
+DynamicCache machinery, module calls and hooks. ``LeanForward`` runs the same maths in a few tensor
+ops per layer, after gpt-fast: a static per-document KV cache (rollback moves its length, nothing
+is copied), rotary tables computed once, ``scaled_dot_product_attention`` with no mask for one
+new token and a causal mask among the new tokens only. It holds the HF modules' parameters
+themselves (no copies): it costs no weight memory and reads whatever the model holds.
+
+The interface is the one ``KVState`` drives the HF path with (see ``compat``):
+``new_cache()``, ``forward(input_ids, cache, last_only)``, ``crop(cache, length)``,
+``cache_length(cache)``, ``nbytes(cache)``. ``unsupported_reason(model)`` says, in one line,
+why a model must stay on the HF path.
+
+Numerics follow HF's modules step for step (RMSNorm in float32 and cast back, rotary tables in
+float32 cast to the model's dtype, projections, activations and residuals in the model's dtype),
+so fp32 logits agree with HF's to float rounding and greedy argmaxes are the same.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "starcoder2")
+# Rotary types with fixed frequencies and scale: HF computes inv_freq and attention_scaling once.
+# "dynamic" and "longrope" change them with the sequence length, so they stay on the HF path.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ACTIVATIONS = {  # each returns a tensor the caller may modify in place
+    "silu": functools.partial(F.silu, inplace=True),
+    "swish": functools.partial(F.silu, inplace=True),
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+}
+INITIAL_CAPACITY = 256  # positions a new cache holds before its first growth
+CAUSAL = torch.empty(0, dtype=torch.bool)  # marks "is_causal" in place of a mask tensor
+CAUSAL_KERNEL_MIN_WIDTH = 64  # prefills from position 0 at least this wide use SDPA's is_causal
+
+
+def unsupported_reason(model: PreTrainedModel) -> str | None:
+    """None when ``LeanForward`` computes exactly what this HF model computes; otherwise one line
+    saying why not (``specd doctor`` shows it beside the HF fallback)."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model type {model_type!r} has no lean forward (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if not type(model).__module__.startswith(f"transformers.models.{model_type}."):
+        return f"{type(model).__name__} is not transformers' own {model_type} class (remote code?)"
+    if getattr(model, "hf_quantizer", None) is not None or getattr(config, "quantization_config", None):
+        return "quantized weights"
+    if model.training:
+        return "the model is in training mode (dropout)"
+    devices = {p.device for p in model.parameters()}
+    if len(devices) != 1:
+        return f"weights spread over {len(devices)} devices"
+    if next(iter(devices)).type == "meta":
+        return "weights not loaded (meta device / offloaded)"
+    body = model.model
+    rope_type = getattr(body.rotary_emb, "rope_type", None)
+    if rope_type not in STATIC_ROPE_TYPES:
+        return f"rope type {rope_type!r} (supported: {', '.join(STATIC_ROPE_TYPES)})"
+    if config.hidden_act not in ACTIVATIONS:
+        return f"activation {config.hidden_act!r}"
+    max_positions = config.max_position_embeddings
+    for i, layer in enumerate(body.layers):
+        window = _sliding_window(config, layer.self_attn)
+        if window is not None and window < max_positions:
+            return f"sliding window of {window} tokens in layer {i} (the model has {max_positions} positions)"
+        if i < len(getattr(config, "layer_types", None) or ()) and config.layer_types[i] not in (
+                "full_attention", "sliding_attention"):
+            return f"layer {i} is {config.layer_types[i]!r}"
+        linears = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                   *(getattr(layer.mlp, name) for name in _mlp_names(layer.mlp))]
+        if any(type(m) is not nn.Linear for m in linears):
+            return f"layer {i} has projections that are not plain nn.Linear"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if _norm_kind(norm) is None:
+                return f"layer {i} has a {type(norm).__name__} norm"
+    if _norm_kind(body.norm) is None:
+        return f"final norm is a {type(body.norm).__name__}"
+    if type(model.lm_head) is not nn.Linear:
+        return "the LM head is not a plain nn.Linear"
+    return None
+
+
+def _sliding_window(config, attention: nn.Module) -> int | None:
+    # Qwen2 keeps a per-layer window on the attention module; Mistral and StarCoder2 one in the config.
+    if hasattr(attention, "sliding_window"):
+        return attention.sliding_window
+    return getattr(config, "sliding_window", None)
+
+
+def _mlp_names(mlp: nn.Module) -> tuple[str, ...]:
+    return ("gate_proj", "up_proj", "down_proj") if hasattr(mlp, "gate_proj") else ("c_fc", "c_proj")
+
+
+def _norm_kind(norm: nn.Module) -> str | None:
+    if type(norm) is nn.LayerNorm:
+        return "layer"
+    if type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon"):
+        return "rms"
+    return None
+
+
+class StaticCache:
+    """K/V of one sequence (batch 1) for every layer, in preallocated slots.
+
+    ``kv[layer]``: [2, kv_heads, capacity, head_dim], keys then values. Slots ``[:length]`` are
+    valid; slots past ``length`` are garbage and harmless, so a rollback only lowers ``length``.
+    Capacity doubles when a forward needs more (one copy, amortized), up to the model's
+    max_position_embeddings, and past it only as far as a forward actually reaches."""
+
+    def __init__(self, kv: list[torch.Tensor], max_positions: int):
+        self.kv = kv
+        self.length = 0
+        self.max_positions = max_positions
+
+    @property
+    def capacity(self) -> int:
+        return self.kv[0].shape[2] if self.kv else 0
+
+    def reserve(self, needed: int) -> None:
+        """Room for ``needed`` positions. All layers grow together or none does."""
+        if needed <= self.capacity:
+            return
+        capacity = max(self.capacity, 1)
+        while capacity < needed:
+            capacity *= 2
+        capacity = max(needed, min(capacity, self.max_positions))
+        grown = []
+        for old in self.kv:
+            new = old.new_empty(old.shape[0], old.shape[1], capacity, old.shape[3])
+            new[:, :, :self.length] = old[:, :, :self.length]
+            grown.append(new)
+        self.kv = grown
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.kv)
+
+
+@dataclass(frozen=True)
+class _Norm:
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+    eps: float
+    rms: bool  # RMSNorm as HF computes it, else nn.LayerNorm
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """References to one decoder layer's parameters (the HF module's own tensors)."""
+
+    attn_norm: _Norm
+    q: nn.Linear
+    k: nn.Linear
+    v: nn.Linear
+    o: nn.Linear
+    mlp_norm: _Norm
+    gate: nn.Linear | None  # gated MLP (Llama, Qwen2, Mistral): down(act(gate(x)) * up(x))
+    up: nn.Linear  # ... or plain (StarCoder2): up = c_fc, down = c_proj: down(act(up(x)))
+    down: nn.Linear
+    window: int | None  # sliding window in tokens, None for full attention
+
+
+def _norm(module: nn.Module) -> _Norm:
+    if _norm_kind(module) == "layer":
+        return _Norm(module.weight, module.bias, module.eps, rms=False)
+    return _Norm(module.weight, None, module.variance_epsilon, rms=True)
+
+
+def _apply_norm(x: torch.Tensor, norm: _Norm) -> torch.Tensor:
+    if not norm.rms:
+        return F.layer_norm(x, norm.weight.shape, norm.weight, norm.bias, norm.eps)
+    if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)  # one fused op, same maths
+    # HF's LlamaRMSNorm / Qwen2RMSNorm: statistics in float32, cast back, then the weight.
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps)
+    return norm.weight * h.to(x.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _sdpa_has_gqa() -> bool:
+    """Whether this torch's scaled_dot_product_attention takes ``enable_gqa`` (2.5 and later)."""
+    q = torch.zeros(1, 2, 1, 1)
+    try:
+        F.scaled_dot_product_attention(q, q[:, :1], q[:, :1], enable_gqa=True)
+        return True
+    except TypeError:
+        return False
+
+
+class LeanForward:
+    """The batch-1 forward of one HF Llama-family model. Build once per model (check
+    ``unsupported_reason`` first); caches come from ``new_cache``, one per sequence."""
+
+    def __init__(self, model: PreTrainedModel):
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"no lean forward for this model: {reason}")
+        config = model.config
+        body = model.model
+        attention = body.layers[0].self_attn
+        self.model = model
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = attention.head_dim
+        self.scale = attention.scaling
+        self.max_positions = config.max_position_embeddings
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.embed = body.embed_tokens
+        self.final_norm = _norm(body.norm)
+        self.lm_head = model.lm_head
+        self.rotary = body.rotary_emb
+        self.layers = [self._layer(config, layer) for layer in body.layers]
+        self._cos = self._sin = torch.empty(0)  # rotary tables [positions, head_dim], see _rope
+
+    @staticmethod
+    def _layer(config, layer: nn.Module) -> _Layer:
+        attn, mlp = layer.self_attn, layer.mlp
+        gated = hasattr(mlp, "gate_proj")
+        return _Layer(
+            attn_norm=_norm(layer.input_layernorm), q=attn.q_proj, k=attn.k_proj, v=attn.v_proj, o=attn.o_proj,
+            mlp_norm=_norm(layer.post_attention_layernorm),
+            gate=mlp.gate_proj if gated else None,
+            up=mlp.up_proj if gated else mlp.c_fc,
+            down=mlp.down_proj if gated else mlp.c_proj,
+            window=_sliding_window(config, attn),
+        )
+
+    # ---- the interface KVState drives ---------------------------------------------------
+
+    def new_cache(self, capacity: int = INITIAL_CAPACITY) -> StaticCache:
+        weight = self.embed.weight
+        shape = (2, self.kv_heads, min(capacity, self.max_positions), self.head_dim)
+        with torch.inference_mode():
+            kv = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in self.layers]
+        return StaticCache(kv, self.max_positions)
+
+    @staticmethod
+    def cache_length(cache: StaticCache) -> int:
+        return cache.length
+
+    @staticmethod
+    def crop(cache: StaticCache, length: int) -> None:
+        """Keep the first ``length`` positions: a length move, nothing is copied."""
+        if not 0 <= length <= cache.length:
+            raise ValueError(f"cannot crop a cache of {cache.length} tokens to {length}")
+        cache.length = length
+
+    @staticmethod
+    def nbytes(cache: StaticCache) -> int:
+        return cache.nbytes()
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cache: StaticCache, last_only: bool = False) -> torch.Tensor:
+        """Run ``input_ids`` [1, T] at positions cache.length .. cache.length + T - 1; return
+        float32 logits [T, V] ([1, V] when last_only). ``cache.length`` moves only when the whole
+        forward succeeded: a failure anywhere leaves it where it was."""
+        start = cache.length
+        width = input_ids.shape[1]
+        end = start + width
+        cache.reserve(end)
+        cos, sin = self._rope(start, end, input_ids.device)  # [T, 1, D]: broadcast over heads
+        masks: dict[int | None, tuple[int, torch.Tensor | None]] = {}  # per sliding window
+        x = F.embedding(input_ids[0], self.embed.weight)  # x: [T, hidden]
+        for layer, kv in zip(self.layers, cache.kv):
+            if layer.window not in masks:
+                masks[layer.window] = self._mask(start, end, layer.window, input_ids.device)
+            x = self._decoder_layer(layer, x, kv, cos, sin, start, end, masks[layer.window])
+        if last_only:
+            x = x[-1:]
+        logits = F.linear(_apply_norm(x, self.final_norm), self.lm_head.weight, self.lm_head.bias)
+        cache.length = end
+        return logits.float()
+
+    # ---- one layer ----------------------------------------------------------------------
+
+    def _decoder_layer(self, layer: _Layer, x: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, start: int, end: int, mask: tuple[int, torch.Tensor | None]) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden] (updated in place: x is this forward's own activation)."""
+        width, heads, dim = x.shape[0], self.heads, self.head_dim
+        h = _apply_norm(x, layer.attn_norm)
+        q = F.linear(h, layer.q.weight, layer.q.bias).view(width, heads, dim)
+        k = F.linear(h, layer.k.weight, layer.k.bias).view(width, self.kv_heads, dim)
+        v = F.linear(h, layer.v.weight, layer.v.bias).view(width, self.kv_heads, dim)
+        qk = _rotate(torch.cat((q, k), dim=1), cos, sin)  # qk: [T, H + KV, D], one rotation for both
+        kv[0, :, start:end] = qk[:, heads:].transpose(0, 1)
+        kv[1, :, start:end] = v.transpose(0, 1)
+        out = self._attend(qk[:, :heads], kv, end, mask)  # out: [T, H * D]
+        x.add_(F.linear(out, layer.o.weight, layer.o.bias))
+        h = _apply_norm(x, layer.mlp_norm)
+        if layer.gate is not None:
+            h = self.act(F.linear(h, layer.gate.weight, layer.gate.bias)).mul_(F.linear(h, layer.up.weight, layer.up.bias))
+        else:
+            h = self.act(F.linear(h, layer.up.weight, layer.up.bias))
+        return x.add_(F.linear(h, layer.down.weight, layer.down.bias))
+
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, end: int, mask: tuple[int, torch.Tensor | None]) -> torch.Tensor:
+        """Attention of q [T, H, D] over the cache's keys/values up to ``end``; [T, H * D]."""
+        width, first, attn_mask = q.shape[0], *mask
+        if attn_mask is CAUSAL:  # a prefill from position 0: SDPA's own causal kernel skips masked blocks
+            keys, values = kv[:, :, :end].unsqueeze(1)  # each [1, KV, T, D]
+            if _sdpa_has_gqa():
+                gqa = {"enable_gqa": True}
+            else:  # an older torch: expand the kv heads (a prefill-sized copy, once per layer)
+                gqa, n_rep = {}, self.heads // self.kv_heads
+                keys, values = keys.repeat_interleave(n_rep, 1), values.repeat_interleave(n_rep, 1)
+            out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, is_causal=True,
+                                                 scale=self.scale, **gqa)
+            return out[0].transpose(0, 1).reshape(width, -1)
+        # GQA without expanding K/V: the n_rep query heads sharing a kv head become n_rep * T
+        # query rows of that head (HF's repeat_kv pairs head h with kv head h // n_rep).
+        # 4-D inputs: the CPU flash kernel takes only those (3-D ones fall to the slow math path).
+        q = q.transpose(0, 1).reshape(1, self.kv_heads, -1, self.head_dim)  # q: [1, KV, n_rep * T, D]
+        keys, values = kv[:, :, first:end].unsqueeze(1)  # each [1, KV, S, D]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=self.scale)
+        return out.view(self.heads, width, self.head_dim).transpose(0, 1).reshape(width, -1)
+
+    def _mask(self, start: int, end: int, window: int | None, device: torch.device) -> tuple[int, torch.Tensor | None]:
+        """(first key slot, boolean mask [n_rep * T, end - first] or None) for queries at positions
+        start .. end - 1: each sees the keys at or before its own position (and, with a sliding
+        window, after its position minus the window). One query, no window: every key, no mask."""
+        first = 0 if window is None else max(0, start - window + 1)
+        if end - start == 1:
+            return first, None
+        if start == 0 and window is None and end >= CAUSAL_KERNEL_MIN_WIDTH:
+            return 0, CAUSAL
+        query = torch.arange(start, end, device=device).unsqueeze(1)  # [T, 1]
+        key = torch.arange(first, end, device=device).unsqueeze(0)  # [1, S]
+        allowed = key <= query
+        if window is not None:
+            allowed &= key > query - window
+        # An additive float mask: SDPA's CPU kernel would first turn a boolean one into this.
+        bias = torch.zeros(allowed.shape, dtype=self.embed.weight.dtype, device=device)
+        return first, bias.masked_fill_(~allowed, float("-inf")).repeat(self.heads // self.kv_heads, 1)
+
+    def _rope(self, start: int, end: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin [T, 1, D] for positions start .. end - 1, from tables computed
+        as HF's rotary embedding computes them (float32, then the model's dtype); the tables
+        grow by doubling."""
+        if self._cos.shape[0] < end or self._cos.device != device:
+            size = max(end, min(2 * self._cos.shape[0], self.max_positions), INITIAL_CAPACITY)
+            self._cos, self._sin = self._rope_tables(size, device)
+        return self._cos[start:end].unsqueeze(1), self._sin[start:end].unsqueeze(1)
+
+    def _rope_tables(self, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            inv_freq = self.rotary.inv_freq.to(device=device, dtype=torch.float32)
+            freqs = torch.arange(size, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+            cos = emb.cos() * self.rotary.attention_scaling
+            sin = emb.sin() * self.rotary.attention_scaling
+            half = self.head_dim // 2
+            # rotate_half(x) * sin == roll(x, half) * [-sin_1, sin_2]: one op instead of slice+neg+cat
+            sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+            dtype = self.embed.weight.dtype
+            return cos.to(dtype), sin.to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's apply_rotary_pos_emb for x [T, heads, D]: x * cos + rotate_half(x) * sin, with
+    rotate_half(x) * sin == roll(x, D/2) * sin_folded (negation is exact, so are the products)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin

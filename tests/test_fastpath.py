@@ -1,0 +1,253 @@
+"""The lean batch-1 forward (specd.engine.fastpath) computes what HF computes: logits equal to
+HF's DynamicCache path through prefill, decode and verify widths, rollback and re-extension;
+greedy generation equals ``model.generate``; the static cache grows, rolls back by length and
+survives a failed forward; models it cannot serve exactly are named with a reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Starcoder2Config,
+)
+
+from specd.engine import compat
+from specd.engine.fastpath import LeanForward, StaticCache, unsupported_reason
+from tiny import make_model
+
+VOCAB = 512
+ATOL = 1e-4  # fp32; the logits themselves are O(10)
+# prefill (wide enough for the causal-kernel path), decode and verify widths, in order
+STEPS = (70, 1, 3, 8, 1, 16, 2)
+
+
+def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Module:
+    """A random-weight model of ``arch`` (peaked logits, see tests/tiny.py), built in memory."""
+    if arch in ("llama", "qwen2"):
+        model = make_model(arch, VOCAB, 64, layers, seed)
+        if not overrides:
+            return model
+        config = model.config.to_dict() | overrides
+        config_cls = LlamaConfig if arch == "llama" else Qwen2Config
+    else:
+        config_cls = {"mistral": MistralConfig, "starcoder2": Starcoder2Config, "gpt2": GPT2Config}[arch]
+        common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      sliding_window=None, initializer_range=0.4)
+        config = common if arch != "gpt2" else dict(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4)
+        config = config | overrides
+    torch.manual_seed(seed)
+    derived = ("model_type", "architectures", "layer_types")  # layer_types follows the sliding window
+    model = AutoModelForCausalLM.from_config(config_cls(**{k: v for k, v in config.items() if k not in derived}))
+    if arch == "starcoder2":  # LayerNorm biases start at 0 and weights at 1: spread them out
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.normal_(1.0 if name.endswith("weight") else 0.0, 0.3)
+    return model.eval()
+
+
+def ids(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(1, VOCAB, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_same_logits(lean: torch.Tensor, hf: torch.Tensor, atol: float = ATOL) -> None:
+    assert lean.dtype == torch.float32 and lean.shape == hf.shape
+    assert torch.allclose(lean, hf, atol=atol, rtol=0), (lean - hf).abs().max().item()
+    assert torch.equal(lean.argmax(-1), hf.argmax(-1))
+
+
+ARCH_CASES = {
+    "llama": lambda: tiny("llama"),
+    "qwen2": lambda: tiny("qwen2"),
+    "mistral": lambda: tiny("mistral"),
+    "starcoder2": lambda: tiny("starcoder2"),
+    "llama-attention-bias": lambda: tiny("llama", attention_bias=True, mlp_bias=True),
+    "llama-rope-linear": lambda: tiny("llama", rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                               "rope_theta": 10000.0}),
+    "llama-rope-yarn": lambda: tiny("llama", rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                                             "rope_theta": 10000.0,
+                                                             "original_max_position_embeddings": 1024}),
+    "qwen2-mha": lambda: tiny("qwen2", num_key_value_heads=4),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ARCH_CASES))
+def model(request):
+    return ARCH_CASES[request.param]()
+
+
+def test_supported_models_have_no_reason(model):
+    assert unsupported_reason(model) is None
+
+
+def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model):
+    lean = LeanForward(model)
+    cache, hf_cache = lean.new_cache(), compat.new_cache(model)
+    for i, width in enumerate(STEPS):
+        step = ids(width, seed=i)
+        assert_same_logits(lean.forward(step, cache, last_only=False), compat.forward(model, step, hf_cache))
+        assert lean.cache_length(cache) == compat.cache_length(hf_cache)
+    # a rejected draft: roll both back by 9 tokens, then extend along another path
+    held = lean.cache_length(cache) - 9
+    lean.crop(cache, held)
+    compat.crop_cache(hf_cache, held)
+    for i, width in enumerate((5, 1)):
+        step = ids(width, seed=100 + i)
+        assert_same_logits(lean.forward(step, cache, last_only=False), compat.forward(model, step, hf_cache))
+    step = ids(4, seed=200)
+    last = lean.forward(step, cache, last_only=True)
+    assert last.shape == (1, VOCAB)
+    assert_same_logits(last, compat.forward(model, step, hf_cache, last_only=True))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_generation_equals_generate(arch):
+    model = tiny(arch, layers=2)
+    prompt = ids(12, seed=7)
+    expected = model.generate(prompt, do_sample=False, max_new_tokens=32, pad_token_id=0)[0, prompt.shape[1]:]
+    lean = LeanForward(model)
+    cache = lean.new_cache()
+    logits = lean.forward(prompt, cache, last_only=True)
+    out = []
+    for _ in range(32):
+        out.append(int(logits[-1].argmax()))
+        logits = lean.forward(torch.tensor([[out[-1]]]), cache, last_only=True)
+    assert len(expected) >= 8, "the tiny model should not stop at once"
+    assert out[:len(expected)] == expected.tolist()
+
+
+def test_rollback_by_length_then_extend_equals_a_fresh_run():
+    model = tiny("qwen2")
+    lean = LeanForward(model)
+    seq = ids(40, seed=1)
+    draft = ids(8, seed=2)
+    cache = lean.new_cache()
+    lean.forward(seq, cache)
+    lean.forward(draft, cache)  # verified, then 5 of the 8 draft tokens rejected
+    lean.crop(cache, 43)
+    assert lean.cache_length(cache) == 43
+    extension = ids(6, seed=3)
+    after_rollback = lean.forward(extension, cache)
+
+    fresh = lean.new_cache()
+    lean.forward(torch.cat([seq, draft[:, :3]], dim=1), fresh)
+    assert torch.allclose(after_rollback, lean.forward(extension, fresh), atol=ATOL, rtol=0)
+
+
+def test_capacity_doubles_and_keeps_what_it_holds():
+    model = tiny("llama", max_position_embeddings=96)
+    lean = LeanForward(model)
+    cache, hf_cache = lean.new_cache(capacity=8), compat.new_cache(model)
+    assert cache.capacity == 8
+    bytes_per_slot = lean.nbytes(cache) // 8
+    capacities = []
+    for i, width in enumerate((5, 1, 4, 9, 1, 30, 40)):  # 90 positions: 8 -> 16 -> 32 -> 64 -> 96
+        step = ids(width, seed=i)
+        assert_same_logits(lean.forward(step, cache), compat.forward(model, step, hf_cache))
+        capacities.append(cache.capacity)
+    assert capacities == [8, 8, 16, 32, 32, 64, 96]
+    assert lean.nbytes(cache) == 96 * bytes_per_slot
+    # past max_position_embeddings (as HF allows): the cache grows exactly as far as needed
+    step = ids(10, seed=9)
+    assert_same_logits(lean.forward(step, cache), compat.forward(model, step, hf_cache))
+    assert cache.capacity == 100 and lean.cache_length(cache) == 100
+
+
+def test_a_forward_failing_midway_leaves_the_cache_length_unchanged(monkeypatch):
+    model = tiny("llama")
+    lean = LeanForward(model)
+    seq = ids(20, seed=1)
+    cache = lean.new_cache(capacity=16)
+    lean.forward(seq[:, :12], cache)
+    real_layer = lean._decoder_layer
+    calls = []
+
+    def failing_layer(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the second layer: the first has already written its K/V slots
+            raise RuntimeError("injected fault")
+        return real_layer(*args, **kwargs)
+
+    monkeypatch.setattr(lean, "_decoder_layer", failing_layer)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        lean.forward(seq[:, 12:], cache)  # also grew the cache past its 16 slots
+    assert lean.cache_length(cache) == 12
+    monkeypatch.undo()
+
+    # the garbage written past the length is harmless: the retry equals a fresh run
+    retried = lean.forward(seq[:, 12:], cache)
+    assert torch.allclose(retried, lean.forward(seq, lean.new_cache())[12:], atol=ATOL, rtol=0)
+
+
+def test_crop_cannot_grow_a_cache():
+    lean = LeanForward(tiny("llama", layers=1))
+    cache = lean.new_cache()
+    lean.forward(ids(4, seed=0), cache)
+    with pytest.raises(ValueError):
+        lean.crop(cache, 5)
+    lean.crop(cache, 0)
+    assert lean.cache_length(cache) == 0 and isinstance(cache, StaticCache)
+
+
+def test_bfloat16_follows_hf_rounding():
+    model = tiny("qwen2").to(torch.bfloat16)
+    lean = LeanForward(model)
+    cache, hf_cache = lean.new_cache(), compat.new_cache(model)
+    assert cache.kv[0].dtype == torch.bfloat16
+    for i, width in enumerate((70, 1, 8)):
+        step = ids(width, seed=i)
+        mine, theirs = lean.forward(step, cache), compat.forward(model, step, hf_cache)
+        # the same ops in the same dtype as HF's modules: equal today, a few bf16 ulps at most
+        assert (mine - theirs).abs().max() <= 0.01 * theirs.abs().max()
+        assert torch.equal(mine.argmax(-1), theirs.argmax(-1))
+
+
+def test_a_sliding_window_wider_than_the_positions_is_served_and_applied_beyond_them():
+    # The window never binds inside max_position_embeddings, so the model is supported; past
+    # them (HF runs on) the lean path applies the window exactly as HF does.
+    model = tiny("mistral", sliding_window=24, max_position_embeddings=24)
+    assert unsupported_reason(model) is None
+    lean = LeanForward(model)
+    cache, hf_cache = lean.new_cache(), compat.new_cache(model)
+    for i, width in enumerate((20, 1, 8, 1, 12, 3)):
+        step = ids(width, seed=i)
+        assert_same_logits(lean.forward(step, cache), compat.forward(model, step, hf_cache))
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda: tiny("gpt2"), "gpt2"),
+    (lambda: tiny("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=1), "sliding window"),
+    (lambda: tiny("mistral", sliding_window=16), "sliding window of 16"),
+    (lambda: tiny("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
+     "rope type 'dynamic'"),
+    (lambda: tiny("llama", hidden_act="relu"), "activation 'relu'"),
+    (lambda: tiny("llama").train(), "training"),
+])
+def test_unsupported_models_say_why(make, words):
+    model = make()
+    reason = unsupported_reason(model)
+    assert reason is not None and words in reason and "\n" not in reason
+    with pytest.raises(ValueError, match="no lean forward"):
+        LeanForward(model)
+
+
+def test_demo_target_matches_hf():
+    from specd.demo import demo_pair_paths
+
+    paths = demo_pair_paths()
+    if paths is None:
+        pytest.skip("the demo pair is not trained")
+    model = AutoModelForCausalLM.from_pretrained(paths[0], dtype=torch.float32).eval()
+    assert unsupported_reason(model) is None
+    lean = LeanForward(model)
+    cache, hf_cache = lean.new_cache(), compat.new_cache(model)
+    vocab = model.config.vocab_size
+    for i, width in enumerate((300, 1, 8, 1)):
+        step = torch.randint(0, vocab, (1, width), generator=torch.Generator().manual_seed(i))
+        assert_same_logits(lean.forward(step, cache), compat.forward(model, step, hf_cache))
