@@ -121,6 +121,7 @@ def test_quality_scores_the_cursor_line():
     assert q["scored"] == 2  # an empty expected line is not scored
     assert q["next_line_exact"] == 0.5
     assert 0.5 < q["edit_similarity"] < 1.0
+    assert q["stray_whitespace"] == 0.5  # "  y = 2" where "y = 3" was deleted
 
 
 def test_percentile_interpolates():

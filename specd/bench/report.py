@@ -133,13 +133,17 @@ def quality(completions: list[str], expected: list[str]) -> dict[str, Any]:
     the cursor's line: exact match of the stripped line, and edit similarity (difflib's ratio,
     what fuzzywuzzy's pure-Python ratio computes, as CrossCodeEval reports it). A property of
     the prompt (layout, windows), not of the drafting: compare runs with ``--fim-layout``."""
-    pairs = [(next_line(c), next_line(e)) for c, e in zip(completions, expected) if next_line(e)]
-    if not pairs:
-        return {"scored": 0, "next_line_exact": 0.0, "edit_similarity": 0.0}
+    scored = [(c, e) for c, e in zip(completions, expected) if next_line(e)]
+    if not scored:
+        return {"scored": 0, "next_line_exact": 0.0, "edit_similarity": 0.0, "stray_whitespace": 0.0}
+    pairs = [(next_line(c), next_line(e)) for c, e in scored]
     exact = sum(a == b for a, b in pairs)
     similarity = sum(difflib.SequenceMatcher(None, a, b).ratio() for a, b in pairs)
+    # Whitespace the deleted text did not start with: a re-indented line (the cursor already
+    # had its indentation) or a space inside a half-typed word.
+    stray = sum(c[:1] in (" ", "\t") and e[:1] not in (" ", "\t") for c, e in scored)
     return {"scored": len(pairs), "next_line_exact": _round(exact / len(pairs)),
-            "edit_similarity": _round(similarity / len(pairs))}
+            "edit_similarity": _round(similarity / len(pairs)), "stray_whitespace": _round(stray / len(pairs))}
 
 
 def goals(workloads: dict[str, Any]) -> list[dict[str, Any]]:
@@ -237,7 +241,8 @@ def format_table(report: dict[str, Any]) -> str:
         if workload.get("quality", {}).get("scored"):
             q = workload["quality"]
             lines.append(f"  quality of the cursor's line vs the deleted text ({q['scored']} scored): exact match "
-                         f"{_pct(q['next_line_exact'])}, edit similarity {q['edit_similarity']:.2f}")
+                         f"{_pct(q['next_line_exact'])}, edit similarity {q['edit_similarity']:.2f}, "
+                         f"stray leading whitespace {_pct(q.get('stray_whitespace', 0.0))}")
         if REFERENCE in methods and methods[REFERENCE]["median_ms"]:
             ref = methods[REFERENCE]
             lines.append(f"  ({REFERENCE} spends {_pct(ref['first_token_median_ms'] / ref['median_ms'])} of its median "
