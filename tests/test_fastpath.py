@@ -22,8 +22,9 @@ from tiny import make_model
 
 VOCAB = 512
 ATOL = 1e-4  # fp32; the logits themselves are O(10)
-# prefill (wide enough for the causal-kernel path), decode and verify widths, in order
-STEPS = (70, 1, 3, 8, 1, 16, 2)
+# a prefill wide enough for the causal-kernel path, decode and verify widths, and a second
+# prefill piece (wide, after a prefix: an explicit mask), in order
+STEPS = (70, 1, 3, 8, 1, 16, 2, 66)
 
 
 def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Module:
@@ -215,7 +216,7 @@ def test_a_sliding_window_wider_than_the_positions_is_served_and_applied_beyond_
     assert unsupported_reason(model) is None
     lean = LeanForward(model)
     cache, hf_cache = lean.new_cache(), compat.new_cache(model)
-    for i, width in enumerate((20, 1, 8, 1, 12, 3)):
+    for i, width in enumerate((20, 1, 8, 1, 12, 3, 70)):
         step = ids(width, seed=i)
         assert_same_logits(lean.forward(step, cache), compat.forward(model, step, hf_cache))
 
