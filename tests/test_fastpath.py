@@ -186,12 +186,15 @@ def test_a_forward_failing_midway_leaves_the_cache_length_unchanged(monkeypatch)
     assert torch.allclose(retried, lean.forward(seq, lean.new_cache())[12:], atol=ATOL, rtol=0)
 
 
-def test_crop_cannot_grow_a_cache():
+def test_crop_cannot_grow_a_cache_and_a_forward_needs_a_token():
     lean = LeanForward(tiny("llama", layers=1))
     cache = lean.new_cache()
     lean.forward(ids(4, seed=0), cache)
     with pytest.raises(ValueError):
         lean.crop(cache, 5)
+    with pytest.raises(ValueError):
+        lean.forward(torch.zeros(1, 0, dtype=torch.long), cache)
+    assert lean.cache_length(cache) == 4
     lean.crop(cache, 0)
     assert lean.cache_length(cache) == 0 and isinstance(cache, StaticCache)
 
@@ -229,6 +232,7 @@ def test_a_sliding_window_wider_than_the_positions_is_served_and_applied_beyond_
      "rope type 'dynamic'"),
     (lambda: tiny("llama", hidden_act="relu"), "activation 'relu'"),
     (lambda: tiny("llama").train(), "training"),
+    (lambda: tiny("qwen2").model, "no LM head"),
 ])
 def test_unsupported_models_say_why(make, words):
     model = make()

@@ -41,6 +41,7 @@ INITIAL_CAPACITY = 256  # positions a new cache holds before its first growth
 CAUSAL = torch.empty(0, dtype=torch.bool)  # marks "is_causal" in place of a mask tensor
 WIDE = 64  # forwards at least this wide (prefills) attend per head; narrower ones group the queries
 LM_HEAD_TRANSPOSED_MIN_ROWS = 4  # measured on MKL, one thread: below it F.linear is as fast or faster
+Mask = tuple[int, torch.Tensor | None]  # (first key slot attended, additive mask / CAUSAL / None)
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
@@ -52,6 +53,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         return f"model type {model_type!r} has no lean forward (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
     if not type(model).__module__.startswith(f"transformers.models.{model_type}."):
         return f"{type(model).__name__} is not transformers' own {model_type} class (remote code?)"
+    if not (hasattr(model, "lm_head") and hasattr(model, "model")):
+        return f"{type(model).__name__} is not a ...ForCausalLM (no LM head)"
     if getattr(model, "hf_quantizer", None) is not None or getattr(config, "quantization_config", None):
         return "quantized weights"
     if model.training:
@@ -65,6 +68,9 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     rope_type = getattr(body.rotary_emb, "rope_type", None)
     if rope_type not in STATIC_ROPE_TYPES:
         return f"rope type {rope_type!r} (supported: {', '.join(STATIC_ROPE_TYPES)})"
+    head_dim, rotary_dim = body.layers[0].self_attn.head_dim, 2 * body.rotary_emb.inv_freq.numel()
+    if rotary_dim != head_dim:
+        return f"rotary embedding over {rotary_dim} of {head_dim} head dims (partial rotary)"
     if config.hidden_act not in ACTIVATIONS:
         return f"activation {config.hidden_act!r}"
     max_positions = config.max_position_embeddings
@@ -75,8 +81,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         if i < len(getattr(config, "layer_types", None) or ()) and config.layer_types[i] not in (
                 "full_attention", "sliding_attention"):
             return f"layer {i} is {config.layer_types[i]!r}"
-        linears = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-                   *(getattr(layer.mlp, name) for name in _mlp_names(layer.mlp))]
+        attn = layer.self_attn
+        linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, *(getattr(layer.mlp, n) for n in _mlp_names(layer.mlp))]
         if any(type(m) is not nn.Linear for m in linears):
             return f"layer {i} has projections that are not plain nn.Linear"
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
@@ -261,14 +267,17 @@ class LeanForward:
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticCache, last_only: bool = False) -> torch.Tensor:
         """Run ``input_ids`` [1, T] at positions cache.length .. cache.length + T - 1; return
-        float32 logits [T, V] ([1, V] when last_only). ``cache.length`` moves only when the whole
-        forward succeeded: a failure anywhere leaves it where it was."""
+        float32 logits [T, V] ([1, V] when last_only; on CPU with 4+ rows a transposed view, see
+        ``_lm_head``). ``cache.length`` moves only when the whole forward succeeded: a failure
+        anywhere leaves it where it was (the slots it wrote lie past the length, harmless)."""
         start = cache.length
         width = input_ids.shape[1]
+        if input_ids.shape[0] != 1 or width == 0:
+            raise ValueError(f"input_ids must be [1, T] with T >= 1, not {list(input_ids.shape)}")
         end = start + width
         cache.reserve(end)
         cos, sin = self._rope(start, end, input_ids.device)  # [T, 1, D]: broadcast over heads
-        masks: dict[int | None, tuple[int, torch.Tensor | None]] = {}  # per sliding window
+        masks: dict[int | None, Mask] = {}  # per sliding window
         x = F.embedding(input_ids[0], self.embed.weight)  # x: [T, hidden]
         for layer, kv in zip(self.layers, cache.kv):
             if layer.window not in masks:
@@ -292,7 +301,7 @@ class LeanForward:
     # ---- one layer ----------------------------------------------------------------------
 
     def _decoder_layer(self, layer: _Layer, x: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor,
-                       sin: torch.Tensor, start: int, end: int, mask: tuple[int, torch.Tensor | None]) -> torch.Tensor:
+                       sin: torch.Tensor, start: int, end: int, mask: Mask) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden] (updated in place: x is this forward's own activation)."""
         width, heads, dim = x.shape[0], self.heads, self.head_dim
         h = _apply_norm(x, layer.attn_norm)
@@ -306,12 +315,13 @@ class LeanForward:
         x.add_(F.linear(out, layer.o.weight, layer.o.bias))
         h = _apply_norm(x, layer.mlp_norm)
         if layer.gate is not None:
-            h = self.act(F.linear(h, layer.gate.weight, layer.gate.bias)).mul_(F.linear(h, layer.up.weight, layer.up.bias))
+            gate = self.act(F.linear(h, layer.gate.weight, layer.gate.bias))
+            h = gate.mul_(F.linear(h, layer.up.weight, layer.up.bias))
         else:
             h = self.act(F.linear(h, layer.up.weight, layer.up.bias))
         return x.add_(F.linear(h, layer.down.weight, layer.down.bias))
 
-    def _attend(self, q: torch.Tensor, kv: torch.Tensor, end: int, mask: tuple[int, torch.Tensor | None]) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, end: int, mask: Mask) -> torch.Tensor:
         """Attention of q [T, H, D] over the cache's keys/values up to ``end``; [T, H * D].
         4-D inputs throughout: the CPU flash kernel takes only those (3-D ones fall to the math path)."""
         width, first, attn_mask = q.shape[0], *mask
@@ -333,7 +343,7 @@ class LeanForward:
                                              attn_mask=None if causal else attn_mask, scale=self.scale, **gqa)
         return out[0].transpose(0, 1).reshape(width, -1)
 
-    def _mask(self, start: int, end: int, window: int | None, device: torch.device) -> tuple[int, torch.Tensor | None]:
+    def _mask(self, start: int, end: int, window: int | None, device: torch.device) -> Mask:
         """(first key slot, mask) for queries at positions start .. end - 1: each sees the keys at
         or before its own position (and, with a sliding window, after its position minus the
         window). The mask is additive, [T, S] for a wide forward and [n_rep * T, S] for a narrow
@@ -358,7 +368,8 @@ class LeanForward:
         """cos and sign-folded sin [T, 1, D] for positions start .. end - 1, from tables computed
         as HF's rotary embedding computes them (float32, then the model's dtype); the tables
         grow by doubling."""
-        if self._cos.shape[0] < end or self._cos.device != device:
+        dtype = self.embed.weight.dtype  # the model's, also after a .to() since the tables were built
+        if self._cos.shape[0] < end or self._cos.device != device or self._cos.dtype != dtype:
             size = max(end, min(2 * self._cos.shape[0], self.max_positions), INITIAL_CAPACITY)
             self._cos, self._sin = self._rope_tables(size, device)
         return self._cos[start:end].unsqueeze(1), self._sin[start:end].unsqueeze(1)
