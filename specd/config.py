@@ -69,6 +69,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "use_draft_model": Key(bool, True, "draft with the draft model"),
         "use_lookup": Key(bool, True, "draft by prompt lookup over buffers and workspace"),
         "kv_reuse": Key(bool, True, "reuse each document's KV-cache prefix across requests"),
+        "fast_forward": Key(bool, True, "lean static-cache forward for Llama-family models (Llama, Qwen2, "
+                                        "Mistral, StarCoder2); off = transformers' own forward"),
         "draft_max": Key(int, 8, "most tokens the draft model proposes per step", _positive),
         "lookup_max": Key(int, 16, "most tokens prompt lookup proposes per step", _positive),
         "draft_confidence": Key(float, 0.3, "draft model stops a chain below this probability", _probability),

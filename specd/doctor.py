@@ -65,6 +65,8 @@ def run_doctor(args, cfg) -> int:
         print("  draft:  none (prompt lookup drafting only)")
     print(f"  device {info['device']}, dtype {info['dtype']}, FIM family {engine.template.name} "
           f"({engine.prompts.layout} layout), loaded in {time.monotonic() - started:.1f} s")
+    for role, (path, why) in engine.paths.items():
+        print(f"  {role} forward: {path.name}" + (f" ({why})" if why else " (static KV cache)"))
     costs = engine.planning.costs
     widths = ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(costs.target.items()))
     print(f"  target forward ms by width: {widths}")

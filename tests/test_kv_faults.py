@@ -13,6 +13,7 @@ import torch
 from engine_helpers import assert_lossless, make_engine, make_near_draft
 from specd.engine import CompletionRequest, compat
 from specd.engine.engine import edit_end
+from specd.engine.fastpath import LeanForward
 from specd.engine.kvcache import KVState
 
 MAX_TOKENS = 12
@@ -25,7 +26,19 @@ class Fault:
 
     def __init__(self, model, nth: int = 1, layer: int = FAULT_LAYER, error: type[BaseException] = RuntimeError):
         self.nth, self.error, self.calls = nth, error, 0
+        # The HF path runs the layer modules (a forward hook sees them); the lean path runs
+        # their weights through LeanForward._decoder_layer, wrapped here for the same model.
         self.handle = model.model.layers[layer].register_forward_hook(self._hook)
+        self.original = LeanForward._decoder_layer
+        fault = self
+
+        def decoder_layer(lean, layer_state, x, *args):
+            out = fault.original(lean, layer_state, x, *args)
+            if lean.model is model and layer_state is lean.layers[layer]:
+                fault._hook(None, None, None)
+            return out
+
+        LeanForward._decoder_layer = decoder_layer
 
     def _hook(self, module, args, output):
         self.calls += 1
@@ -37,12 +50,15 @@ class Fault:
 
     def __exit__(self, *exc) -> None:
         self.handle.remove()
+        LeanForward._decoder_layer = self.original
 
 
 def assert_consistent(kv: KVState) -> None:
-    lengths = compat.layer_lengths(kv.cache)
-    assert lengths == [len(kv.ids)] * len(lengths), (lengths, len(kv.ids))
-    assert compat.cache_length(kv.cache) == len(kv.ids)
+    assert kv.path.consistent(kv.cache, len(kv.ids))
+    if isinstance(kv.path, compat.HFForward):
+        lengths = compat.layer_lengths(kv.cache)
+        assert lengths == [len(kv.ids)] * len(lengths), (lengths, len(kv.ids))
+        assert compat.cache_length(kv.cache) == len(kv.ids)
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +67,13 @@ def pair(llama_pair, tiny_root):
     return target, make_near_draft(target, tiny_root / "llama" / "near-draft")  # 4 layers too
 
 
-@pytest.fixture(scope="module")
-def engine(pair):
-    return make_engine(*pair)
+@pytest.fixture(scope="module", params=["hf", "lean"])
+def engine(pair, request):
+    """Both forward paths: transformers' DynamicCache (crop every layer back) and the lean
+    static cache (the length never moved)."""
+    engine = make_engine(*pair, fast_forward=request.param == "lean")
+    assert engine.paths["target"][0].name == request.param
+    return engine
 
 
 def request(uri: str, text: str, offset: int, **kw) -> CompletionRequest:

@@ -52,6 +52,7 @@ class EngineOptions:
     use_draft_model: bool = True
     use_lookup: bool = True
     kv_reuse: bool = True
+    fast_forward: bool = True  # the lean static-cache forward where the architecture allows
     draft_max: int = 8
     lookup_max: int = 16
     draft_confidence: float = 0.3
@@ -115,8 +116,12 @@ class Engine:
                                      layout=self.options.fim_layout)
         self.stop_ids = self.prompts.stop_ids()
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
+        self.paths = {role: choose_forward_path(model, self.options.fast_forward)
+                      for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
+        for role, (path, why) in self.paths.items():
+            log.info("%s forward: %s%s", role, path.name, f" ({why})" if why else "")
         self.planning = PlannerMemory(calibrate(
-            lambda: KVState(pair.target), (lambda: KVState(pair.draft)) if pair.draft is not None else None,
+            lambda: self._kv("target"), (lambda: self._kv("draft")) if pair.draft is not None else None,
             min(m.get_input_embeddings().weight.shape[0] for m in (pair.target, pair.draft) if m is not None),
             max(self.options.lookup_max, self.options.draft_max) + 1, pair.device))
         log.info("forward costs: %s", self.planning.costs.describe())
@@ -221,9 +226,12 @@ class Engine:
             caches=self.caches, budget_s=budget_s,
             new_state=self._new_state)
 
+    def _kv(self, role: str) -> KVState:
+        path, _ = self.paths[role]
+        return KVState(self.pair.target if role == "target" else self.pair.draft, path)
+
     def _new_state(self) -> DocumentState:
-        pair = self.pair
-        return DocumentState(KVState(pair.target), KVState(pair.draft) if pair.draft is not None else None)
+        return DocumentState(self._kv("target"), self._kv("draft") if self.pair.draft is not None else None)
 
     def document_text(self, uri: str) -> str | None:
         with self._lock:
@@ -420,6 +428,8 @@ class Engine:
             "oom_retries": self.oom_retries,
             "acceptance": acceptance,
             "planner": self._planner_stats(),
+            "forward": {role: {"path": path.name, "why": why} for role, (path, why) in self.paths.items()}
+            if self.pair is not None else None,
             "threads": torch.get_num_threads(),
         }
 
@@ -494,6 +504,19 @@ def fit_prompt_budget(prefix: int, suffix: int, context: int, window: int | None
     log.info("prompt budget %d+%d+%d tokens exceeds the model's %d-token window; using %d+%d+%d",
              prefix, suffix, context, window, *fitted)
     return fitted
+
+
+def choose_forward_path(model, enabled: bool):
+    """(path, why): the lean static-cache forward where it serves the model exactly, else
+    transformers' own (why says what stands in the way)."""
+    from specd.engine.fastpath import LeanForward, unsupported_reason
+
+    if not enabled:
+        return compat.HFForward(model), "engine.fast_forward is off"
+    reason = unsupported_reason(model)
+    if reason is not None:
+        return compat.HFForward(model), reason
+    return LeanForward(model), None
 
 
 def set_cpu_threads(threads: int) -> None:

@@ -206,6 +206,8 @@ class LeanForward:
     """The batch-1 forward of one HF Llama-family model. Build once per model (check
     ``unsupported_reason`` first); caches come from ``new_cache``, one per sequence."""
 
+    name = "lean"
+
     def __init__(self, model: PreTrainedModel):
         reason = unsupported_reason(model)
         if reason is not None:
@@ -263,6 +265,10 @@ class LeanForward:
     @staticmethod
     def nbytes(cache: StaticCache) -> int:
         return cache.nbytes()
+
+    @staticmethod
+    def consistent(cache: StaticCache, length: int) -> bool:
+        return cache.length == length  # a failed forward never moves the length
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticCache, last_only: bool = False) -> torch.Tensor:

@@ -11,7 +11,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Protocol, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -32,11 +32,25 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+class ForwardPath(Protocol):
+    """How a model runs over its cache: ``compat.HFForward`` (every architecture) or
+    ``fastpath.LeanForward`` (Llama-family models, a static cache)."""
+
+    name: str
+
+    def new_cache(self) -> Any: ...
+    def forward(self, input_ids: torch.Tensor, cache: Any, last_only: bool = False) -> torch.Tensor: ...
+    def crop(self, cache: Any, length: int) -> None: ...
+    def consistent(self, cache: Any, length: int) -> bool: ...
+    def nbytes(self, cache: Any) -> int: ...
+
+
 class KVState:
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, path: ForwardPath | None = None):
         self.model = model
         self.device = model.device
-        self.cache = compat.new_cache(model)
+        self.path = path if path is not None else compat.HFForward(model)
+        self.cache = self.path.new_cache()
         self.ids: list[int] = []
         self.forwards = 0
 
@@ -45,7 +59,7 @@ class KVState:
         the crop fail, the state starts empty (ids and cache still agree) and the error is raised."""
         if length < len(self.ids):
             try:
-                compat.crop_layers(self.cache, length)
+                self.path.crop(self.cache, length)
             except BaseException:
                 self.reset()
                 raise
@@ -59,7 +73,7 @@ class KVState:
         before the call, and the error is raised. The cache is never left inconsistent."""
         input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
         try:
-            logits = compat.forward(self.model, input_ids, self.cache, last_only=last_only)
+            logits = self.path.forward(input_ids, self.cache, last_only=last_only)
         except BaseException:
             self._restore(len(self.ids))
             raise
@@ -71,8 +85,8 @@ class KVState:
         """Every layer back to ``length`` positions after a failed forward; an empty state if
         that cannot be done (a layer that cannot be cropped, one shorter than ``length``)."""
         try:
-            compat.crop_layers(self.cache, length)
-            if all(held == length for held in compat.layer_lengths(self.cache)):
+            self.path.crop(self.cache, length)
+            if self.path.consistent(self.cache, length):
                 return
         except Exception:
             log.debug("cropping the cache after a failed forward failed", exc_info=True)
@@ -100,10 +114,10 @@ class KVState:
         return True
 
     def nbytes(self) -> int:
-        return compat.cache_nbytes(self.cache)
+        return self.path.nbytes(self.cache)
 
     def reset(self) -> None:
-        self.cache = compat.new_cache(self.model)
+        self.cache = self.path.new_cache()
         self.ids = []
 
 
