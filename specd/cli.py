@@ -43,6 +43,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "model.device": get("device"),
         "model.dtype": get("dtype"),
         "model.fim_layout": get("fim_layout"),
+        "engine.token_healing": None if get("token_healing") is None else get("token_healing") == "on",
         "log.level": get("log_level"),
         "daemon.socket": get("socket"),
     }
@@ -101,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fim-layout", choices=("auto", "psm", "spm", "anchored"),
                    help="force the engine's FIM prompt layout (model.fim_layout); the report records the "
                         "layout in effect")
+    p.add_argument("--token-healing", choices=("on", "off"),
+                   help="token healing at the cursor (engine.token_healing; default on): every method gets the "
+                        "same healed prompt and the same constraint on its first tokens")
     p.add_argument("--corpus", metavar="DIR", help="source files to build workloads from (default: held-out stdlib modules)")
     p.add_argument("--workloads", default="line,edit_replay,cold,multi_file",
                    help="comma-separated: line, edit_replay, cold, multi_file")

@@ -69,6 +69,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "use_draft_model": Key(bool, True, "draft with the draft model"),
         "use_lookup": Key(bool, True, "draft by prompt lookup over buffers and workspace"),
         "kv_reuse": Key(bool, True, "reuse each document's KV-cache prefix across requests"),
+        "token_healing": Key(bool, True, "end the prompt a token before the cursor and re-type it, so a fresh "
+                                         "indented line or a half-typed word is not a token the model never saw"),
         "fast_forward": Key(bool, True, "lean static-cache forward for Llama-family models (Llama, Qwen2, "
                                         "Mistral, StarCoder2); off = transformers' own forward"),
         "draft_max": Key(int, 8, "most tokens the draft model proposes per step", _positive),

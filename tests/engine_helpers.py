@@ -51,19 +51,21 @@ def make_drafting_free(engine: Engine) -> None:
     costs.record_draft = lambda catch_up, steps, ms: None
 
 
-def reference_tokens(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """The target alone, greedy, through plain transformers generate(), no early stop."""
+def reference_tokens(model, prompt_ids: list[int], max_new_tokens: int, allowed=None) -> list[int]:
+    """The target alone, greedy, through plain transformers generate(), no early stop; under
+    the token-healing constraint (``prefix_allowed_tokens_fn``) when the prompt was healed."""
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                              min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
+                             pad_token_id=0, prefix_allowed_tokens_fn=allowed)
     return out[0, len(prompt_ids):].tolist()
 
 
 def assert_lossless(engine: Engine, result: CompletionResult, max_tokens: int) -> None:
     """The completion is exactly the target's greedy continuation, cut where a stop rule fired."""
-    reference = reference_tokens(engine.pair.target, result.prompt_ids, max_tokens)
+    allowed = engine.healing_constraint(result.healed, len(result.prompt_ids))
+    reference = reference_tokens(engine.pair.target, result.prompt_ids, max_tokens, allowed)
     n = len(result.token_ids)
     assert result.token_ids == reference[:n], (result.stop_reason, result.token_ids, reference)
     if result.stop_reason == "eos":

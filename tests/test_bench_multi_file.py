@@ -102,7 +102,7 @@ def test_specd_drafts_from_the_twin_when_it_holds_what_the_target_writes(llama_p
             twins.append((f"variants/v{number}.py", item.text[item.offset - 200:item.offset] + reference.text))
         items = [dataclasses.replace(item, workspace=tuple(twins)) for item in items]
         methods = [make_method(name, engine, 12) for name in ("hf_greedy", "specd", "specd_no_workspace")]
-        runs, lengths, labels, _ = measure(engine, methods, {"multi_file": items})["multi_file"]
+        runs, lengths, labels, *_ = measure(engine, methods, {"multi_file": items})["multi_file"]
         summary = summarize_workload(runs, lengths, labels)["methods"]
     finally:
         torch.set_num_threads(threads)

@@ -160,8 +160,8 @@ def test_typing_through_a_suggestion_drafts_from_its_rest(spm_engine, sample_sou
     text = sample_source
     cursor = text.index("        return ranked[:count]")
     first = spm_engine.complete(request(text, cursor, use_draft_model=False))
-    typed = spm_engine.pair.tokenizer.decode(first.token_ids[:2])
-    assert first.text.startswith(typed) and len(first.text) > len(typed)
+    typed = spm_engine.pair.tokenizer.decode(first.token_ids[:3])[len(first.healed):]  # after the cursor
+    assert typed and first.text.startswith(typed) and len(first.text) > len(typed)
     second = spm_engine.complete(request(text[:cursor] + typed + text[cursor:], cursor + len(typed),
                                          use_draft_model=False))
     assert_lossless(spm_engine, second, MAX_TOKENS)

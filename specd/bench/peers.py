@@ -72,6 +72,15 @@ class Run:
         return max(0.0, self.ms - self.first_token_ms)
 
 
+class PromptIds(list):
+    """Prompt token ids, and the text before the cursor that token healing cut from them: every
+    method's output re-types it first (HF peers under ``prefix_allowed_tokens_fn``)."""
+
+    def __init__(self, ids=(), healed: str = ""):
+        super().__init__(ids)
+        self.healed = healed
+
+
 class Method(Protocol):
     name: str
 
@@ -106,6 +115,7 @@ class HfMethod:
 
     def __init__(self, name: str, engine: Engine, max_tokens: int, **generate_kwargs):
         self.name = name
+        self.engine = engine
         self.pair = engine.pair
         self.stop_ids = sorted(engine.stop_ids)
         self.max_tokens = max_tokens
@@ -119,9 +129,11 @@ class HfMethod:
         with ForwardWatch(target) as watch:
             started = time.perf_counter()
             reused, cache_kwargs = self._prepare(item.doc, prompt_ids)  # part of the request's time
+            # Token healing: the same constraint on the first tokens as specd's engine applies.
+            allowed = self.engine.healing_constraint(getattr(prompt_ids, "healed", ""), len(prompt_ids))
             out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_tokens,
                                   do_sample=False, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-                                  **self.generate_kwargs, **cache_kwargs)
+                                  prefix_allowed_tokens_fn=allowed, **self.generate_kwargs, **cache_kwargs)
             sequence = out[0].tolist()  # .tolist() waits for the device
             ms = (time.perf_counter() - started) * 1000
         self._keep(item.doc, sequence, cache_kwargs)

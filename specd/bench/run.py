@@ -1,8 +1,10 @@
 """``specd bench``: every method on every completion, interleaved, on one loaded model pair.
 
-Order of work: load the pair once, cut the workloads, warm every method up once (first-call
-overheads stay out of the numbers), then for each completion run all methods back to back,
-rotating which goes first, so a slow stretch of a shared machine hits every method alike.
+Order of work: load the pair once, measure what one forward costs on each forward path
+(``costs``; ``--no-forward-costs`` skips it, ``--forward-costs-only`` stops after it), cut the
+workloads, warm every method up once (first-call overheads stay out of the numbers), then
+for each completion run all methods back to back, rotating which goes first, so a slow stretch
+of a shared machine hits every method alike.
 Results go to stdout (table, or JSON with ``--json``); logs and the progress bar to stderr.
 """
 
@@ -18,8 +20,9 @@ import time
 from typing import Any
 
 from specd.bench import report as reporting
+from specd.bench.costs import measure_forward_costs
 from specd.bench.peers import (ALL_METHODS, NEEDS_DRAFT, PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_TOKENS, REFERENCE,
-                               Method, Run, make_method)
+                               Method, PromptIds, Run, make_method)
 from specd.bench.workloads import WORKLOADS, Completion, build_workloads, edit_replay_requests, load_corpus
 
 log = logging.getLogger(__name__)
@@ -28,6 +31,7 @@ EXIT_USAGE = 2
 EXIT_MODEL = 1
 WARMUP_DOC = "warmup"
 PROMPT_KEY = "bench/prompts/{doc}"  # the engine document key the HF peers' prompts are built under
+WORKLOAD_METADATA = ("settings", "hf_settings", "reference")  # left out of a --forward-costs-only report
 
 
 def _names(value: str | None, known: tuple[str, ...], what: str) -> list[str]:
@@ -44,7 +48,8 @@ def command_line(args: argparse.Namespace) -> str:
     """The ``specd bench`` invocation that reproduces this run (flags that were given)."""
     parts = ["specd", "bench"]
     for flag, name in (("--model", "model"), ("--draft-model", "draft_model"), ("--device", "device"),
-                       ("--dtype", "dtype"), ("--fim-layout", "fim_layout"), ("--corpus", "corpus"),
+                       ("--dtype", "dtype"), ("--fim-layout", "fim_layout"),
+                       ("--token-healing", "token_healing"), ("--corpus", "corpus"),
                        ("--methods", "methods")):
         value = getattr(args, name, None)
         if value:
@@ -57,6 +62,9 @@ def command_line(args: argparse.Namespace) -> str:
             parts += [flag, str(value)]
     if getattr(args, "json", False):
         parts.append("--json")
+    for flag, name in (("--no-forward-costs", "no_forward_costs"), ("--forward-costs-only", "forward_costs_only")):
+        if getattr(args, name, False):
+            parts.append(flag)
     if getattr(args, "plot", None):
         parts += ["--plot", args.plot]
     return shlex.join(parts)
@@ -89,15 +97,14 @@ def _progress(total: int):
     return tqdm(total=total, desc="bench", unit="completion", file=sys.stderr, disable=None, dynamic_ncols=True)
 
 
-def _prompt_ids(engine, item: Completion) -> list[int]:
-    """The prompt ids the engine builds for ``item``: what the HF peers are given. Under the
+def _prompt_ids(engine, item: Completion) -> PromptIds:
+    """The prompt ids the engine builds for ``item``: what the HF peers are given, with the text
+    token healing cut before the cursor (which every method's output re-types first). Under the
     anchored layout a prompt also depends on the document's previous request (where its anchor
-    sits): an engine that tracks that answers ``prompt_ids_for`` under a key of the bench's own,
-    which sees the same sequence of requests as each specd method's document. Otherwise the
-    prompt is a pure function of text and cursor."""
-    if hasattr(engine, "prompt_ids_for"):
-        return list(engine.prompt_ids_for(PROMPT_KEY.format(doc=item.doc), item.text, item.offset))
-    return list(engine.prompts.build(item.text, item.offset).ids)
+    sits): the engine answers under a key of the bench's own, which sees the same sequence of
+    requests as each specd method's document."""
+    prompt = engine.build_prompt(PROMPT_KEY.format(doc=item.doc), item.text, item.offset)
+    return PromptIds(prompt.ids, healed=prompt.healed)
 
 
 def _close(engine, methods: list[Method], doc: str) -> None:
@@ -122,10 +129,12 @@ def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]
         for name, items in workloads.items():
             runs: dict[str, list[Run]] = {m.name: [] for m in methods}
             lengths: list[int] = []
+            healed: list[str] = []
             last_use = {item.doc: i for i, item in enumerate(items)}
             for i, item in enumerate(items):
                 prompt = _prompt_ids(engine, item)
                 lengths.append(len(prompt))
+                healed.append(prompt.healed)
                 shift = turn % len(methods)
                 for method in methods[shift:] + methods[:shift]:
                     runs[method.name].append(method.run(item, prompt))
@@ -133,7 +142,7 @@ def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]
                     _close(engine, methods, item.doc)
                 turn += 1
                 bar.update()
-            results[name] = (runs, lengths, [item.label for item in items], [item.expected for item in items])
+            results[name] = (runs, lengths, [item.label for item in items], [item.expected for item in items], healed)
     return results
 
 
@@ -195,6 +204,7 @@ def _metadata(args: argparse.Namespace, engine, wall_s: float) -> dict[str, Any]
             "draft_max": opts.draft_max, "lookup_max": opts.lookup_max,
             "draft_confidence": opts.draft_confidence, "stop_at_block_end": False,
             "fim_layout": getattr(opts, "fim_layout", "auto"),  # as asked; the top-level one is in effect
+            "token_healing": opts.token_healing,
             "edit_replay_requests": edit_replay_requests(args.limit),
         },
         "hf_settings": hf_settings(engine),
@@ -203,18 +213,39 @@ def _metadata(args: argparse.Namespace, engine, wall_s: float) -> dict[str, Any]
     }
 
 
+def _announce(line: str) -> None:
+    print(f"specd bench: {line}", file=sys.stderr, flush=True)
+
+
+def _report_forward_costs(args: argparse.Namespace, engine, costs: dict[str, Any], started: float) -> int:
+    """``--forward-costs-only``: the forward costs and what they ran on; no workloads."""
+    report = {key: value for key, value in _metadata(args, engine, time.monotonic() - started).items()
+              if key not in WORKLOAD_METADATA}
+    report["forward_costs"] = costs
+    if args.json:
+        import json
+
+        print(json.dumps(report, indent=2))
+    else:
+        print(reporting.format_forward_costs_report(report))
+    return 0
+
+
 def run_bench(args: argparse.Namespace, cfg) -> int:
     started = time.monotonic()
+    costs_only = getattr(args, "forward_costs_only", False)
     try:
+        if costs_only and getattr(args, "no_forward_costs", False):
+            raise ValueError("--forward-costs-only and --no-forward-costs exclude each other")
         workload_names = _names(args.workloads, WORKLOADS, "workload")
         method_names = _names(args.methods, ALL_METHODS, "method")
         if args.limit < 1 or args.max_tokens < 1:
             raise ValueError("--limit and --max-tokens must be at least 1")
-        files = load_corpus(args.corpus)
+        files = [] if costs_only else load_corpus(args.corpus)
     except ValueError as err:
         print(f"specd bench: {err}", file=sys.stderr)
         return EXIT_USAGE
-    if not files:
+    if not files and not costs_only:
         print(f"specd bench: no usable source files in {args.corpus or 'the held-out stdlib modules'}",
               file=sys.stderr)
         return EXIT_USAGE
@@ -249,6 +280,11 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
         import torch
 
         torch.set_num_threads(threads)
+    forward_costs = None
+    if not getattr(args, "no_forward_costs", False):
+        forward_costs = measure_forward_costs(engine, announce=_announce)
+    if getattr(args, "forward_costs_only", False):
+        return _report_forward_costs(args, engine, forward_costs, started)
     workloads = build_workloads(workload_names, files, args.limit, args.seed)
     methods = _methods(method_names, engine, args.max_tokens)
     log.info("bench: %s; methods %s; %d source files",
@@ -258,10 +294,12 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
     report = _metadata(args, engine, time.monotonic() - started)
     decode = engine.pair.tokenizer.decode
     report["workloads"] = {}
-    for name, (runs, lengths, labels, expected) in results.items():
+    for name, (runs, lengths, labels, expected, healed) in results.items():
         if lengths:
             summary = reporting.summarize_workload(runs, lengths, labels)
-            summary["quality"] = reporting.quality([decode(r.tokens) for r in runs[REFERENCE]], expected)
+            # What the editor would show: the output after the re-typed (healed) text.
+            shown = [decode(r.tokens)[len(cut):] for r, cut in zip(runs[REFERENCE], healed)]
+            summary["quality"] = reporting.quality(shown, expected)
             report["workloads"][name] = summary
     report["goals"] = reporting.goals(report["workloads"])
     report["identical"] = all(s["identical"] for w in report["workloads"].values() for s in w["methods"].values())
@@ -269,6 +307,7 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
     report["identical_evidence"] = sum(s["matched_nonempty"] for w in report["workloads"].values()
                                        for name, s in w["methods"].items() if name != REFERENCE)
     report["empty_references"] = sum(w["empty_references"] for w in report["workloads"].values())
+    report["forward_costs"] = forward_costs  # None with --no-forward-costs
     if args.plot:
         reporting.write_plot(report, args.plot)
         log.info("plot written to %s", args.plot)

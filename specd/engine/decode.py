@@ -194,10 +194,13 @@ def speculative_decode(
     deadline: float,
     cancel: threading.Event | None = None,
     generator: torch.Generator | None = None,
+    constrain: Callable[[torch.Tensor, list[int], list[int]], torch.Tensor] | None = None,
 ) -> DecodeOutcome:
     """Generate after ``seq`` (whose last token is pending; the target holds ``seq[:-1]``).
 
     ``stop(token)`` sees each new token in order and returns a reason to stop, or None.
+    ``constrain(logits, out, draft)``, if given, returns the verify logits with disallowed
+    tokens masked (token healing): drafts and the target's own tokens obey it alike.
     """
     start = time.monotonic()
     first_token_s = 0.0
@@ -213,6 +216,8 @@ def speculative_decode(
         step_started = time.perf_counter()
         logits = target.extend([seq[-1], *draft.tokens])  # [k + 1, V], one forward
         forwards += 1
+        if constrain is not None:
+            logits = constrain(logits, out, draft.tokens)
         accepted, own = verify(logits, draft, sampling, generator)  # reads the logits: a device sync
         planner.record(draft, accepted, (time.perf_counter() - step_started) * 1000)
         target.rollback(len(seq) + accepted)  # keep seq[-1] and the accepted drafts

@@ -21,6 +21,7 @@ from specd.engine.context import ContextSelector
 from specd.engine.corpus import Corpus
 from specd.engine.costs import calibrate
 from specd.engine.decode import DraftPlanner, PlannerMemory, speculative_decode
+from specd.engine.healing import HealingVocabulary
 from specd.engine.drafters import ContinuationDrafter, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
@@ -53,6 +54,7 @@ class EngineOptions:
     use_lookup: bool = True
     kv_reuse: bool = True
     fast_forward: bool = True  # the lean static-cache forward where the architecture allows
+    token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it
     draft_max: int = 8
     lookup_max: int = 16
     draft_confidence: float = 0.3
@@ -116,6 +118,8 @@ class Engine:
                                      layout=self.options.fim_layout)
         self.stop_ids = self.prompts.stop_ids()
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
+        self.healing = HealingVocabulary(pair.tokenizer, self.vocab_size)
+        self.prompts.healing = self.healing
         self.paths = {role: choose_forward_path(model, self.options.fast_forward)
                       for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
         for role, (path, why) in self.paths.items():
@@ -252,13 +256,15 @@ class Engine:
 
     # -- prompts ---------------------------------------------------------------------------
 
-    def build_prompt(self, uri: str | None, text: str, offset: int, chunks=None, path: str | None = None) -> Prompt:
+    def build_prompt(self, uri: str | None, text: str, offset: int, chunks=None, path: str | None = None,
+                     heal: bool | None = None) -> Prompt:
         """The document's prompt for a cursor at ``offset``. In the anchored layout the anchor
         carries over from the document's previous prompt (``prompt.choose_anchor``), so the
         same sequence of requests gives the same ids whoever asks."""
         with self._lock:
             previous = self._anchors.get(uri) if uri else None
-        prompt = self.prompts.build(text, offset, chunks, path, previous)
+        heal = self.options.token_healing if heal is None else heal
+        prompt = self.prompts.build(text, offset, chunks, path, previous, heal=heal)
         if uri and self.prompts.anchored:
             with self._lock:
                 self._anchors[uri] = prompt.anchor
@@ -268,6 +274,11 @@ class Engine:
         """Prompt ids a request on ``uri`` would use (no context chunks): what the bench gives
         its HF peers, under its own key that sees the same sequence of requests."""
         return self.build_prompt(uri, text, offset).ids
+
+    def healing_constraint(self, healed: str, prompt_length: int):
+        """The token-healing constraint as ``generate(prefix_allowed_tokens_fn=...)`` takes it
+        (None when nothing was healed): how anyone reproduces specd's output with plain HF."""
+        return self.healing.prefix_allowed_fn(healed, prompt_length) if healed else None
 
     # -- completion ------------------------------------------------------------------------
 
@@ -323,7 +334,7 @@ class Engine:
         chunks = req.extra_context
         if not chunks and req.uri and self.options.auto_context:  # the set in use; changes are warmed in idle time
             chunks = self.context.chunks_for(req.uri, text, offset, req.path or req.uri)
-        prompt = self.build_prompt(req.uri, text, offset, chunks, req.path or req.uri)
+        prompt = self.build_prompt(req.uri, text, offset, chunks, req.path or req.uri, heal=req.token_healing)
         if not prompt.ids:
             raise EngineError("empty prompt: nothing before the cursor and no FIM template to frame it")
         return prompt
@@ -333,7 +344,7 @@ class Engine:
         lookup = continuation = model = None
         if settings.use_lookup:
             lookup = LookupDrafter(state.context_index, self._lookup_sources(req.uri))
-            continuation = self._continuation(state, text, offset, len(prompt.ids))
+            continuation = self._continuation(state, text, offset, prompt)
         if settings.use_draft:
             model = ModelDrafter(state.draft, self.vocab_size, settings.sampling, self.options.draft_confidence,
                                  settings.generator)
@@ -358,11 +369,14 @@ class Engine:
 
         planner = self._planner(state, settings, req, text, offset, prompt)
         stop = StopRules(self.pair.tokenizer, self.stop_ids, req.single_line,
-                         prompt.indent if req.stop_at_block_end else None)
+                         prompt.indent if req.stop_at_block_end else None, healed=prompt.healed)
+        constrain = None
+        if prompt.healed:
+            constrain = lambda logits, out, draft: self.healing.mask(logits, prompt.healed, out, draft)  # noqa: E731
         draft_forwards_before = state.draft.forwards if state.draft else 0
         outcome = speculative_decode(state.target, list(prompt.ids), planner, settings.sampling,
                                      settings.max_tokens, stop, deadline=started + settings.budget_s,
-                                     cancel=cancel, generator=settings.generator)
+                                     cancel=cancel, generator=settings.generator, constrain=constrain)
         completion = stop.text()
         state.last_prefix, state.last_completion = text[:offset], completion
         if settings.kv_reuse:
@@ -375,6 +389,7 @@ class Engine:
             token_ids=outcome.tokens,
             prompt_ids=list(prompt.ids),
             stop_reason=outcome.stop_reason,
+            healed=prompt.healed,
             target_forwards=outcome.target_forwards,
             draft_forwards=(state.draft.forwards - draft_forwards_before) if state.draft else 0,
             prefill_computed=len(prompt.ids) - 1 - reused,
@@ -395,7 +410,7 @@ class Engine:
                 total.steps += s.steps
 
     def _continuation(self, state: DocumentState, text: str, offset: int,
-                      prompt_length: int) -> ContinuationDrafter | None:
+                      prompt: Prompt) -> ContinuationDrafter | None:
         """If the user typed (part of) the last suggestion, its rest drafts this completion."""
         old_prefix, old_completion = state.last_prefix, state.last_completion
         if not old_completion or offset < len(old_prefix) or not text.startswith(old_prefix):
@@ -403,7 +418,8 @@ class Engine:
         typed = text[len(old_prefix):offset]
         if len(typed) >= len(old_completion) or not old_completion.startswith(typed):
             return None
-        return ContinuationDrafter(prompt_length, self.prompts.encode(old_completion[len(typed):]))
+        # The output re-types the healed text first, then the suggestion's rest.
+        return ContinuationDrafter(len(prompt.ids), self.prompts.encode(prompt.healed + old_completion[len(typed):]))
 
     # -- reporting -------------------------------------------------------------------------
 

@@ -147,6 +147,7 @@ class Prompt:
     chunks_used: list[str] = field(default_factory=list)
     anchor: int = -1  # char offset where the prefix ends (the cursor, unless anchored)
     forced: int = 0  # tokens at the end of ids that re-type text[anchor:cursor] after the middle token
+    healed: str = ""  # text before the cursor cut from the prompt (token healing): output re-types it
 
 
 class PromptBuilder:
@@ -158,6 +159,7 @@ class PromptBuilder:
         self.suffix_tokens = suffix_tokens
         self.extra_tokens = extra_tokens
         self.layout = resolve_layout(template, layout)
+        self.healing = None  # a healing.HealingVocabulary turns token healing on (the engine sets it)
 
     @property
     def suffix_first(self) -> bool:
@@ -264,16 +266,33 @@ class PromptBuilder:
                 return candidate, forced
         return offset, []
 
+    def _heal(self, segment: str, ids: list[int]) -> tuple[list[int], str]:
+        """``ids`` (the tokens of ``segment``, which ends at the cursor) without the last token,
+        and that token's text, which generation must re-type; unchanged when it cannot be cut
+        cleanly (a special token, or text that is not the segment's exact tail)."""
+        if self.healing is None or not ids:
+            return ids, ""
+        tail = self.healing.decode_tail(self.tokenizer, ids)
+        if not tail or "\ufffd" in tail or not segment.endswith(tail):
+            return ids, ""
+        return ids[:-1], tail
+
     def build(self, text: str, offset: int, chunks: list[ContextChunk] | None = None,
-              path: str | None = None, previous_anchor: int | None = None) -> Prompt:
+              path: str | None = None, previous_anchor: int | None = None, heal: bool = True) -> Prompt:
         """The prompt for a cursor at ``offset``. In the anchored layout the prefix ends at an
         anchor chosen from the document's ``previous_anchor`` (``choose_anchor``); the prompt
-        records it, for the caller to pass back with the next request."""
+        records it, for the caller to pass back with the next request. With ``heal`` (and a
+        healing vocabulary) the text before the cursor loses its last token (``Prompt.healed``)."""
         if not 0 <= offset <= len(text):
             raise EngineError(f"cursor offset {offset} is out of range 0..{len(text)}")
         anchor, forced = self._anchor(text, offset, previous_anchor) if self.anchored else (offset, [])
         prefix_start, prefix_ids = self._prefix_window(text, anchor)
         suffix_end, suffix_ids = self._suffix_window(text, offset)
+        healed = ""
+        if heal and forced:  # the forced middle ends at the cursor
+            forced, healed = self._heal(text[anchor:offset], forced)
+        elif heal:  # the prefix does
+            prefix_ids, healed = self._heal(text[prefix_start:offset], prefix_ids)
         context_ids, used = self._context_ids(chunks or [], path)
         ids: list[int] = []
         if self.template.bos and self.tokenizer.bos_token_id is not None:
@@ -292,4 +311,4 @@ class PromptBuilder:
         indent = line[: len(line) - len(line.lstrip(" \t"))]
         line_end = text.find("\n", offset)
         tail = text[offset: line_end if line_end >= 0 else len(text)]
-        return Prompt(ids, prefix_start, suffix_end, indent, tail, used, anchor, len(forced))
+        return Prompt(ids, prefix_start, suffix_end, indent, tail, used, anchor, len(forced), healed)

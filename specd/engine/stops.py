@@ -13,8 +13,10 @@ class StopRules:
     """Callable per new token; returns a stop reason or None. ``text()`` is the completion cut
     at the stop point (text rules can cut inside a token: the token stays in token_ids)."""
 
-    def __init__(self, tokenizer, stop_ids: set[int], single_line: bool, block_indent: str | None):
+    def __init__(self, tokenizer, stop_ids: set[int], single_line: bool, block_indent: str | None,
+                 healed: str = ""):
         self.tokenizer = tokenizer
+        self.healed = healed  # the tokens re-type this first (token healing): not part of the completion
         self.stop_ids = stop_ids
         self.single_line = single_line
         # Block end: the first new line indented less than the cursor's line ends the block.
@@ -28,7 +30,7 @@ class StopRules:
         self.ids.append(token)
         if not self.single_line and self.block_width is None:
             return None
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=False)
+        text = self._after_cursor()
         if self.single_line:
             content = len(text) - len(text.lstrip())
             newline = text.find("\n", content) if content < len(text) else -1
@@ -55,6 +57,12 @@ class StopRules:
             newline = next_newline
         return None
 
-    def text(self) -> str:
+    def _after_cursor(self) -> str:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=False)
+        if not self.healed:
+            return text
+        return text[len(self.healed):] if text.startswith(self.healed) else ""
+
+    def text(self) -> str:
+        text = self._after_cursor()
         return text if self._cut is None else text[: self._cut]

@@ -49,6 +49,7 @@ class CompletionRequest:
     use_draft_model: bool | None = None  # None: engine default
     use_lookup: bool | None = None
     kv_reuse: bool | None = None
+    token_healing: bool | None = None  # None: engine default (engine.token_healing)
     extra_context: list[ContextChunk] = field(default_factory=list)
     path: str | None = None  # file path shown in repo-level prompts
 
@@ -70,6 +71,7 @@ class CompletionResult:
     token_ids: list[int]
     prompt_ids: list[int]
     stop_reason: str  # eos | max_tokens | single_line | block_end | time_budget | cancelled
+    healed: str = ""  # text before the cursor that token_ids re-type first (token healing); not in text
     target_forwards: int = 0
     draft_forwards: int = 0
     prefill_computed: int = 0  # target prompt tokens run through the model for this request

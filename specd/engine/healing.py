@@ -1,0 +1,110 @@
+"""Token healing: the prompt ends at a token boundary before the cursor, and the first generated
+tokens are constrained to re-type what was cut.
+
+Why: byte-level BPE tokenizers (GPT-2, Qwen, StarCoder, DeepSeek ...) split ``"\\n        self"``
+as ``"\\n"``, 7 spaces, ``" self"``; a prompt that ends in 8 spaces (a fresh indented line) or in
+half a word ends in a token the model has rarely seen there, and it writes whitespace or junk.
+So the prompt drops its last token (``heal``) and generation must start with that token's text:
+each generated token's text either starts with what is still to re-type, or is a prefix of it
+(``remaining``). The constraint masks the target's logits (``mask``), for drafts and
+verification alike, so output stays the target's greedy (or sampled) output under the same
+constraint; the returned completion is what follows the cursor.
+
+Tokenizer-agnostic: a token's text is measured in context (decoded after a fixed plain token,
+so SentencePiece's leading-space marker counts), never from a list of families.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+import torch
+
+
+class HealingVocabulary:
+    """Every token's text, indexed by its first character, for constraint checks."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self.vocab_size = vocab_size
+        anchor = tokenizer.encode("x", add_special_tokens=False)[-1]
+        base = tokenizer.decode([anchor])
+        known = min(len(tokenizer), vocab_size)
+        special = set(tokenizer.all_special_ids) | {
+            i for i, token in tokenizer.added_tokens_decoder.items() if getattr(token, "special", False)}
+        decoded = tokenizer.batch_decode([[anchor, i] for i in range(known)], skip_special_tokens=False)
+        self.texts: list[str] = [""] * vocab_size  # "" = never allowed while healing
+        self._by_first: dict[str, list[int]] = defaultdict(list)
+        for i, text in enumerate(decoded):
+            if i in special or not text.startswith(base):
+                continue
+            text = text[len(base):]
+            if not text or "\ufffd" in text:  # part of a UTF-8 sequence: no text of its own
+                continue
+            self.texts[i] = text
+            self._by_first[text[0]].append(i)
+        self._allowed: dict[str, torch.Tensor] = {}
+
+    def decode_tail(self, tokenizer, ids: Sequence[int]) -> str:
+        """The text the last of ``ids`` adds after the ones before it."""
+        if len(ids) == 1:
+            return self.texts[ids[0]] if ids[0] < self.vocab_size else ""
+        return tokenizer.decode(list(ids[-2:]))[len(tokenizer.decode(list(ids[-2:-1]))):]
+
+    def allowed(self, rest: str) -> torch.Tensor:
+        """Ids whose text starts with ``rest`` or is a non-empty prefix of it (a LongTensor)."""
+        ids = self._allowed.get(rest)
+        if ids is None:
+            ids = torch.tensor([i for i in self._by_first.get(rest[0], ())
+                                if self.texts[i].startswith(rest) or rest.startswith(self.texts[i])],
+                               dtype=torch.long)
+            if len(self._allowed) > 4096:
+                self._allowed.clear()
+            self._allowed[rest] = ids
+        return ids
+
+    def remaining(self, healed: str, tokens: Sequence[int]) -> str | None:
+        """What is still to re-type after ``tokens`` ("" once done); None if a token broke it."""
+        rest = healed
+        for token in tokens:
+            if not rest:
+                return ""
+            text = self.texts[token] if 0 <= token < self.vocab_size else ""
+            if not text:
+                return None
+            if text.startswith(rest):
+                rest = ""
+            elif rest.startswith(text):
+                rest = rest[len(text):]
+            else:
+                return None
+        return rest
+
+    def mask(self, logits: torch.Tensor, healed: str, before: Sequence[int], draft: Sequence[int]) -> torch.Tensor:
+        """``logits`` [k + 1, V] with the constraint applied (a copy when any row changes): row i
+        follows ``before`` + draft[:i]. Rows after a draft token that broke the constraint are
+        left alone: verification rejects that token (its masked probability is 0) first."""
+        rest = self.remaining(healed, before)
+        out = None
+        for i in range(len(draft) + 1):
+            if not rest:
+                break
+            if out is None:
+                out = logits.clone()  # the forward's output may be an inference tensor: never in place
+            keep = self.allowed(rest).to(out.device)
+            row = torch.full_like(out[i], float("-inf"))
+            row[keep] = out[i, keep]
+            out[i] = row
+            if i < len(draft):
+                rest = self.remaining(rest, draft[i:i + 1])
+        return logits if out is None else out
+
+    def prefix_allowed_fn(self, healed: str, prompt_length: int):
+        """The same constraint for ``generate(prefix_allowed_tokens_fn=...)`` (tests, bench peers)."""
+        everything = list(range(self.vocab_size))
+
+        def allowed(batch_id: int, input_ids: torch.Tensor) -> list[int]:
+            rest = self.remaining(healed, input_ids[prompt_length:].tolist())
+            return self.allowed(rest).tolist() if rest else everything
+
+        return allowed
