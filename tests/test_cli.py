@@ -65,11 +65,20 @@ def test_complete_json_is_checkable_against_plain_transformers(llama_pair, tmp_p
     out = json.loads(proc.stdout)
     assert out["via"] == "local"
     assert {"text", "prompt_ids", "token_ids", "stop_reason", "target_forwards", "sources"} <= set(out)
-    # Anyone can check losslessness with plain transformers from these ids.
+    # Anyone can check losslessness with plain transformers from these ids (and, where token
+    # healing cut the indentation before the cursor, the same constraint on the first tokens).
+    from transformers import AutoTokenizer
+
+    from specd.engine.healing import HealingVocabulary
+
     model = AutoModelForCausalLM.from_pretrained(target)
     ids = torch.tensor([out["prompt_ids"]])
+    assert out["healed"] == "    "  # the cursor's indentation: re-typed by the first tokens
+    vocabulary = HealingVocabulary(AutoTokenizer.from_pretrained(target), model.config.vocab_size)
     reference = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                               eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+                               eos_token_id=None, pad_token_id=0,
+                               prefix_allowed_tokens_fn=vocabulary.prefix_allowed_fn(out["healed"], ids.shape[1]),
+                               )[0, ids.shape[1]:].tolist()
     assert out["token_ids"] == reference[: len(out["token_ids"])]
 
 
