@@ -19,6 +19,7 @@ import math
 import statistics
 from typing import Any, Iterable
 
+from specd.bench.costs import format_forward_costs
 from specd.bench.peers import HF_PEERS, REFERENCE, Run
 
 SPECULATIVE_PEERS = ("hf_assisted", "hf_lookup")
@@ -202,12 +203,9 @@ def _identical_cell(method: str, s: dict[str, Any]) -> str:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    models = report["models"]
     settings = report["settings"]
     lines = [
-        f"specd bench: target {models['target']} ({models['target_params'] / 1e6:.1f}M params), "
-        f"draft {models['draft']} ({models['draft_params'] / 1e6:.1f}M), {report['device']} {report['dtype']}, "
-        f"torch {report['torch']}, transformers {report['transformers']}, {report['threads']} threads",
+        f"specd bench: {_header(report)}",
         f"up to {settings['max_tokens']} tokens per completion, seed {settings['seed']}, corpus "
         f"{settings['corpus']}, FIM layout {report.get('fim_layout', '?')}; ratios are peer median / method "
         "median (>1 = faster than that peer); decode = the time after the first token",
@@ -265,8 +263,25 @@ def format_table(report: dict[str, Any]) -> str:
         lines += ["", "WARNING: some outputs differ from hf_greedy (see 'identical' above)"]
     elif all_references_empty(report):
         lines += ["", f"WARNING: every {REFERENCE} output was empty: 'identical' proves nothing"]
+    if report.get("forward_costs"):
+        lines += ["", format_forward_costs(report["forward_costs"])]
     lines += ["", f"command: {report['command']}  ({report['wall_s']:.0f} s)"]
     return "\n".join(lines)
+
+
+def _header(report: dict[str, Any]) -> str:
+    models = report["models"]
+    draft = f"draft {models['draft']} ({models['draft_params'] / 1e6:.1f}M)" if models.get("draft") else "no draft"
+    return (f"target {models['target']} ({models['target_params'] / 1e6:.1f}M params), {draft}, "
+            f"{report['device']} {report['dtype']}, torch {report['torch']}, transformers {report['transformers']}, "
+            f"{report['threads']} threads")
+
+
+def format_forward_costs_report(report: dict[str, Any]) -> str:
+    """``specd bench --forward-costs-only``: what ran, and the forward-costs block."""
+    return "\n".join([f"specd bench --forward-costs-only: {_header(report)}", "",
+                      format_forward_costs(report["forward_costs"]), "",
+                      f"command: {report['command']}  ({report['wall_s']:.0f} s)"])
 
 
 # -- plot ----------------------------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""specd bench's forward costs: ms of a forward per path (hf, lean), width and context, and of a
+prefill, for target and draft; in the JSON and the table; --forward-costs-only and
+--no-forward-costs; all through the real CLI on tiny pairs (GPT-2 has no lean path)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+
+import pytest
+
+from specd.bench.costs import TARGET_WIDTHS, capped, window_cap
+from specd.bench.report import format_table
+from specd.cli import main
+
+WIDTHS = [str(w) for w in TARGET_WIDTHS]
+
+
+def _bench(*argv: str) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["bench", "--device", "cpu", "--threads", "1", *argv])
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+def _pair(pair) -> list[str]:
+    target, draft = pair
+    return ["--model", str(target), "--draft-model", str(draft)]
+
+
+@pytest.fixture(scope="module")
+def llama_costs(llama_pair):
+    """One --forward-costs-only --json run on the tiny Llama pair, shared by the checks below."""
+    code, stdout, stderr = _bench(*_pair(llama_pair), "--forward-costs-only", "--json")
+    assert code == 0, stderr
+    return json.loads(stdout), stderr  # stdout is the JSON object and nothing else
+
+
+def _assert_figures(role: dict, contexts: list[str], widths: list[str], paths: set[str]) -> None:
+    assert set(role["paths"]) == paths
+    for figures in role["paths"].values():
+        assert list(figures["forward_ms"]) == contexts
+        for row in figures["forward_ms"].values():
+            assert list(row) == widths and all(ms > 0 for ms in row.values())
+        assert figures["prefill_ms"] > 0 and figures["prefill_ms_per_1k"] > 0
+
+
+def test_contexts_stay_inside_the_window():
+    assert window_cap(2048, 4096) == 2016 and window_cap(None, 4096) == 4064
+    assert window_cap(None, None) is None
+    assert capped((512, 2048), 2016) == [512, 2016]  # measured at the cap, not dropped
+    assert capped((512, 2048), 300) == [300]
+    assert capped((512, 2048), None) == [512, 2048]
+
+
+def test_forward_costs_of_both_paths_for_a_llama_pair(llama_costs):
+    report, stderr = llama_costs
+    assert "forward costs of the target" in stderr  # the progress line
+    assert "--forward-costs-only" in report["command"] and "workloads" not in report
+    assert report["device"] == "cpu" and report["threads"] == 1
+    costs = report["forward_costs"]
+    assert costs["repeats"] == 5 and costs["cap"] == 4096 - 32  # the tiny models' 4096 positions
+
+    target = costs["target"]
+    assert target["engine_path"] == "lean" and target["unavailable"] == {}
+    assert target["widths"] == list(TARGET_WIDTHS) and target["contexts"] == [512, 2048]
+    assert target["prefill_tokens"] == 1024
+    _assert_figures(target, ["512", "2048"], WIDTHS, {"hf", "lean"})
+    ratios = target["lean_over_hf"]
+    assert list(ratios["forward_ms"]) == ["512", "2048"]
+    for context, row in ratios["forward_ms"].items():
+        for width, ratio in row.items():
+            lean, hf = (target["paths"][p]["forward_ms"][context][width] for p in ("lean", "hf"))
+            assert ratio == pytest.approx(lean / hf, rel=1e-2, abs=1e-3)
+    assert ratios["prefill_ms_per_1k"] > 0
+
+    draft = costs["draft"]
+    assert draft["engine_path"] == "lean" and draft["widths"] == [1] and draft["contexts"] == [512]
+    _assert_figures(draft, ["512"], ["1"], {"hf", "lean"})
+    assert draft["lean_over_hf"]["forward_ms"]["512"]["1"] > 0
+
+
+def test_gpt2_has_only_the_hf_path(tiny_pairs):
+    code, stdout, stderr = _bench(*_pair(tiny_pairs["gpt2"]), "--forward-costs-only", "--json")
+    assert code == 0, stderr
+    costs = json.loads(stdout)["forward_costs"]
+    for role, contexts, widths in (("target", ["512", "2048"], WIDTHS), ("draft", ["512"], ["1"])):
+        figures = costs[role]
+        assert figures["engine_path"] == "hf"
+        _assert_figures(figures, contexts, widths, {"hf"})
+        assert "gpt2" in figures["unavailable"]["lean"]
+        assert figures["lean_over_hf"] is None
+
+
+def test_forward_costs_only_prints_the_table(llama_pair):
+    code, stdout, stderr = _bench(*_pair(llama_pair), "--forward-costs-only")
+    assert code == 0, stderr
+    assert stdout.startswith("specd bench --forward-costs-only: target ")
+    assert "forward costs:" in stdout and "prefill ms/1k" in stdout
+    for cell in ("w=1", "w=16", "1-step", "lean/hf"):
+        assert cell in stdout, cell
+    rows = [line.split() for line in stdout.splitlines() if line.split()[:1] in (["hf"], ["lean"], ["lean/hf"])]
+    # target: hf, lean and lean/hf at 512 and 2048 tokens; draft: the same at 512
+    assert [row[:2] for row in rows] == [["hf", "512"], ["hf", "2048"], ["lean", "512"], ["lean", "2048"],
+                                         ["lean/hf", "512"], ["lean/hf", "2048"],
+                                         ["hf", "512"], ["lean", "512"], ["lean/hf", "512"]]
+    assert len(rows[0]) == 2 + len(TARGET_WIDTHS) + 1 and len(rows[1]) == 2 + len(TARGET_WIDTHS)  # prefill once
+
+
+@pytest.fixture
+def corpus_dir(tmp_path, monkeypatch):
+    from conftest import SAMPLE_SOURCE
+
+    shutil.copy(SAMPLE_SOURCE, tmp_path / "sample_module.py")
+    monkeypatch.setenv("SPECD_ENGINE_PREFIX_TOKENS", "192")  # short prompts: seconds, not minutes
+    monkeypatch.setenv("SPECD_ENGINE_SUFFIX_TOKENS", "64")
+    return tmp_path
+
+
+def test_a_bench_measures_forward_costs_unless_told_not_to(llama_pair, corpus_dir):
+    quick = [*_pair(llama_pair), "--corpus", str(corpus_dir), "--workloads", "cold", "--methods", "specd",
+             "--limit", "1", "--max-tokens", "4", "--json"]
+    code, stdout, stderr = _bench(*quick)
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    assert set(report["forward_costs"]["target"]["paths"]) == {"hf", "lean"}
+    assert "forward costs of the target" in stderr
+    table = format_table(report)
+    assert "forward costs:" in table and "lean/hf" in table
+
+    code, stdout, stderr = _bench(*quick, "--no-forward-costs")
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    assert report["forward_costs"] is None and "--no-forward-costs" in report["command"]
+    assert "forward costs of the target" not in stderr and "forward costs:" not in format_table(report)
+    assert report["workloads"]["cold"]["completions"] == 1
+
+
+def test_only_and_skip_contradict(capsys):
+    assert main(["bench", "--forward-costs-only", "--no-forward-costs"]) == 2
+    assert "--forward-costs-only" in capsys.readouterr().err
