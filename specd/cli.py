@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="workload sampling seed")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: engine.threads; 1 is "
                                                             "steadier on a busy machine)")
+    p.add_argument("--no-forward-costs", action="store_true",
+                   help="skip measuring what one forward costs per forward path, width and context (quicker runs)")
+    p.add_argument("--forward-costs-only", action="store_true",
+                   help="only measure and print the forward costs: ms by forward path (hf, lean), width and "
+                        "context, prefill per 1k tokens")
 
     p = sub.add_parser("install-service", help="install the systemd user units",
                        description="Write specd.socket and specd.service into the user unit directory.")
