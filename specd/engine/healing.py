@@ -101,10 +101,12 @@ class HealingVocabulary:
 
     def prefix_allowed_fn(self, healed: str, prompt_length: int):
         """The same constraint for ``generate(prefix_allowed_tokens_fn=...)`` (tests, bench peers)."""
-        everything = list(range(self.vocab_size))
+        everything = torch.arange(self.vocab_size)  # a tensor: transformers indexes its mask with it, cheaply
 
-        def allowed(batch_id: int, input_ids: torch.Tensor) -> list[int]:
+        def allowed(batch_id: int, input_ids: torch.Tensor) -> torch.Tensor:
+            if input_ids.shape[-1] - prompt_length > len(healed):  # past the cut text: free
+                return everything
             rest = self.remaining(healed, input_ids[prompt_length:].tolist())
-            return self.allowed(rest).tolist() if rest else everything
+            return self.allowed(rest) if rest else everything
 
         return allowed
