@@ -125,3 +125,19 @@ def test_target_cost_interpolates_between_measured_widths():
     costs = ForwardCosts(target={1: 10.0, 8: 17.0})
     assert costs.target_ms(4) == pytest.approx(13.0)
     assert costs.target_ms(16) == pytest.approx(25.0)  # the last slope, extended
+
+
+def test_a_lookup_switched_off_by_a_bad_stretch_is_tried_again():
+    """Rejections drive lookup's estimate down until it is not worth proposing; while unchosen,
+    the estimate drifts back toward the prior, so lookup drafts again later (and would drop
+    again at once if it still lost)."""
+    mem = memory(CPU)
+    planner = DraftPlanner(mem, lookup=FixedLookup(list(range(8)), ngram=4), lookup_max=8)
+    for _ in range(40):
+        planner.record(Draft([1, 2, 3, 4], "lookup:current", None, 4), 0)
+    assert planner.propose([1, 2, 3], 40).tokens == []
+    steps = 0
+    while not planner.propose([1, 2, 3], 40).tokens:
+        steps += 1
+        assert steps < 500, "never tried again"
+    assert steps > 10  # not at once: a stretch of plain steps first

@@ -26,6 +26,7 @@ import torch
 
 EMA = 0.2  # weight of a new timing in the moving averages
 DECAY = 0.97  # per-record decay of acceptance counts: about the last 30 drafts of a kind matter
+RELAX = 0.02  # per step a kind could have drafted but did not, its counts move this far toward the prior
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 12, 16, 24, 32)
 CALIBRATION_CONTEXT = 256  # tokens of context behind the calibration forwards
 CALIBRATION_REPEATS = 3  # per width, after one warm-up forward; the median counts
@@ -33,14 +34,25 @@ CALIBRATION_REPEATS = 3  # per width, after one warm-up forward; the median coun
 
 @dataclass
 class Acceptance:
-    """Per-token acceptance of one kind of draft (decayed counts; the prior is a few pseudo-drafts)."""
+    """Per-token acceptance of one kind of draft (decayed counts; the prior is a few pseudo-drafts).
+
+    A kind the planner stops choosing would never be measured again, and one bad stretch (a
+    file where lookup misses) would switch it off for good: so while it goes unchosen its counts
+    relax toward the prior, and it is tried again after a while (and dropped again at once if
+    it still loses)."""
 
     accepted: float
     rejections: float
+    prior_alpha: float = 0.5
+    prior_weight: float = 4.0
 
     @classmethod
     def prior(cls, alpha: float, weight: float = 4.0) -> "Acceptance":
-        return cls(alpha * weight, (1.0 - alpha) * weight)
+        return cls(alpha * weight, (1.0 - alpha) * weight, alpha, weight)
+
+    def relax(self) -> None:
+        self.accepted += RELAX * (self.prior_alpha * self.prior_weight - self.accepted)
+        self.rejections += RELAX * ((1.0 - self.prior_alpha) * self.prior_weight - self.rejections)
 
     @property
     def alpha(self) -> float:

@@ -94,15 +94,19 @@ class DraftPlanner:
                 self.continuation = None  # diverged or used up: it never proposes again
         if self.lookup is not None:
             candidates.append(self.lookup.propose(seq, min(room, self.lookup_max)))
+        unchosen = []
         for draft in candidates:
             if draft.tokens:
-                k, rate = self._best_length(draft_kind(draft), len(draft), lambda k: 0.0)
+                kind = draft_kind(draft)
+                k, rate = self._best_length(kind, len(draft), lambda k: 0.0)
+                unchosen.append(kind)
                 if rate > best_rate:
                     best, best_rate = Draft(draft.tokens[:k], draft.source, None, draft.ngram), rate
         if self.model is not None:
             catch_up = len(seq) - common_prefix(self.model.state.ids, seq)
             k = self._model_length(catch_up, room, best_rate)
             if k:
+                self._relax(unchosen)
                 self.memory.steps_since_model = 0
                 started, forwards = time.perf_counter(), self.model.state.forwards
                 draft = self.model.propose(seq, k)
@@ -110,7 +114,15 @@ class DraftPlanner:
                                                (time.perf_counter() - started) * 1000)
                 return draft
             self.memory.steps_since_model += 1
+            unchosen.append(ModelDrafter.source)
+        self._relax([kind for kind in unchosen if not best.tokens or kind != draft_kind(best)])
         return best
+
+    def _relax(self, kinds: list[str]) -> None:
+        """Kinds that could have drafted this step and did not: their estimates drift back
+        toward the prior, so a kind switched off by a bad stretch is tried again later."""
+        for kind in set(kinds):
+            self.memory.of(kind).relax()
 
     def _model_length(self, catch_up: int, room: int, rate_to_beat: float) -> int:
         """Draft-model chain length worth running (its cache lacks ``catch_up`` tokens), or 0."""
