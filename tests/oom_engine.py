@@ -37,7 +37,21 @@ class OomEngine:
         if self._hooked == id(target):
             return
         layers = target.model.layers
-        layers[len(layers) // 2].register_forward_hook(self._maybe_fail)
+        middle = len(layers) // 2
+        # transformers' forward runs the layer modules (a forward hook sees them); the lean
+        # forward runs their weights through _decoder_layer, wrapped here on that path object.
+        layers[middle].register_forward_hook(self._maybe_fail)
+        path, _ = self._engine.paths["target"]
+        if hasattr(path, "_decoder_layer"):
+            run_layer = path._decoder_layer
+
+            def decoder_layer(layer, x, *args):
+                out = run_layer(layer, x, *args)
+                if layer is path.layers[middle]:
+                    self._maybe_fail(None, None, None)
+                return out
+
+            path._decoder_layer = decoder_layer
         self._hooked = id(target)
 
     def _maybe_fail(self, module, args, output):
