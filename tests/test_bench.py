@@ -210,6 +210,10 @@ def test_bench_kv_reuse_shows_in_edit_replay(bench_run):
     assert methods["specd_no_reuse"]["prefill_tokens"]["reused"] == 0
     assert methods["hf_greedy"]["prefill_tokens"]["reused"] == 0
     assert methods["hf_prefix_cache"]["prefill_tokens"]["reused"] > 0
+    # Keystrokes after a document's first request reuse more than the workload as a whole.
+    warm, overall = methods["specd"]["prefill_reused_fraction_warm"], methods["specd"]["prefill_reused_fraction"]
+    assert warm > overall and warm > 0.5
+    assert methods["specd_no_reuse"]["prefill_reused_fraction_warm"] == 0
     # Acceptance is reported per draft source, and only for the sources a method may use (which
     # ones the engine's planner chooses on a random tiny pair is the engine's business).
     assert any(methods[m]["acceptance"] for m in ("specd", "specd_no_draft", "specd_no_lookup"))

@@ -53,7 +53,8 @@ def _ratio_of(numerator: float, denominator: float) -> float:
     return _round(numerator / denominator) if denominator > 0 else 0.0
 
 
-def summarize_method(runs: list[Run], reference: list[list[int]]) -> dict[str, Any]:
+def summarize_method(runs: list[Run], reference: list[list[int]], documents: list[str] | None = None) -> dict[str, Any]:
+    """``documents[i]``: the document run i belongs to (its first request has nothing to reuse)."""
     times = [r.ms for r in runs]
     tokens = sum(len(r.tokens) for r in runs)
     forwards = sum(r.target_forwards for r in runs)
@@ -87,9 +88,23 @@ def summarize_method(runs: list[Run], reference: list[list[int]]) -> dict[str, A
         "decode_median_ms": _median(r.decode_ms for r in runs),  # whole call minus first token
         "prefill_tokens": {"computed": computed, "reused": reused},
         "prefill_reused_fraction": _round(reused / (computed + reused) if computed + reused else 0.0, 4),
+        # The same over the requests that follow another on their document: what a keystroke reuses.
+        "prefill_reused_fraction_warm": _warm_reuse(runs, documents),
         "acceptance": acceptance,
         "ms": [_round(t, 2) for t in times],
     }
+
+
+def _warm_reuse(runs: list[Run], documents: list[str] | None) -> float | None:
+    if documents is None:
+        return None
+    seen: set[str] = set()
+    computed = reused = 0
+    for run, document in zip(runs, documents):
+        if document in seen:
+            computed, reused = computed + run.prefill_computed, reused + run.prefill_reused
+        seen.add(document)
+    return _round(reused / (computed + reused), 4) if computed + reused else None
 
 
 def _geomean(values: Iterable[float]) -> float:
@@ -102,7 +117,8 @@ def summarize_workload(runs: dict[str, list[Run]], prompt_lengths: list[int],
     """``runs[method][i]`` answers completion i; every method ran every completion."""
     reference = [r.tokens for r in runs[REFERENCE]]
     empty = [i for i, tokens in enumerate(reference) if not tokens]
-    methods = {name: summarize_method(method_runs, reference) for name, method_runs in runs.items()}
+    documents = [label.rsplit(":", 1)[0] for label in labels]
+    methods = {name: summarize_method(method_runs, reference, documents) for name, method_runs in runs.items()}
     peers = [p for p in HF_PEERS if p in runs]
     for name, summary in methods.items():
         summary["speedup_vs"] = {peer: _ratio_of(methods[peer]["median_ms"], summary["median_ms"])
