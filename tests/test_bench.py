@@ -4,8 +4,6 @@ prefix-cache HF peer, decode times, empty references and the forced FIM layout."
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 
@@ -23,6 +21,7 @@ from specd.bench.workloads import (
     typing_stops,
     workload_size,
 )
+from bench_helpers import SHORT_PROMPTS, bench_cli
 from specd.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -140,20 +139,17 @@ def bench_run(llama_pair, corpus_dir, tmp_path_factory):
     plot = out / "bench.png"
     monkeypatch = pytest.MonkeyPatch()
     # Short prompts keep the run to seconds; the code path is the one real models take.
-    monkeypatch.setenv("SPECD_ENGINE_PREFIX_TOKENS", "192")
-    monkeypatch.setenv("SPECD_ENGINE_SUFFIX_TOKENS", "64")
+    for var, value in SHORT_PROMPTS.items():
+        monkeypatch.setenv(var, value)
     # Module-scoped, so set up before conftest's per-test XDG isolation: isolate here too.
     for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"):
         monkeypatch.setenv(var, str(out / var.lower()))
     try:
-        stdout = io.StringIO()
-        with contextlib.redirect_stdout(stdout):
-            code = main(["bench", "--model", str(target), "--draft-model", str(draft), "--device", "cpu",
-                         "--corpus", str(corpus_dir), "--limit", "3", "--max-tokens", "10", "--seed", "3",
-                         "--threads", "1", "--json", "--plot", str(plot)])
+        code, stdout, _ = bench_cli("--limit", "3", "--max-tokens", "10", "--seed", "3", "--json",
+                                    "--plot", str(plot), pair=(target, draft), corpus=corpus_dir)
     finally:
         monkeypatch.undo()
-    return code, stdout.getvalue(), plot
+    return code, stdout, plot
 
 
 def test_bench_json_schema(bench_run):
@@ -316,17 +312,13 @@ def test_empty_references_are_counted_and_prove_nothing():
 
 @pytest.mark.parametrize("layout", ["psm", "anchored"])
 def test_bench_fim_layout_flag_is_applied_and_recorded(layout, llama_pair, corpus_dir, monkeypatch):
-    target, draft = llama_pair
-    monkeypatch.setenv("SPECD_ENGINE_PREFIX_TOKENS", "192")
-    monkeypatch.setenv("SPECD_ENGINE_SUFFIX_TOKENS", "64")
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        code = main(["bench", "--model", str(target), "--draft-model", str(draft), "--device", "cpu",
-                     "--corpus", str(corpus_dir), "--workloads", "edit_replay", "--methods",
-                     "hf_prefix_cache,specd", "--fim-layout", layout, "--limit", "1", "--max-tokens", "6",
-                     "--threads", "1", "--json"])
+    for var, value in SHORT_PROMPTS.items():
+        monkeypatch.setenv(var, value)
+    code, stdout, _ = bench_cli("--workloads", "edit_replay", "--methods", "hf_prefix_cache,specd", "--fim-layout",
+                                layout, "--limit", "1", "--max-tokens", "6", "--json", pair=llama_pair,
+                                corpus=corpus_dir)
     assert code == 0
-    report = json.loads(stdout.getvalue())
+    report = json.loads(stdout)
     assert report["fim_layout"] == layout and report["settings"]["fim_layout"] == layout
     assert f"--fim-layout {layout}" in report["command"]
     workload = report["workloads"]["edit_replay"]

@@ -4,13 +4,12 @@ prefill, for target and draft; in the JSON and the table; --forward-costs-only a
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 
 import pytest
 
+from bench_helpers import SHORT_PROMPTS, bench_cli
 from specd.bench.costs import TARGET_WIDTHS, capped, window_cap
 from specd.bench.report import format_table
 from specd.cli import main
@@ -18,22 +17,10 @@ from specd.cli import main
 WIDTHS = [str(w) for w in TARGET_WIDTHS]
 
 
-def _bench(*argv: str) -> tuple[int, str, str]:
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(["bench", "--device", "cpu", "--threads", "1", *argv])
-    return code, stdout.getvalue(), stderr.getvalue()
-
-
-def _pair(pair) -> list[str]:
-    target, draft = pair
-    return ["--model", str(target), "--draft-model", str(draft)]
-
-
 @pytest.fixture(scope="module")
 def llama_costs(llama_pair):
     """One --forward-costs-only --json run on the tiny Llama pair, shared by the checks below."""
-    code, stdout, stderr = _bench(*_pair(llama_pair), "--forward-costs-only", "--json")
+    code, stdout, stderr = bench_cli("--forward-costs-only", "--json", pair=llama_pair)
     assert code == 0, stderr
     return json.loads(stdout), stderr  # stdout is the JSON object and nothing else
 
@@ -83,7 +70,7 @@ def test_forward_costs_of_both_paths_for_a_llama_pair(llama_costs):
 
 
 def test_gpt2_has_only_the_hf_path(tiny_pairs):
-    code, stdout, stderr = _bench(*_pair(tiny_pairs["gpt2"]), "--forward-costs-only", "--json")
+    code, stdout, stderr = bench_cli("--forward-costs-only", "--json", pair=tiny_pairs["gpt2"])
     assert code == 0, stderr
     costs = json.loads(stdout)["forward_costs"]
     for role, contexts, widths in (("target", ["512", "2048"], WIDTHS), ("draft", ["512"], ["1"])):
@@ -95,7 +82,7 @@ def test_gpt2_has_only_the_hf_path(tiny_pairs):
 
 
 def test_forward_costs_only_prints_the_table(llama_pair):
-    code, stdout, stderr = _bench(*_pair(llama_pair), "--forward-costs-only")
+    code, stdout, stderr = bench_cli("--forward-costs-only", pair=llama_pair)
     assert code == 0, stderr
     assert stdout.startswith("specd bench --forward-costs-only: target ")
     assert "forward costs:" in stdout and "prefill ms/1k" in stdout
@@ -114,15 +101,15 @@ def corpus_dir(tmp_path, monkeypatch):
     from conftest import SAMPLE_SOURCE
 
     shutil.copy(SAMPLE_SOURCE, tmp_path / "sample_module.py")
-    monkeypatch.setenv("SPECD_ENGINE_PREFIX_TOKENS", "192")  # short prompts: seconds, not minutes
-    monkeypatch.setenv("SPECD_ENGINE_SUFFIX_TOKENS", "64")
+    for var, value in SHORT_PROMPTS.items():
+        monkeypatch.setenv(var, value)
     return tmp_path
 
 
 def test_a_bench_measures_forward_costs_unless_told_not_to(llama_pair, corpus_dir):
-    quick = [*_pair(llama_pair), "--corpus", str(corpus_dir), "--workloads", "cold", "--methods", "specd",
-             "--limit", "1", "--max-tokens", "4", "--json"]
-    code, stdout, stderr = _bench(*quick)
+    quick = ["--corpus", str(corpus_dir), "--workloads", "cold", "--methods", "specd", "--limit", "1",
+             "--max-tokens", "4", "--json"]
+    code, stdout, stderr = bench_cli(*quick, pair=llama_pair)
     assert code == 0, stderr
     report = json.loads(stdout)
     assert set(report["forward_costs"]["target"]["paths"]) == {"hf", "lean"}
@@ -130,7 +117,7 @@ def test_a_bench_measures_forward_costs_unless_told_not_to(llama_pair, corpus_di
     table = format_table(report)
     assert "forward costs:" in table and "lean/hf" in table
 
-    code, stdout, stderr = _bench(*quick, "--no-forward-costs")
+    code, stdout, stderr = bench_cli(*quick, "--no-forward-costs", pair=llama_pair)
     assert code == 0, stderr
     report = json.loads(stdout)
     assert report["forward_costs"] is None and "--no-forward-costs" in report["command"]

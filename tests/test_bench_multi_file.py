@@ -3,15 +3,13 @@ that is not open, and the methods specd (workspace index on) and specd_no_worksp
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 
 import pytest
 
+from bench_helpers import SHORT_PROMPTS, bench_cli
 from specd.bench.workloads import SourceFile, build_workloads, load_corpus, multi_file_workload
-from specd.cli import main
 
 
 @pytest.fixture(scope="module")
@@ -51,17 +49,12 @@ def test_functions_too_short_or_unparsable_give_no_items():
 
 
 def test_bench_reports_specd_and_specd_no_workspace_side_by_side(llama_pair, corpus_dir, tmp_path, monkeypatch):
-    target, draft = llama_pair
-    monkeypatch.setenv("SPECD_ENGINE_PREFIX_TOKENS", "192")
-    monkeypatch.setenv("SPECD_ENGINE_SUFFIX_TOKENS", "64")
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        code = main(["bench", "--model", str(target), "--draft-model", str(draft), "--device", "cpu",
-                     "--corpus", str(corpus_dir), "--workloads", "multi_file", "--methods",
-                     "specd,specd_no_workspace", "--limit", "3", "--max-tokens", "12", "--seed", "0",
-                     "--threads", "1", "--json"])
+    for var, value in SHORT_PROMPTS.items():
+        monkeypatch.setenv(var, value)
+    code, stdout, _ = bench_cli("--workloads", "multi_file", "--methods", "specd,specd_no_workspace", "--limit", "3",
+                                "--max-tokens", "12", "--seed", "0", "--json", pair=llama_pair, corpus=corpus_dir)
     assert code == 0
-    report = json.loads(stdout.getvalue())
+    report = json.loads(stdout)
     workload = report["workloads"]["multi_file"]
     assert workload["completions"] == 3
     methods = workload["methods"]

@@ -154,12 +154,6 @@ class HfMethod:
         pass
 
 
-def _cache_keyword(model: torch.nn.Module) -> str:
-    """How ``generate()`` takes a cache: the keyword the model's ``forward`` spells it with
-    (``past_key_values`` in early 5.x, ``cache`` later), which compat already tracks."""
-    return compat._cache_kwarg(type(model))
-
-
 class HfPrefixCacheMethod(HfMethod):
     """Greedy ``generate()`` that reuses each document's KV cache for the common token prefix of
     its previous request, like llama.cpp's ``cache_prompt``: no drafting, only prompt reuse."""
@@ -180,7 +174,7 @@ class HfPrefixCacheMethod(HfMethod):
         else:
             compat.crop_cache(cache, reused)
         # generate() takes a prefilled cache and runs only the ids after it.
-        return reused, {_cache_keyword(target): cache}
+        return reused, {compat.cache_keyword(target): cache}
 
     def _keep(self, doc: str, sequence: list[int], cache_kwargs: dict) -> None:
         (cache,) = cache_kwargs.values()

@@ -22,6 +22,11 @@ def _cache_kwarg(model_cls: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def cache_keyword(model: PreTrainedModel) -> str:
+    """The keyword ``forward`` (and so ``generate()``) takes a cache by for this model."""
+    return _cache_kwarg(type(model))
+
+
 @functools.lru_cache(maxsize=None)
 def _accepts(model_cls: type, name: str) -> bool:
     return name in inspect.signature(model_cls.forward).parameters
@@ -109,9 +114,6 @@ class HFForward:
     def consistent(self, cache: DynamicCache, length: int) -> bool:
         """Every layer holds ``length`` positions (a forward that failed midway grew only some)."""
         return all(held == length for held in layer_lengths(cache))
-
-    def cache_length(self, cache: DynamicCache) -> int:
-        return cache_length(cache)
 
     def nbytes(self, cache: DynamicCache) -> int:
         return cache_nbytes(cache)

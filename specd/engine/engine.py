@@ -97,6 +97,8 @@ class Engine:
         self.oom_retries = 0
         self.pair: ModelPair | None = None
         self.template: FimTemplate | None = None
+        self.planning: PlannerMemory | None = None  # forward costs and acceptance of the loaded pair
+        self.paths: dict = {}  # role -> (forward path, why not lean)
         if pair is not None:
             self._install(pair)
 
@@ -269,11 +271,6 @@ class Engine:
             with self._lock:
                 self._anchors[uri] = prompt.anchor
         return prompt
-
-    def prompt_ids_for(self, uri: str, text: str, offset: int) -> list[int]:
-        """Prompt ids a request on ``uri`` would use (no context chunks): what the bench gives
-        its HF peers, under its own key that sees the same sequence of requests."""
-        return self.build_prompt(uri, text, offset).ids
 
     def healing_constraint(self, healed: str, prompt_length: int):
         """The token-healing constraint as ``generate(prefix_allowed_tokens_fn=...)`` takes it
@@ -449,9 +446,8 @@ class Engine:
             "threads": torch.get_num_threads(),
         }
 
-
     def _planner_stats(self) -> dict[str, Any] | None:
-        memory = getattr(self, "planning", None)
+        memory = self.planning
         if memory is None or self.pair is None:
             return None
         return {**memory.costs.describe(),

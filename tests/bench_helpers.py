@@ -1,0 +1,24 @@
+"""Running ``specd bench`` through its real CLI in-process, as the bench tests do."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from specd.cli import main
+
+SHORT_PROMPTS = {"SPECD_ENGINE_PREFIX_TOKENS": "192", "SPECD_ENGINE_SUFFIX_TOKENS": "64"}  # seconds, not minutes
+
+
+def bench_cli(*argv: str, pair=None, corpus=None) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``specd bench --device cpu --threads 1 ARGV``, on ``pair``
+    (target, draft) and cutting workloads from ``corpus`` when given."""
+    args = ["bench", "--device", "cpu", "--threads", "1"]
+    if pair is not None:
+        args += ["--model", str(pair[0]), "--draft-model", str(pair[1])]
+    if corpus is not None:
+        args += ["--corpus", str(corpus)]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main([*args, *argv])
+    return code, stdout.getvalue(), stderr.getvalue()
