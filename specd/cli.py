@@ -8,6 +8,7 @@ handlers, so ``specd --help`` is instant.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Callable
 
@@ -15,6 +16,7 @@ from specd import __version__
 from specd.config import ConfigError, load_config
 
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what `yes | head` reports for `yes`
 
 DESCRIPTION = """\
 specd keeps a code model pair (target + draft) resident and answers fill-in-the-middle
@@ -173,7 +175,32 @@ def _handler(command: str) -> Callable[[argparse.Namespace, Any], int]:
     raise AssertionError(command)
 
 
+def _stdout_closed() -> int:
+    """The reader of our stdout went away (`specd status | head`): stop quietly, as `cat` would.
+
+    Python would print a BrokenPipeError traceback, and again when it flushes stdout at exit;
+    pointing stdout at /dev/null stops the second one.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit:  # argparse's --help, --version and usage errors
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # a closed pipe shows here, not as a traceback when Python exits
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
@@ -184,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"specd: config error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    for warning in cfg.warnings:
+        print(f"specd: warning: {warning}", file=sys.stderr)
     from specd.logs import setup_logging
 
     setup_logging(cfg["log.level"], cfg.log_file)

@@ -8,6 +8,7 @@ line naming the key and where the bad value came from, so the CLI can print it a
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,19 @@ def _probability(value: Any) -> str | None:
     return None if 0.0 <= value <= 1.0 else "must be between 0 and 1"
 
 
+def _at_most(limit: int, unit: str = "", minimum: int = 1) -> Callable[[Any], str | None]:
+    """A range check for a number that sizes something: an absurd value (1e20 bytes) is a typo."""
+    def check(value: Any) -> str | None:
+        if value < minimum:
+            return f"must be >= {minimum}"
+        return None if value <= limit else f"is too large (at most {limit:_}{unit})".replace("_", ",")
+    return check
+
+
+KIB, MIB, GIB = 1024, 1024 * 1024, 1024 * 1024 * 1024
+DAY_MS = 24 * 3600 * 1000
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 FIM_FAMILIES = ("auto", "qwen", "starcoder", "deepseek", "codellama", "codestral", "demo", "plain")
 # auto: suffix-first when the family was trained on it, else anchored prefix-suffix-middle.
@@ -63,9 +77,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                           choices=FIM_LAYOUTS),
     },
     "engine": {
-        "max_tokens": Key(int, 128, "default completion length limit, in tokens", _positive),
-        "prefix_tokens": Key(int, 1536, "prompt budget for text before the cursor, in tokens", _positive),
-        "suffix_tokens": Key(int, 512, "prompt budget for text after the cursor, in tokens", _non_negative),
+        "max_tokens": Key(int, 128, "default completion length limit, in tokens", _at_most(65536)),
+        "prefix_tokens": Key(int, 1536, "prompt budget for text before the cursor, in tokens", _at_most(1 << 20)),
+        "suffix_tokens": Key(int, 512, "prompt budget for text after the cursor, in tokens", _at_most(1 << 20, minimum=0)),
         "use_draft_model": Key(bool, True, "draft with the draft model"),
         "use_lookup": Key(bool, True, "draft by prompt lookup over buffers and workspace"),
         "kv_reuse": Key(bool, True, "reuse each document's KV-cache prefix across requests"),
@@ -73,22 +87,22 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                          "indented line or a half-typed word is not a token the model never saw"),
         "fast_forward": Key(bool, True, "lean static-cache forward for Llama-family models (Llama, Qwen2, "
                                         "Mistral, StarCoder2); off = transformers' own forward"),
-        "draft_max": Key(int, 8, "most tokens the draft model proposes per step", _positive),
-        "lookup_max": Key(int, 16, "most tokens prompt lookup proposes per step", _positive),
+        "draft_max": Key(int, 8, "most tokens the draft model proposes per step", _at_most(256)),
+        "lookup_max": Key(int, 16, "most tokens prompt lookup proposes per step", _at_most(256)),
         "draft_confidence": Key(float, 0.3, "draft model stops a chain below this probability", _probability),
-        "cache_budget_mb": Key(int, 2048, "memory for per-document KV caches, MiB", _positive),
-        "time_budget_ms": Key(int, 5000, "wall-clock limit per completion, ms", _positive),
-        "threads": Key(int, 0, "CPU threads for torch (0 = auto: half the cores, at most 4)", _non_negative),
-        "context_tokens": Key(int, 512, "prompt budget for other files' chunks (repo-level context), tokens", _non_negative),
+        "cache_budget_mb": Key(int, 2048, "memory for per-document KV caches, MiB", _at_most(1 << 24, " MiB")),
+        "time_budget_ms": Key(int, 5000, "wall-clock limit per completion, ms", _at_most(DAY_MS, " ms")),
+        "threads": Key(int, 0, "CPU threads for torch (0 = auto: half the cores, at most 4)", _at_most(4096, minimum=0)),
+        "context_tokens": Key(int, 512, "prompt budget for other files' chunks (repo-level context), tokens", _at_most(1 << 20, minimum=0)),
         "auto_context": Key(bool, True, "fill that budget from open buffers and nearby workspace files"),
     },
     "daemon": {
         "socket": Key(str, "", "Unix socket path ('' = $XDG_RUNTIME_DIR/specd/specd.sock)"),
-        "idle_unload_s": Key(int, 1800, "release models after this many idle seconds (0 = never)", _non_negative),
-        "max_frame_bytes": Key(int, 16 * 1024 * 1024, "largest accepted message, bytes", _positive),
-        "max_document_bytes": Key(int, 8 * 1024 * 1024, "largest accepted document, bytes", _positive),
-        "max_documents": Key(int, 256, "most open documents held", _positive),
-        "max_connections": Key(int, 64, "most simultaneous clients", _positive),
+        "idle_unload_s": Key(int, 1800, "release models after this many idle seconds (0 = never)", _at_most(365 * 86400, " s", minimum=0)),
+        "max_frame_bytes": Key(int, 16 * MIB, "largest accepted message, bytes", _at_most(4 * GIB - 1, " bytes", minimum=KIB)),
+        "max_document_bytes": Key(int, 8 * MIB, "largest accepted document, bytes", _at_most(4 * GIB - 1, " bytes")),
+        "max_documents": Key(int, 256, "most open documents held", _at_most(1_000_000)),
+        "max_connections": Key(int, 64, "most simultaneous clients", _at_most(100_000)),
         "tcp": Key(str, "", "optional loopback TCP listener HOST:PORT ('' = none)"),
         "tcp_token": Key(str, "", "token a TCP client must present in hello"),
     },
@@ -98,8 +112,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "ignore": Key(str, ".git,.hg,.svn,node_modules,__pycache__,.venv,venv,.tox,.mypy_cache,.pytest_cache,"
                            ".ruff_cache,.idea,.vscode,dist,build,target,*.min.js,*.min.css,*.map,*.lock,*.log",
                       "gitignore-style patterns never indexed, comma-separated (on top of .gitignore)"),
-        "max_file_bytes": Key(int, 1024 * 1024, "larger files are skipped, bytes", _positive),
-        "max_total_bytes": Key(int, 16 * 1024 * 1024, "most bytes indexed over all folders", _positive),
+        "max_file_bytes": Key(int, 1024 * 1024, "larger files are skipped, bytes", _at_most(4 * GIB - 1, " bytes")),
+        "max_total_bytes": Key(int, 16 * 1024 * 1024, "most bytes indexed over all folders", _at_most(1 << 40, " bytes")),
     },
     "log": {
         "level": Key(str, "info", "log level", choices=LOG_LEVELS),
@@ -129,6 +143,7 @@ class Config:
     values: dict[str, dict[str, Any]]
     sources: dict[str, str] = field(default_factory=dict)  # "section.key" -> where it came from
     file: Path | None = None
+    warnings: list[str] = field(default_factory=list)  # one line each: what loading skipped
 
     def __getitem__(self, dotted: str) -> Any:
         section, key = dotted.split(".", 1)
@@ -179,30 +194,84 @@ def _coerce(dotted: str, key: Key, raw: Any, source: str) -> Any:
     return raw
 
 
+def _unknown_key(dotted: str, source: str) -> str:
+    section, _, key = dotted.partition(".")
+    if section in SCHEMA:
+        known = ", ".join(f"{section}.{k}" for k in SCHEMA[section])
+    else:
+        known = "sections " + ", ".join(SCHEMA)
+    return f"unknown config key {dotted!r} in {source} (known: {known})"
+
+
 def _set(cfg: Config, dotted: str, raw: Any, source: str) -> None:
     section, _, key = dotted.partition(".")
     if section not in SCHEMA or key not in SCHEMA[section]:
-        known = ", ".join(f"{s}.{k}" for s in SCHEMA for k in SCHEMA[s] if s == section) or ", ".join(SCHEMA)
-        raise ConfigError(f"unknown config key {dotted!r} in {source} (known: {known})")
+        raise ConfigError(_unknown_key(dotted, source))
     cfg.values[section][key] = _coerce(dotted, SCHEMA[section][key], raw, source)
     cfg.sources[dotted] = source
+
+
+def _environment_key(name: str) -> str | None:
+    """SPECD_ENGINE_MAX_TOKENS -> 'engine.max_tokens'; None for the variables that are not config keys."""
+    if not name.startswith("SPECD_") or name == "SPECD_CONFIG" or name.startswith("SPECD_TEST"):
+        return None
+    section, _, key = name[len("SPECD_"):].lower().partition("_")
+    return f"{section}.{key}"
+
+
+def unknown_environment(environ: dict[str, str] | None = None) -> list[str]:
+    """One line per SPECD_* variable that names no config key (what load_config skips with a warning)."""
+    environ = os.environ if environ is None else environ
+    lines = []
+    for name in sorted(environ):
+        dotted = _environment_key(name)
+        section, _, key = (dotted or "").partition(".")
+        if dotted is not None and (section not in SCHEMA or key not in SCHEMA[section]):
+            lines.append(f"ignoring environment variable {name}: not a config key "
+                         f"(SPECD_<SECTION>_<KEY>; sections: {', '.join(SCHEMA)})")
+    return lines
+
+
+def _read_file(path: Path) -> str:
+    """The config file's text; anything but a readable regular file is one line, never a hang
+    (a FIFO would block a plain read until a writer came) or a traceback (a directory)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as err:
+        raise ConfigError(f"config file {path}: {err.strerror or err}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise ConfigError(f"config file {path} is {kind}; it must be a TOML file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise ConfigError(f"config file {path}: {err.strerror or err}") from None
 
 
 def load_config(
     path: Path | None = None,
     overrides: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
+    strict_environment: bool = False,
 ) -> Config:
-    """Build the effective config. ``overrides`` are CLI flags as {"section.key": value}."""
+    """Build the effective config. ``overrides`` are CLI flags as {"section.key": value}.
+
+    A SPECD_* variable that names no key is skipped with a line in ``Config.warnings`` (the
+    environment is shared with other programs, and a stray variable must not cost an editor its
+    completions); ``strict_environment`` makes it a ConfigError instead. A bad value for a known
+    key is always an error.
+    """
     environ = os.environ if environ is None else environ
     cfg = Config({s: {k: key.default for k, key in keys.items()} for s, keys in SCHEMA.items()})
     explicit = path is not None or bool(environ.get("SPECD_CONFIG"))
     path = Path(path or environ.get("SPECD_CONFIG") or config_path())
-    if path.exists():
+    if os.path.lexists(path):
         cfg.file = path
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+            data = tomllib.loads(_read_file(path))
+        except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{path}: not valid TOML: {err}") from None
         for section, table in data.items():
             if not isinstance(table, dict):
@@ -211,11 +280,15 @@ def load_config(
                 _set(cfg, f"{section}.{key}", raw, str(path))
     elif explicit:
         raise ConfigError(f"config file {path} does not exist")
+    unknown = unknown_environment(environ)
+    if unknown and strict_environment:
+        raise ConfigError(unknown[0].replace("ignoring environment variable", "unknown environment variable", 1))
+    cfg.warnings.extend(unknown)
     for name, raw in sorted(environ.items()):
-        if not name.startswith("SPECD_") or name in ("SPECD_CONFIG",) or name.startswith("SPECD_TEST"):
-            continue
-        section, _, key = name[len("SPECD_"):].lower().partition("_")
-        _set(cfg, f"{section}.{key}", raw, f"environment {name}")
+        dotted = _environment_key(name)
+        section, _, key = (dotted or "").partition(".")
+        if dotted is not None and section in SCHEMA and key in SCHEMA[section]:
+            _set(cfg, dotted, raw, f"environment {name}")
     for dotted, raw in (overrides or {}).items():
         if raw is not None:
             _set(cfg, dotted, raw, "command line")

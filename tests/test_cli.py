@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -98,3 +99,18 @@ def test_parser_knows_the_complete_flags():
     args = build_parser().parse_args(["complete", "f.py", "--line", "1", "--col", "0", "--no-draft",
                                       "--no-lookup", "--max-tokens", "5", "--json"])
     assert args.no_draft and args.no_lookup and args.max_tokens == 5 and args.json
+
+
+@pytest.mark.parametrize("args", [("status",), ("status", "--json"), ("--help",), ("doctor", "--no-load")])
+def test_a_closed_stdout_is_no_traceback(args):
+    """`specd status | head`: the reader goes away; specd stops quietly (exit 141, as `yes | head`)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout now fails with EPIPE, as after `head` exits
+    try:
+        proc = subprocess.run([sys.executable, "-m", "specd", *args], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    # argparse itself ignores a failed write of its help (exit 0); everything else stops with 141.
+    assert proc.returncode == (0 if args == ("--help",) else 141), proc.stderr
