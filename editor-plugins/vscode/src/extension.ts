@@ -5,7 +5,7 @@ import { DidChangeConfigurationNotification, LanguageClient } from 'vscode-langu
 import { createClient } from './client';
 import { registerCommands } from './commands';
 import { currentSettings, SECTION } from './config';
-import { needsRestart, serverSettings } from './settings';
+import { needsRestart, serverSettings, startFailureMessage } from './settings';
 import { StatusBar } from './statusBar';
 
 const STOP_TIMEOUT_MS = 2000;
@@ -23,9 +23,15 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     try {
       await client.start();
     } catch (err) {
-      log.error(`could not start ${settings.serverPath}: ${err}`);
-      void vscode.window.showErrorMessage(`specd: could not start \`${settings.serverPath}\` (set specd.serverPath).`, 'Show Log')
-        .then((choice) => choice && log.show());
+      const inspected = vscode.workspace.getConfiguration(SECTION).inspect<string>('serverPath');
+      const message = startFailureMessage(settings.serverPath, {
+        folder: inspected?.workspaceFolderValue, workspace: inspected?.workspaceValue, user: inspected?.globalValue,
+      }, vscode.env.remoteName);
+      log.error(`${message} (${err})`);
+      void vscode.window.showErrorMessage(message, 'Open Settings', 'Show Log').then((choice) => {
+        if (choice === 'Show Log') log.show();
+        if (choice === 'Open Settings') void vscode.commands.executeCommand('workbench.action.openSettings', 'specd.serverPath');
+      });
     }
   };
   const restart = async (): Promise<void> => {

@@ -148,3 +148,23 @@ export function documentSelector(languages: readonly string[]): { language: stri
 export function needsRestart(affects: (section: string) => boolean): boolean {
   return RESTART_SETTINGS.some((name) => affects(`specd.${name}`));
 }
+
+/** Where `specd.serverPath` took its value from (vscode's `inspect()`, most specific first). */
+export interface SettingOrigin {
+  folder?: unknown;
+  workspace?: unknown;
+  user?: unknown;
+}
+
+/** The one message shown when specd-lsp does not start: which value was tried, where it came
+ *  from, on which host it ran, and where to set it (a remote window runs it on the remote host). */
+export function startFailureMessage(serverPath: string, origin: SettingOrigin, remoteName: string | undefined): string {
+  const from = origin.folder !== undefined ? 'Folder settings'
+    : origin.workspace !== undefined ? 'Workspace settings'
+      : origin.user !== undefined ? 'User settings' : 'the default';
+  const host = remoteName ? ` on the remote host (${remoteName})` : '';
+  const where = remoteName
+    ? 'set `specd.serverPath` to its path on that host, in User or Remote settings'
+    : 'set `specd.serverPath` to its full path in User settings';
+  return `specd: could not start \`${serverPath}\`${host} (specd.serverPath from ${from}): install specd there or ${where}.`;
+}

@@ -28,6 +28,12 @@ describe('package.json', () => {
     assert.equal(properties['specd.enable'].scope, 'language-overridable');
   });
 
+  test('no setting is machine-scoped: in a remote window (code-server, Remote-SSH, WSL) VS Code ignores those in User settings', () => {
+    for (const [name, property] of Object.entries(properties)) {
+      assert.ok(!String(property.scope).startsWith('machine'), `${name}: scope ${property.scope}`);
+    }
+  });
+
   test('keybindings only act while specd is on and never while another widget owns the keys', () => {
     for (const binding of manifest.contributes.keybindings) {
       assert.match(binding.when, /specd\.enabled/, binding.command);

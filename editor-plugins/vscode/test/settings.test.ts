@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
-  DEFAULTS, documentSelector, LANGUAGES, needsRestart, readSettings, serverLaunch, serverSettings,
+  DEFAULTS, documentSelector, LANGUAGES, needsRestart, readSettings, serverLaunch, serverSettings, startFailureMessage,
 } from '../src/settings';
 import { fakeConfig } from './helpers';
 
@@ -90,5 +90,19 @@ describe('documents and restarts', () => {
 
   test('DEFAULTS name every setting once', () => {
     assert.equal(new Set(Object.keys(DEFAULTS)).size, Object.keys(DEFAULTS).length);
+  });
+});
+
+describe('when specd-lsp does not start', () => {
+  test('a remote window says the path is looked up on the remote host and where to set it', () => {
+    const message = startFailureMessage('/home/me/.venv/bin/specd-lsp', { user: '/home/me/.venv/bin/specd-lsp' }, 'ssh-remote');
+    assert.match(message, /could not start `\/home\/me\/\.venv\/bin\/specd-lsp` on the remote host \(ssh-remote\)/);
+    assert.match(message, /from User settings/);
+    assert.match(message, /User or Remote settings/);
+  });
+
+  test('a local window names the value tried and where it came from', () => {
+    assert.match(startFailureMessage('specd-lsp', {}, undefined), /`specd-lsp` \(specd\.serverPath from the default\).*full path in User settings/);
+    assert.match(startFailureMessage('x', { user: 'y', workspace: 'x' }, undefined), /from Workspace settings/);
   });
 });
