@@ -68,6 +68,7 @@ class Stats:
     daemon_requests: int = 0
     shown: int = 0
     accepted: int = 0
+    accepted_partial: int = 0  # a word or a line of a suggestion taken (each counted)
     accepted_chars: int = 0
     cache_hits: int = 0
     prefetches: int = 0
@@ -93,7 +94,7 @@ class Stats:
         }
         return {
             "requests": self.requests, "daemonRequests": self.daemon_requests, "shown": self.shown,
-            "accepted": self.accepted, "acceptedChars": self.accepted_chars, "cacheHits": self.cache_hits,
+            "accepted": self.accepted, "acceptedPartial": self.accepted_partial, "acceptedChars": self.accepted_chars, "cacheHits": self.cache_hits,
             "prefetches": self.prefetches, "cancelled": self.cancelled, "failed": self.failed,
             "lastLatencyMs": self.last_latency_ms, "lastStopReason": self.last_stop_reason,
             "acceptance": acceptance,
@@ -283,6 +284,16 @@ class Completer:
             task = asyncio.ensure_future(self._prefetch_after(proposal))
             self._prefetch[proposal.uri] = task
             task.add_done_callback(lambda t, uri=proposal.uri: self._prefetch_done(uri, t))
+        return proposal
+
+    def partially_accepted(self, proposal_id: str, chars: int) -> Proposal | None:
+        """The editor inserted a word or a line of a proposal: count it; the proposal stays
+        shown (the rest may be taken later, which counts as an accept)."""
+        proposal = self._shown.get(str(proposal_id))
+        if proposal is None:
+            return None
+        self.stats.accepted_partial += 1
+        self.stats.accepted_chars += max(0, min(int(chars), len(proposal.insert_text)))
         return proposal
 
     def _prefetch_done(self, uri: str, task: asyncio.Task[Any]) -> None:

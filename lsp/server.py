@@ -23,6 +23,7 @@ from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.json_rpc import JsonRPCNotification
 
 from specd import __version__
+from specd.config import unknown_environment
 from specd.protocol.methods import LSP_ACCEPTED_COMMAND, LSP_STATUS_METHOD
 
 from specd_lsp.completer import AUTOMATIC, INVOKED, CompletionQuery, Completer, Proposal, Selected
@@ -90,6 +91,15 @@ class SpecdLanguageServer(LanguageServer):
             self.window_show_message(types.ShowMessageParams(types.MessageType.Warning,
                                                              problems_message(self._pending_problems)))
             self._pending_problems = []
+
+    def tell_environment(self) -> None:
+        """SPECD_* variables that name no config key: specd's config skips them (the daemon this
+        server starts too); say so once, so a typo does not pass unnoticed."""
+        unknown = unknown_environment()
+        for line in unknown:
+            log.warning("%s", line)
+        if unknown:
+            self.window_show_message(types.ShowMessageParams(types.MessageType.Warning, "specd: " + "; ".join(unknown)))
 
     # -- status ----------------------------------------------------------------------------
 
@@ -222,6 +232,7 @@ def initialize(ls: SpecdLanguageServer, params: types.InitializeParams) -> None:
 @server.feature(types.INITIALIZED)
 def initialized(ls: SpecdLanguageServer, params: types.InitializedParams) -> None:
     ls.tell_problems()
+    ls.tell_environment()
     ls.link.start()
 
 
@@ -312,10 +323,18 @@ async def completion(ls: SpecdLanguageServer, params: types.CompletionParams) ->
 
 @server.command(ACCEPTED_COMMAND)
 def accepted(ls: SpecdLanguageServer, *args: Any) -> None:
+    """The item's command: [id] after the whole item went in; [id, {"partialChars": n}] after a
+    word or line of it (editor plugins send that themselves; LSP has no partial-accept message)."""
     proposal_id = args[0] if args else None
     if isinstance(proposal_id, dict):
         proposal_id = proposal_id.get("id")
-    if ls.completer.accepted(str(proposal_id)) is None:
+    extra = args[1] if len(args) > 1 and isinstance(args[1], dict) else {}
+    partial = extra.get("partialChars")
+    if isinstance(partial, int) and not isinstance(partial, bool):
+        found = ls.completer.partially_accepted(str(proposal_id), partial)
+    else:
+        found = ls.completer.accepted(str(proposal_id))
+    if found is None:
         log.debug("accept of an unknown or already accepted proposal %r", proposal_id)
     ls.notify_status()
 
