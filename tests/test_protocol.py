@@ -51,9 +51,14 @@ def test_frame_limits():
     with pytest.raises(FrameError) as info:
         FrameDecoder(1024).feed(b"\xdd\x7f\xff\xff\xff")
     assert info.value.code == "frame_too_large"
-    # A str32 header declaring 4 GiB: refused once more bytes than the limit are waiting.
+    # A str32 header declaring 4 GiB: refused as soon as the header arrives.
+    with pytest.raises(FrameError) as info:
+        FrameDecoder(1024).feed(b"\xdb\xff\xff\xff\xff")
+    assert info.value.code == "frame_too_large"
+    # Inside a message, a declared length is not trusted either: the bytes are refused once
+    # more than the limit are waiting.
     decoder = FrameDecoder(1024)
-    assert decoder.feed(b"\xdb\xff\xff\xff\xff") == []
+    assert decoder.feed(b"\x91\xdb\xff\xff\xff\xff") == []
     with pytest.raises(FrameError) as info:
         decoder.feed(b"a" * 2048)
     assert info.value.code == "frame_too_large"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from specd.daemon.params import check_encoding, check_int, param_error
 from specd.protocol.errors import ErrorCode, RpcError
-from specd.protocol.methods import POSITION_ENCODINGS
 from specd.protocol.positions import LINE_BREAK  # noqa: F401  (re-exported)
 from specd.protocol.positions import TextIndex as SharedTextIndex
 
@@ -25,22 +25,7 @@ def utf8_size(text: str, limit: int) -> int:
     return len(text.encode("utf-8", errors="surrogatepass"))
 
 
-def _param_error(message: str) -> RpcError:
-    return RpcError(ErrorCode.INVALID_PARAMS, message)
-
-
-def _int(value: Any, name: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _param_error(f"{name} must be an integer")
-    return value
-
-
-def check_encoding(value: Any) -> str:
-    if value is None:
-        return "utf-32"
-    if value not in POSITION_ENCODINGS:
-        raise _param_error(f"encoding must be one of {', '.join(POSITION_ENCODINGS)}")
-    return value
+__all__ = ["BufferStore", "Document", "TextIndex", "apply_edits", "check_encoding", "edit_index", "resolve_cursor", "utf8_size"]
 
 
 class TextIndex(SharedTextIndex):
@@ -61,6 +46,12 @@ class TextIndex(SharedTextIndex):
     def position(self, offset: int, encoding: str = "utf-32") -> tuple[int, int]:
         """(line, character) of a code-point offset; characters in code points by default."""
         return super().position(offset, encoding)
+
+    def replace(self, start: int, end: int, new_text: str) -> TextIndex:
+        edited = super().replace(start, end, new_text)
+        out = TextIndex(edited.text)
+        out._starts = edited._starts
+        return out
 
     def byte_offset_to_char(self, byte_offset: int) -> int:
         data = self.text.encode("utf-8", errors="surrogatepass")
@@ -84,18 +75,18 @@ def resolve_cursor(index: TextIndex, cursor: Any, encoding: Any = None) -> int:
     if isinstance(cursor, int) and not isinstance(cursor, bool):
         return index.char_offset(cursor)
     if not isinstance(cursor, dict):
-        raise _param_error("cursor must be an integer offset or a map (offset, byte_offset, or line + character)")
+        raise param_error("cursor must be an integer offset or a map (offset, byte_offset, or line + character)")
     encoding = check_encoding(cursor.get("encoding", encoding))
     if "offset" in cursor:
-        return index.char_offset(_int(cursor["offset"], "cursor.offset"))
+        return index.char_offset(check_int(cursor["offset"], "cursor.offset"))
     if "byte_offset" in cursor:
-        return index.byte_offset_to_char(_int(cursor["byte_offset"], "cursor.byte_offset"))
+        return index.byte_offset_to_char(check_int(cursor["byte_offset"], "cursor.byte_offset"))
     if "line" in cursor:
         character = cursor.get("character", cursor.get("col"))
         if character is None:
-            raise _param_error("cursor with a line needs a character (or col)")
-        return index.offset(_int(cursor["line"], "cursor.line"), _int(character, "cursor.character"), encoding)
-    raise _param_error("cursor needs offset, byte_offset, or line + character")
+            raise param_error("cursor with a line needs a character (or col)")
+        return index.offset(check_int(cursor["line"], "cursor.line"), check_int(character, "cursor.character"), encoding)
+    raise param_error("cursor needs offset, byte_offset, or line + character")
 
 
 @dataclass
@@ -116,32 +107,43 @@ class Document:
 
 def apply_edits(text: str, edits: list[Any], encoding: str) -> str:
     """Apply edits in order, each to the result of the one before (LSP's contentChanges)."""
+    return edit_index(TextIndex(text), edits, encoding).text
+
+
+def edit_index(index: TextIndex, edits: list[Any], encoding: str) -> TextIndex:
+    """Apply edits in order, each to the result of the one before (LSP's contentChanges).
+
+    One pass: the line index is carried from edit to edit (``TextIndex.replace`` rescans only
+    what an edit touched), so 400 ranged edits on a 1 MiB file cost 400 small rescans and
+    string splices, not 400 scans of the whole text."""
+    text = index.text
     for number, edit in enumerate(edits):
         if not isinstance(edit, dict):
-            raise _param_error(f"edits[{number}] must be a map")
+            raise param_error(f"edits[{number}] must be a map")
         new_text = edit.get("text")
         if not isinstance(new_text, str):
-            raise _param_error(f"edits[{number}].text must be a string")
+            raise param_error(f"edits[{number}].text must be a string")
         if "range" in edit:
             rng = edit["range"]
             if not isinstance(rng, dict) or not isinstance(rng.get("start"), dict) or not isinstance(rng.get("end"), dict):
-                raise _param_error(f"edits[{number}].range must be {{start: {{line, character}}, end: {{line, character}}}}")
-            index = TextIndex(text)
+                raise param_error(f"edits[{number}].range must be {{start: {{line, character}}, end: {{line, character}}}}")
             start = resolve_cursor(index, rng["start"], encoding)
             end = resolve_cursor(index, rng["end"], encoding)
         elif "start" in edit or "end" in edit:
-            start = _int(edit.get("start"), f"edits[{number}].start")
-            end = _int(edit.get("end", start), f"edits[{number}].end")
+            start = check_int(edit.get("start"), f"edits[{number}].start")
+            end = check_int(edit.get("end", start), f"edits[{number}].end")
             for value in (start, end):
                 if value < 0 or value > len(text):
                     raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: offset {value} outside the document (0..{len(text)})")
         else:  # no range: the whole text
+            index = TextIndex(new_text)
             text = new_text
             continue
         if start > end:
             raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: start {start} is after end {end}")
-        text = text[:start] + new_text + text[end:]
-    return text
+        index = index.replace(start, end, new_text)
+        text = index.text
+    return index
 
 
 class BufferStore:
@@ -200,9 +202,9 @@ class BufferStore:
                 f"version {version} is not newer than the document's {doc.version}",
                 {"version": doc.version},
             )
-        new_text = text if text is not None else apply_edits(doc.text, edits or [], encoding)
-        self.check_size(new_text, uri)
-        doc.text = new_text
+        index = TextIndex(text) if text is not None else edit_index(doc.index, edits or [], encoding)
+        self.check_size(index.text, uri)
+        doc.text, doc._index = index.text, index
         doc.version = version if version is not None else doc.version + 1
         return doc
 

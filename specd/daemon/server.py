@@ -2,175 +2,86 @@
 
 One ``Daemon`` owns the listeners (a Unix socket, bound here or passed by systemd, and an
 optional loopback TCP listener that needs a token), the open buffers, the model worker and
-the per-request bookkeeping (supersede, cancel, latency). Handlers are short: validate the
-params, touch the buffers, submit a job, await it. The loop never waits on the model.
+the per-request bookkeeping (supersede, cancel, queue, latency). Handlers are short: validate
+the params, touch the buffers, queue a job, await it. The loop never waits on the model.
+
+Around it: ``listeners`` (socket setup and file safety), ``params`` (parameter checkers),
+``scheduler`` (the completion queue), ``metrics`` (what status reports), ``engine_api`` (what
+an engine must offer).
+
+Limits, per connection: one message at most ``daemon.max_frame_bytes`` however it is streamed,
+and complete within ``PARTIAL_MESSAGE_TIMEOUT_S`` once begun; answers left unread stop the
+reading (``session.WRITE_HIGH_WATER``); TCP connections must present the token within
+``HELLO_DEADLINE_S``, at most ``MAX_PREAUTH_CONNECTIONS`` at once, with messages of at most
+``PREAUTH_MAX_FRAME_BYTES``, and each wrong token delays the next answer (``AUTH_BACKOFF_*``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import errno
-import fcntl
 import hmac
 import importlib
-import ipaddress
 import itertools
 import logging
 import os
 import signal
 import socket
-import stat
-import struct
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
-from urllib.parse import unquote, urlparse
 
 from specd import __version__
 from specd.daemon import systemd
-from specd.daemon.buffers import BufferStore, TextIndex, check_encoding, resolve_cursor
+from specd.daemon.buffers import BufferStore, TextIndex, resolve_cursor
+from specd.daemon.engine_api import CompletionEngine, CorpusEngine
+from specd.daemon.listeners import RuntimeLock, StartupError, bind_tcp, bind_unix, peer_uid
+from specd.daemon.metrics import LatencyWindow, device_memory, process_memory
+from specd.daemon.params import (
+    MAX_URI_CHARS,
+    check_encoding,
+    completion_options,
+    get_folders,
+    get_int,
+    get_str,
+    get_uri,
+    param_error,
+)
+from specd.daemon.scheduler import CompletionQueue
 from specd.daemon.worker import FAILED, LOADING, READY, STARTING, DocumentMirror, Job, ModelWorker
 from specd.daemon.workspace import Workspace, WorkspaceOptions
+from specd.protocol import session as session_limits
 from specd.protocol.errors import ErrorCode, RpcError
-from specd.protocol.messages import Notification, Request
 from specd.protocol.framing import pack
+from specd.protocol.messages import Notification, Request
 from specd.protocol.methods import CAPABILITIES, ERROR_FORMATS, ERROR_NOTIFICATION, POSITION_ENCODINGS, PROTOCOL_VERSION, Method
 from specd.protocol.session import Session, linger_close
+
+__all__ = ["Daemon", "StartupError", "serve_forever"]
 
 log = logging.getLogger("specd.daemon")
 
 # Test hook: "module:callable" building the engine from the config instead of specd.engine.
 ENGINE_FACTORY_ENV = "SPECD_TEST_ENGINE_FACTORY"
 
-LATENCY_WINDOW = 1000  # completions the latency percentiles are computed over
 SHUTDOWN_GRACE_S = 10.0  # beyond the time budget, how long a running completion may finish
 
-
-class StartupError(Exception):
-    """The daemon cannot start (socket in use, bad TCP config); the message is one line."""
-
-
-# -- sockets ------------------------------------------------------------------------------------
-
-
-def peer_uid(sock: socket.socket) -> int | None:
-    """The connecting process's uid from SO_PEERCRED (Linux), or None where unavailable."""
-    if not hasattr(socket, "SO_PEERCRED"):
-        return None
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid
+# TCP connections before their hello with the token: few, small and short-lived, so that a
+# user without the token can neither lock the owner out nor grow the daemon.
+MAX_PREAUTH_CONNECTIONS = 8
+PREAUTH_MAX_FRAME_BYTES = 64 * 1024
+HELLO_DEADLINE_S = 10.0
+# A wrong token delays its answer by BASE * 2**(recent failures - 1) s, at most MAX; the count
+# resets after a success or AUTH_BACKOFF_RESET_S without failures.
+AUTH_BACKOFF_BASE_S = 0.1
+AUTH_BACKOFF_MAX_S = 5.0
+AUTH_BACKOFF_RESET_S = 60.0
 
 
-def prepare_socket_dir(path: Path) -> None:
-    """Create the socket's directory 0700, or check an existing one is ours and private."""
-    directory = path.parent
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = directory.stat()
-    if info.st_uid != os.getuid():
-        raise StartupError(f"{directory} belongs to uid {info.st_uid}, not to us (uid {os.getuid()})")
-    if stat.S_IMODE(info.st_mode) != 0o700:
-        os.chmod(directory, 0o700)
-
-
-def socket_is_live(path: Path, timeout: float = 1.0) -> bool:
-    """True when something accepts connections on the Unix socket at ``path``."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(timeout)
-    try:
-        probe.connect(str(path))
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
-
-
-def bind_unix(path: Path) -> socket.socket:
-    """Bind a listening Unix socket with mode 0600, replacing a stale file a crashed daemon left."""
-    prepare_socket_dir(path)
-    if path.exists() or path.is_symlink():
-        if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise StartupError(f"{path} exists and is not a socket; not touching it")
-        if socket_is_live(path):
-            raise StartupError(f"another daemon is already serving {path}")
-        log.info("removing stale socket %s", path)
-        path.unlink()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # the socket file is born 0600: no window where others could connect
-    try:
-        sock.bind(str(path))
-    except OSError as err:
-        sock.close()
-        raise StartupError(f"cannot bind {path}: {err.strerror}") from None
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, 0o600)
-    sock.listen(128)
-    return sock
-
-
-def bind_tcp(spec: str) -> socket.socket:
-    """A loopback-only TCP listener for ``HOST:PORT``."""
-    host, sep, port_text = spec.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not port_text.isdigit():
-        raise StartupError(f"daemon.tcp must be HOST:PORT, got {spec!r}")
-    if host == "localhost":
-        host = "127.0.0.1"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        raise StartupError(f"daemon.tcp host must be a loopback address, got {host!r}") from None
-    if not address.is_loopback:
-        raise StartupError(f"daemon.tcp host {host} is not a loopback address; specd only listens on loopback")
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, int(port_text)))
-    except OSError as err:
-        sock.close()
-        raise StartupError(f"cannot listen on {spec}: {err.strerror}") from None
-    sock.listen(128)
-    return sock
-
-
-class RuntimeLock:
-    """An flock next to the socket, held for the daemon's life: one daemon per socket path."""
-
-    def __init__(self, socket_path: Path):
-        self.path = socket_path.with_name(socket_path.name + ".lock")
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        prepare_socket_dir(self.path)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            os.close(fd)
-            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise StartupError(f"another specd daemon holds {self.path}") from None
-            raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-# -- engine -------------------------------------------------------------------------------------
-
-
-def load_engine(cfg: Any) -> Any:
+def load_engine(cfg: Any) -> CompletionEngine:
     hook = os.environ.get(ENGINE_FACTORY_ENV)
     if hook:
         module_name, _, attr = hook.partition(":")
@@ -185,104 +96,10 @@ def _error_code(err: BaseException) -> str:
     return code if isinstance(code, str) else ErrorCode.ENGINE_ERROR.value
 
 
-# -- parameters ---------------------------------------------------------------------------------
-
-
-def _str(params: dict[str, Any], name: str, required: bool = True) -> str | None:
-    value = params.get(name)
-    if value is None and not required:
-        return None
-    if isinstance(value, bytes):  # tolerate msgpack bin from clients that do not mark strings
-        try:
-            value = value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} is not valid UTF-8") from None
-    if not isinstance(value, str):
-        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be a string")
-    return value
-
-
-def _opt_int(params: dict[str, Any], name: str, low: int | None = None, high: int | None = None) -> int | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be an integer")
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be between {low} and {high}")
-    return value
-
-
-def _opt_bool(params: dict[str, Any], name: str) -> bool | None:
-    value = params.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be a boolean")
-    return value
-
-
-def _opt_float(params: dict[str, Any], name: str, low: float, high: float) -> float | None:
-    value = params.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (low <= value <= high):
-        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be a number between {low} and {high}")
-    return float(value)
-
-
-def _folder_list(params: dict[str, Any], name: str) -> list[str] | None:
-    """A list of folders, each an absolute path or a file:// URI, as absolute paths."""
-    value = params.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise RpcError(ErrorCode.INVALID_PARAMS, f"{name} must be an array of folder paths or file:// URIs")
-    out = []
-    for number, item in enumerate(value):
-        folder = _str({f"{name}[{number}]": item}, f"{name}[{number}]")
-        if folder.startswith("file://"):
-            folder = unquote(urlparse(folder).path)
-        if not os.path.isabs(folder):
-            raise RpcError(ErrorCode.INVALID_PARAMS, f"{name}[{number}] must be an absolute path or a file:// URI, got {folder!r}")
-        out.append(folder)
-    return out
-
-
-COMPLETE_OPTIONS = (
-    "max_tokens", "single_line", "stop_at_block_end", "temperature", "top_p", "seed",
-    "time_budget_ms", "use_draft_model", "use_lookup", "kv_reuse",
-)
-MAX_TOKENS_LIMIT = 4096
-
-
-def completion_options(options: Any) -> dict[str, Any]:
-    """Validate ``complete``'s options map into CompletionRequest keyword arguments."""
-    if options is None:
-        return {}
-    if not isinstance(options, dict):
-        raise RpcError(ErrorCode.INVALID_PARAMS, "options must be a map")
-    unknown = sorted(str(key) for key in options if key not in COMPLETE_OPTIONS)
-    if unknown:
-        raise RpcError(ErrorCode.INVALID_PARAMS, f"unknown option(s) {', '.join(unknown)}; known: {', '.join(COMPLETE_OPTIONS)}")
-    out: dict[str, Any] = {
-        "max_tokens": _opt_int(options, "max_tokens", 1, MAX_TOKENS_LIMIT),
-        "seed": _opt_int(options, "seed", 0, 2**63 - 1),
-        "time_budget_ms": _opt_int(options, "time_budget_ms", 1, 600_000),
-        "temperature": _opt_float(options, "temperature", 0.0, 100.0),
-        "top_p": _opt_float(options, "top_p", 0.0, 1.0),
-    }
-    for name in ("single_line", "stop_at_block_end", "use_draft_model", "use_lookup", "kv_reuse"):
-        out[name] = _opt_bool(options, name)
-    # Leave out what was not given, so the engine's and CompletionRequest's defaults apply.
-    return {key: value for key, value in out.items() if value is not None}
-
-
-# -- bookkeeping --------------------------------------------------------------------------------
-
-
 @dataclass(eq=False)
 class Connection:
     id: int
-    session: Session | None = None
+    session: Session | None = None  # cleared when the connection closes (no cycle through the handlers)
     transport: str = "unix"  # unix | tcp
     uid: int | None = None
     authenticated: bool = True  # TCP connections start False until hello presents the token
@@ -290,56 +107,13 @@ class Connection:
     jobs: dict[int, Job] = field(default_factory=dict)  # msgid -> running complete
 
 
-class LatencyWindow:
-    def __init__(self, size: int = LATENCY_WINDOW):
-        self.samples: collections.deque[float] = collections.deque(maxlen=size)
-
-    def add(self, ms: float) -> None:
-        self.samples.append(ms)
-
-    def summary(self) -> dict[str, Any]:
-        ordered = sorted(self.samples)
-        if not ordered:
-            return {"count": 0, "p50": None, "p95": None, "max": None}
-
-        def pick(q: float) -> float:
-            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
-
-        return {"count": len(ordered), "p50": pick(0.50), "p95": pick(0.95), "max": round(ordered[-1], 2)}
-
-
-def process_memory() -> dict[str, Any]:
-    """This process's resident memory, MiB (current and peak)."""
-    out: dict[str, Any] = {}
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith(("VmRSS:", "VmHWM:")):
-                    key = "rss_mb" if line.startswith("VmRSS") else "peak_rss_mb"
-                    out[key] = round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        import resource
-
-        out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    return out
-
-
-def device_memory() -> dict[str, Any]:
-    """Accelerator memory in MiB, when the engine has put torch on a CUDA device."""
-    torch = sys.modules.get("torch")  # never imported here just to report
-    try:
-        if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return {}
-        return {
-            "device_allocated_mb": round(torch.cuda.memory_allocated() / 2**20, 1),
-            "device_reserved_mb": round(torch.cuda.memory_reserved() / 2**20, 1),
-            "device_peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
-        }
-    except Exception:  # reporting must never fail status
-        return {}
-
-
 # -- the daemon ---------------------------------------------------------------------------------
+
+
+def _completion_job(req: Any) -> Job:
+    """The model work for one ``complete``; its closure is the only holder of ``req``."""
+    return Job(fn=lambda engine, cancel: engine.complete(req, cancel).to_dict(),
+               label=f"complete {req.uri or '<text>'}", key=req.uri)
 
 
 class Daemon:
@@ -347,7 +121,7 @@ class Daemon:
         self,
         cfg: Any,
         *,
-        engine_factory: Callable[[], Any] | None = None,
+        engine_factory: Callable[[], CompletionEngine] | None = None,
         allowed_uid: int | None = None,
         idle_unload_s: float | None = None,
         tcp: str | None = None,
@@ -364,7 +138,13 @@ class Daemon:
         self.worker = ModelWorker(engine_factory or (lambda: load_engine(cfg)), idle, self._on_worker_state)
         self.mirror = DocumentMirror(lambda: self.worker.engine, self.worker.wake)
         self.workspace = Workspace(WorkspaceOptions.from_config(cfg), self._corpus_sink, self.worker.wake)
+        self.completions = CompletionQueue(self.worker.submit, max_queued_chars=max(self.max_frame_bytes, self.buffers.max_document_bytes))
         self.connections: dict[int, Connection] = {}
+        # Per-connection limits, read when a connection starts (tests shorten them).
+        self.partial_message_timeout_s = session_limits.PARTIAL_MESSAGE_TIMEOUT_S
+        self.hello_deadline_s = HELLO_DEADLINE_S
+        self._auth_failures = 0
+        self._last_auth_failure = 0.0
         self._ids = itertools.count(1)
         self.jobs_by_uri: dict[str, Job] = {}
         self.latency = LatencyWindow()
@@ -380,9 +160,9 @@ class Daemon:
         self._ready_announced = False
         self.handlers: dict[str, Callable[[Connection, dict[str, Any], Request], Awaitable[Any]]] = {
             Method.HELLO: self.hello,
-            Method.OPEN: self.open,
-            Method.CHANGE: self.change,
-            Method.CLOSE: self.close,
+            Method.OPEN: self.open_document,
+            Method.CHANGE: self.change_document,
+            Method.CLOSE: self.close_document,
             Method.COMPLETE: self.complete,
             Method.CANCEL: self.cancel,
             Method.STATUS: self.status,
@@ -469,6 +249,7 @@ class Daemon:
                 self.mirror.replay({uri: doc.text for uri, doc in self.buffers.docs.items()})
                 self.workspace.replay()
         elif state == FAILED:
+            self.completions.fail_all(self._load_failure())
             self.worker.fail_queued(self._load_failure())
             # One line, whatever the exception held: it is what `specd serve`, the spawn log and
             # systemd's STATUS= show.
@@ -498,6 +279,7 @@ class Daemon:
             server.close()
         self._remove_socket_file()
         # Queued work is refused now; the running completion gets a bounded time to finish.
+        self.completions.fail_all(self._load_failure())
         self.worker.fail_queued(self._load_failure())
         current = self.worker.current
         if current is not None:
@@ -549,38 +331,70 @@ class Daemon:
             pass
         await linger_close(reader, writer)
 
+    def _authenticated_count(self) -> int:
+        return sum(1 for conn in self.connections.values() if conn.authenticated)
+
+    def _too_many(self) -> RpcError:
+        return RpcError(
+            ErrorCode.TOO_MANY_CONNECTIONS,
+            f"{self._authenticated_count()} clients are connected, the limit (daemon.max_connections)",
+        )
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Connection) -> None:
         if self.shutting_down:
             await self._refuse(reader, writer, RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down"))
             return
-        if len(self.connections) >= self.max_connections:
+        if conn.authenticated and self._authenticated_count() >= self.max_connections:
+            await self._refuse(reader, writer, self._too_many())
+            return
+        if not conn.authenticated and len(self.connections) - self._authenticated_count() >= MAX_PREAUTH_CONNECTIONS:
             await self._refuse(reader, writer, RpcError(
-                ErrorCode.TOO_MANY_CONNECTIONS,
-                f"{len(self.connections)} clients are connected, the limit (daemon.max_connections)",
+                ErrorCode.TOO_MANY_CONNECTIONS, f"{MAX_PREAUTH_CONNECTIONS} connections are waiting to authenticate, the limit",
             ))
             return
-        conn.session = Session(
+        session = conn.session = Session(
             reader, writer,
             max_frame_bytes=self.max_frame_bytes,
             handler=lambda request: self._dispatch(conn, request),
             on_notification=lambda note: self._notification(conn, note),
             on_eof=lambda: self._disconnected(conn),
             name=f"conn{conn.id}",
+            partial_message_timeout_s=self.partial_message_timeout_s,
         )
+        deadline = None
+        if not conn.authenticated:
+            session.frame_limit = min(PREAUTH_MAX_FRAME_BYTES, self.max_frame_bytes)
+            deadline = asyncio.get_running_loop().call_later(self.hello_deadline_s, self._hello_overdue, conn)
         self.connections[conn.id] = conn
         log.debug("conn%d: connected (%s, uid %s)", conn.id, conn.transport, conn.uid)
         try:
-            await conn.session.run()
+            await session.run()
         finally:
+            if deadline is not None:
+                deadline.cancel()
             self.connections.pop(conn.id, None)
             for uri in self.buffers.release_owner(conn.id):
                 self.mirror.close(uri)
             self.workspace.release_owner(conn.id)
+            # Break Connection -> Session -> handler closures -> Connection, so a closed
+            # connection is freed by reference counting, not at the next full collection.
+            session.release_callbacks()
+            conn.session = None
+            conn.jobs.clear()
             log.debug("conn%d: closed", conn.id)
+
+    def _hello_overdue(self, conn: Connection) -> None:
+        session = conn.session
+        if conn.authenticated or session is None:
+            return
+        log.info("conn%d: no hello with the token within %g s; closing", conn.id, self.hello_deadline_s)
+        session.close_reason = RpcError(ErrorCode.UNAUTHORIZED, f"no hello with the token within {self.hello_deadline_s:g} s")
+        asyncio.ensure_future(session.close())
 
     def _disconnected(self, conn: Connection) -> None:
         for job in list(conn.jobs.values()):
             job.request_cancel("the client disconnected")
+            self.completions.discard(job)
 
     async def _dispatch(self, conn: Connection, request: Request) -> Any:
         handler = self.handlers.get(request.method)
@@ -604,15 +418,37 @@ class Daemon:
     def _models(self) -> dict[str, Any]:
         return {"target": self.cfg["model.target"] or "demo", "draft": self.cfg["model.draft"] or None}
 
+    async def _authenticate(self, conn: Connection, token: Any) -> None:
+        """Check a TCP connection's token; a wrong one is answered late and the connection closed."""
+        if isinstance(token, str) and hmac.compare_digest(token.encode(), self.tcp_token.encode()):
+            if self._authenticated_count() >= self.max_connections:
+                self._close_soon(conn)
+                raise self._too_many()
+            self._auth_failures = 0
+            conn.authenticated = True
+            if conn.session is not None:
+                conn.session.frame_limit = self.max_frame_bytes
+            return
+        now = time.monotonic()
+        if now - self._last_auth_failure > AUTH_BACKOFF_RESET_S:
+            self._auth_failures = 0
+        self._auth_failures += 1
+        self._last_auth_failure = now
+        # Guessing costs time: each recent failure doubles the wait before the next answer,
+        # and the waiting connection keeps one of the few pre-auth slots.
+        await asyncio.sleep(min(AUTH_BACKOFF_MAX_S, AUTH_BACKOFF_BASE_S * 2 ** (self._auth_failures - 1)))
+        self._close_soon(conn)  # one try per connection
+        raise RpcError(ErrorCode.UNAUTHORIZED, "missing or wrong token")
+
+    def _close_soon(self, conn: Connection) -> None:
+        """Close after the answer being written has gone out."""
+        session = conn.session
+        if session is not None:
+            asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(session.close()))
+
     async def hello(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
         if conn.transport == "tcp" and not conn.authenticated:
-            token = params.get("token")
-            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.tcp_token.encode()):
-                assert conn.session is not None
-                # Answer, then drop the connection: a wrong token gets one try per connection.
-                asyncio.get_running_loop().call_later(0.05, lambda: asyncio.ensure_future(conn.session.close()))
-                raise RpcError(ErrorCode.UNAUTHORIZED, "missing or wrong token")
-            conn.authenticated = True
+            await self._authenticate(conn, params.get("token"))
         client = params.get("client")
         conn.client = client if isinstance(client, str) else ""
         errors = params.get("errors", "map")
@@ -636,34 +472,37 @@ class Daemon:
                 "max_document_bytes": self.buffers.max_document_bytes,
                 "max_documents": self.buffers.max_documents,
                 "max_connections": self.max_connections,
+                "max_uri_chars": MAX_URI_CHARS,
+                "max_queued_per_connection": self.completions.max_per_connection,
+                "partial_message_timeout_s": self.partial_message_timeout_s,
             },
         }
 
-    async def open(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
-        uri = _str(params, "uri")
-        text = _str(params, "text")
-        version = _opt_int(params, "version", 0, 2**63 - 1) or 0
-        language = _str(params, "language", required=False)
+    async def open_document(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        uri = get_uri(params)
+        text = get_str(params, "text")
+        version = get_int(params, "version", 0, 2**63 - 1) or 0
+        language = get_str(params, "language", required=False)
         doc = self.buffers.open(uri, text, version, conn.id, language)
         self.mirror.set(uri, doc.text)
         return {"uri": uri, "version": doc.version}
 
-    async def change(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
-        uri = _str(params, "uri")
-        version = _opt_int(params, "version", 0, 2**63 - 1)
-        text = _str(params, "text", required=False)
+    async def change_document(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        uri = get_uri(params)
+        version = get_int(params, "version", 0, 2**63 - 1)
+        text = get_str(params, "text", required=False)
         edits = params.get("edits")
         if (text is None) == (edits is None):
-            raise RpcError(ErrorCode.INVALID_PARAMS, "change needs exactly one of text (full) or edits (ranged)")
+            raise param_error("change needs exactly one of text (full) or edits (ranged)")
         if edits is not None and not isinstance(edits, list):
-            raise RpcError(ErrorCode.INVALID_PARAMS, "edits must be an array")
+            raise param_error("edits must be an array")
         encoding = check_encoding(params.get("encoding"))
         doc = self.buffers.change(uri, version, edits, text, encoding)
         self.mirror.set(uri, doc.text)
         return {"uri": uri, "version": doc.version}
 
-    async def close(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
-        uri = _str(params, "uri")
+    async def close_document(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
+        uri = get_uri(params)
         closed = self.buffers.close(uri, conn.id)
         if closed:
             self.mirror.close(uri)
@@ -675,35 +514,35 @@ class Daemon:
     def _completion_request(self, params: dict[str, Any]) -> tuple[Any, int | None]:
         from specd.engine.types import CompletionRequest, ContextChunk
 
-        uri = _str(params, "uri", required=False)
-        text = _str(params, "text", required=False)
+        uri = get_uri(params, required=False)
+        text = get_str(params, "text", required=False)
         version = None
         if text is None:
             if uri is None:
-                raise RpcError(ErrorCode.INVALID_PARAMS, "complete needs uri (an open document) or text")
+                raise param_error("complete needs uri (an open document) or text")
             doc = self.buffers.get(uri)
             text, version, index = doc.text, doc.version, doc.index
         else:
             self.buffers.check_size(text, "text")
             index = TextIndex(text)
         if "cursor" not in params:
-            raise RpcError(ErrorCode.INVALID_PARAMS, "complete needs a cursor")
+            raise param_error("complete needs a cursor")
         offset = resolve_cursor(index, params["cursor"], params.get("encoding"))
         extra = params.get("extra_context") or []
         if not isinstance(extra, list):
-            raise RpcError(ErrorCode.INVALID_PARAMS, "extra_context must be an array of {path, text}")
+            raise param_error("extra_context must be an array of {path, text}")
         chunks = []
         for number, item in enumerate(extra):
             if not isinstance(item, dict):
-                raise RpcError(ErrorCode.INVALID_PARAMS, f"extra_context[{number}] must be a map {{path, text}}")
-            chunk_text = _str(item, "text")
+                raise param_error(f"extra_context[{number}] must be a map {{path, text}}")
+            chunk_text = get_str(item, "text")
             self.buffers.check_size(chunk_text, f"extra_context[{number}]")
-            chunks.append(ContextChunk(path=_str(item, "path"), text=chunk_text))
+            chunks.append(ContextChunk(path=get_uri(item, "path"), text=chunk_text))
         request = CompletionRequest(
             uri=uri,
             text=text,
             offset=offset,
-            path=_str(params, "path", required=False),
+            path=get_uri(params, "path", required=False),
             extra_context=chunks,
             **completion_options(params.get("options")),
         )
@@ -715,15 +554,22 @@ class Daemon:
             raise failure
         received = time.monotonic()
         msgid = request.msgid if request is not None else 0
-        job = Job(fn=lambda engine, cancel: engine.complete(req, cancel).to_dict(), label=f"complete {req.uri or '<text>'}", key=req.uri)
-        if req.uri is not None:
-            previous = self.jobs_by_uri.get(req.uri)
+        uri, offset = req.uri, req.offset
+        # Text this job keeps alive while it waits: a stateless text, or a document snapshot
+        # that a later change would otherwise have released.
+        held = len(req.text) + sum(len(chunk.text) for chunk in req.extra_context)
+        job = _completion_job(req)
+        del req  # only the job holds the request now: dropping the job drops its text
+        if uri is not None:
+            previous = self.jobs_by_uri.get(uri)
             if previous is not None:
-                previous.request_cancel(f"superseded by a newer complete for {req.uri}")
+                previous.request_cancel(f"superseded by a newer complete for {uri}")
+                self.completions.discard(previous)
                 self.counts["superseded"] += 1
-            self.jobs_by_uri[req.uri] = job
+        self.completions.put(conn.id, job, held)
+        if uri is not None:
+            self.jobs_by_uri[uri] = job
         conn.jobs[msgid] = job
-        self.worker.submit(job)
         try:
             result = await asyncio.wrap_future(job.future)
         except (asyncio.CancelledError, Exception) as err:
@@ -736,25 +582,26 @@ class Daemon:
                 raise
             raise RpcError(_error_code(err), str(err) or type(err).__name__) from None
         finally:
+            self.completions.discard(job)
             conn.jobs.pop(msgid, None)
-            if req.uri is not None and self.jobs_by_uri.get(req.uri) is job:
-                del self.jobs_by_uri[req.uri]
+            if job.key is not None and self.jobs_by_uri.get(job.key) is job:
+                del self.jobs_by_uri[job.key]
         done = time.monotonic()
         self.latency.add((done - received) * 1000)
         self.counts["completed"] += 1
         started = job.started_at or received
         result.update(
-            uri=req.uri,
+            uri=uri,
             version=version,
-            offset=req.offset,
+            offset=offset,
             queued_ms=round((started - received) * 1000, 2),
             latency_ms=round((done - received) * 1000, 2),
         )
         return result
 
     async def cancel(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
-        msgid = _opt_int(params, "msgid", 0, 2**32 - 1)
-        uri = _str(params, "uri", required=False)
+        msgid = get_int(params, "msgid", 0, 2**32 - 1)
+        uri = get_uri(params, required=False)
         if msgid is None and uri is None:
             raise RpcError(ErrorCode.INVALID_PARAMS, "cancel needs msgid (of a complete on this connection) or uri")
         targets = []
@@ -764,6 +611,7 @@ class Daemon:
             targets.append(self.jobs_by_uri[uri])
         for job in targets:
             job.request_cancel("cancelled by the client")
+            self.completions.discard(job)
         return {"cancelled": len(targets)}
 
     async def status(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
@@ -792,7 +640,7 @@ class Daemon:
                 "cancelled": self.counts["cancelled"],
                 "failed": self.counts["failed"],
                 "superseded": self.counts["superseded"],
-                "queued": self.worker.queued(),
+                "queued": len(self.completions) + self.worker.queued(),
                 "running": current.label if current is not None else None,
             },
             "documents": {"open": len(self.buffers), "chars": self.buffers.total_chars()},
@@ -832,10 +680,10 @@ class Daemon:
 
     def _corpus_sink(self, path: str, text: str | None) -> bool:
         """The workspace watcher's output (on its thread): into the engine's lookup corpus."""
-        setter = getattr(self.worker.engine, "set_corpus_file", None)
-        if setter is None:
+        engine = self.worker.engine
+        if not isinstance(engine, CorpusEngine):
             return False
-        setter(path, text)
+        engine.set_corpus_file(path, text)
         return True
 
     def _configured_folders(self) -> None:
@@ -850,7 +698,7 @@ class Daemon:
     async def workspace_folders(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
         """Set (``folders``) or change (``add``/``remove``) the folders this connection works in.
         A folder is watched while any connection (or ``workspace.folders``) holds it."""
-        replace, add, remove = (_folder_list(params, name) for name in ("folders", "add", "remove"))
+        replace, add, remove = (get_folders(params, name) for name in ("folders", "add", "remove"))
         if not self.workspace.options.enabled:
             return {"enabled": False, "folders": [], "watched": []}
         add, remove = [*(replace or []), *(add or [])], remove or []

@@ -28,11 +28,12 @@ class ErrorCode(str, Enum):
     OUT_OF_RANGE = "out_of_range"  # a cursor or edit range outside the document
     # Completion.
     CANCELLED = "cancelled"  # by `cancel`, by a newer `complete` for the same document, or by disconnect
+    BUSY = "busy"  # this connection already has as much queued as it may; retry once one is answered
     ENGINE_ERROR = "engine_error"
     MODEL_LOAD_ERROR = "model_load_error"
     SHUTTING_DOWN = "shutting_down"
     # Client side only: no answer came in time, the daemon went away, or none runs.
-    TIMEOUT = "timeout"
+    TIMEOUT = "timeout"  # no answer in time (client side); a message left incomplete too long (daemon side, then closed)
     CONNECTION_LOST = "connection_lost"
     DAEMON_UNAVAILABLE = "daemon_unavailable"  # nothing answers at the socket (and none could be started)
     INTERNAL_ERROR = "internal_error"

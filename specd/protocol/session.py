@@ -30,9 +30,24 @@ log = logging.getLogger("specd.protocol")
 RequestHandler = Callable[[Request], Awaitable[Any]]
 NotificationHandler = Callable[[Notification], Awaitable[None] | None]
 
-# Requests one connection may have running at once; past it the session stops reading until
-# some finish, so a client that floods without reading cannot grow the daemon's memory.
+# Requests one connection may have unanswered at once. A request holds its slot until its
+# answer has left the write buffer (below the high-water mark), so a client that floods
+# without reading its answers stops being read after this many: its memory is bounded.
 MAX_CONCURRENT_REQUESTS = 64
+
+# Bytes of answers waiting in a connection's write buffer above which the session stops
+# reading from that peer until the buffer drains (asyncio's flow control: pause at high,
+# resume at low).
+WRITE_HIGH_WATER = 256 * 1024
+WRITE_LOW_WATER = 64 * 1024
+
+# How long the bytes of one message may take to arrive once its first byte has: a peer that
+# sends half a message and stalls is closed, not waited on forever.
+PARTIAL_MESSAGE_TIMEOUT_S = 30.0
+
+# How long a peer may leave our answers unread (the write buffer over the high-water mark,
+# reading paused) before the connection is dropped: no slot is held past a deadline.
+WRITE_STALL_TIMEOUT_S = 60.0
 
 # After the peer's EOF, how long requests already read may take to answer before being cut.
 ANSWER_GRACE_S = 5.0
@@ -79,6 +94,7 @@ class Session:
         on_notification: NotificationHandler | None = None,
         name: str = "session",
         on_eof: Callable[[], None] | None = None,
+        partial_message_timeout_s: float | None = None,
     ):
         self.reader = reader
         self.writer = writer
@@ -87,6 +103,11 @@ class Session:
         self.on_eof = on_eof
         self.name = name
         self._decoder = FrameDecoder(max_frame_bytes)
+        self.partial_message_timeout_s = partial_message_timeout_s
+        self._partial_since: float | None = None  # loop time the message in progress began
+        transport = getattr(writer, "transport", None)
+        if transport is not None and hasattr(transport, "set_write_buffer_limits"):
+            transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._msgids = itertools.cycle(range(1, MAX_MSGID + 1))
         self._tasks: set[asyncio.Task[None]] = set()
@@ -139,18 +160,61 @@ class Session:
 
     # -- receiving -------------------------------------------------------------------------
 
+    @property
+    def frame_limit(self) -> int:
+        """The largest message this end accepts now (lowered for unauthenticated peers)."""
+        return self._decoder.max_frame_bytes
+
+    @frame_limit.setter
+    def frame_limit(self, limit: int) -> None:
+        self._decoder.max_frame_bytes = min(limit, self._decoder.ceiling)
+
+    def write_buffer_size(self) -> int:
+        transport = getattr(self.writer, "transport", None)
+        return transport.get_write_buffer_size() if transport is not None else 0
+
+    def _read_deadline(self) -> float | None:
+        """Seconds left for the message in progress, or None when between messages."""
+        if self._decoder.pending_bytes == 0 or self.partial_message_timeout_s is None:
+            self._partial_since = None
+            return None
+        now = asyncio.get_running_loop().time()
+        if self._partial_since is None:
+            self._partial_since = now
+        return max(0.0, self._partial_since + self.partial_message_timeout_s - now)
+
+    async def _read(self) -> bytes:
+        # Backpressure: while our answers pile up unread, read nothing more from this peer.
+        if self.write_buffer_size() > WRITE_HIGH_WATER:
+            try:
+                await asyncio.wait_for(self._flush(), WRITE_STALL_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                log.info("%s: answers unread for %g s; closing", self.name, WRITE_STALL_TIMEOUT_S)
+                self.writer.transport.abort()
+                return b""
+        left = self._read_deadline()
+        if left is None:
+            return await self.reader.read(READ_CHUNK)
+        try:
+            return await asyncio.wait_for(self.reader.read(READ_CHUNK), left)
+        except asyncio.TimeoutError:
+            raise FrameError(
+                ErrorCode.TIMEOUT.value,
+                f"a message stayed incomplete for {self.partial_message_timeout_s:g} s "
+                f"({self._decoder.pending_bytes} bytes received)",
+            ) from None
+
     async def run(self) -> None:
         """Serve the connection until EOF, a broken stream or ``close()``."""
         try:
             while not self._closed:
                 try:
-                    data = await self.reader.read(READ_CHUNK)
+                    data = await self._read()
+                    if not data:
+                        break
+                    objects = self._decoder.feed(data)
                 except (ConnectionError, OSError):
                     break
-                if not data:
-                    break
-                try:
-                    objects = self._decoder.feed(data)
                 except FrameError as err:
                     # The stream cannot be resynchronised after undecodable bytes: say why, close.
                     self.close_reason = RpcError(err.code, err.message)
@@ -159,6 +223,7 @@ class Session:
                     break
                 for obj in objects:
                     await self._dispatch(obj)
+                del objects
         finally:
             # The peer stopped sending (or broke the stream). Let the owner cancel this peer's
             # work, give the requests already taken a moment to answer (a client that only
@@ -171,6 +236,8 @@ class Session:
                 self._fail_pending()
                 await linger_close(self.reader, self.writer)
             await self.close()
+            self._decoder.close()
+            self.release_callbacks()
 
     async def _settle(self, timeout: float) -> None:
         if not self._tasks:
@@ -229,15 +296,17 @@ class Session:
             log.exception("%s: %s failed", self.name, request.method)
             error = RpcError(ErrorCode.INTERNAL_ERROR, f"{type(err).__name__}: {err}")
             response = Response(request.msgid, self.encode_error(error), None)
+        try:
+            try:
+                self._write(response.to_wire())
+            except (TypeError, ValueError, OverflowError) as err:  # a result msgpack cannot carry
+                log.error("%s: cannot encode the result of %s: %s", self.name, request.method, err)
+                error = RpcError(ErrorCode.INTERNAL_ERROR, f"result not encodable: {err}")
+                self._write(Response(request.msgid, self.encode_error(error), None).to_wire())
+            del response
+            await self._flush()  # the slot is held until the answer is on its way (backpressure)
         finally:
             self._slots.release()
-        try:
-            self._write(response.to_wire())
-        except (TypeError, ValueError, OverflowError) as err:  # a result msgpack cannot carry
-            log.error("%s: cannot encode the result of %s: %s", self.name, request.method, err)
-            error = RpcError(ErrorCode.INTERNAL_ERROR, f"result not encodable: {err}")
-            self._write(Response(request.msgid, self.encode_error(error), None).to_wire())
-        await self._flush()
 
     # -- closing ---------------------------------------------------------------------------
 
@@ -262,8 +331,17 @@ class Session:
             return
         self._closed = True
         self._fail_pending()
+        self._decoder.close()
         try:
             self.writer.close()
             await self.writer.wait_closed()
         except (ConnectionError, OSError, RuntimeError):
             pass
+        self.release_callbacks()
+
+    def release_callbacks(self) -> None:
+        """Forget the owner's callbacks: they close over the owner, which holds this session,
+        and that cycle would keep a closed connection's memory until a full collection."""
+        self.handler = None
+        self.on_notification = None
+        self.on_eof = None

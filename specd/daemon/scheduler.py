@@ -1,0 +1,131 @@
+"""Completions waiting for the model: bounded, fair between connections, dropped when moot.
+
+The model worker runs one job at a time. Jobs wait here, not in the worker's queue, so that
+
+- a job cancelled or superseded while waiting leaves at once, and its text with it (a job in
+  the worker's queue would keep its request alive until the worker reached it);
+- connections are served round-robin: one job from each connection that has any, in turn, so a
+  client with 64 queued completes delays another's single complete by one job, not by 64;
+- what one connection may have waiting is bounded in count and in text.
+
+The worker is handed at most ``WORKER_DEPTH`` jobs at a time (one running, one ready behind
+it, so the worker never idles between two queued jobs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+from typing import Callable
+
+from specd.daemon.worker import Job
+from specd.protocol.errors import ErrorCode, RpcError
+
+log = logging.getLogger("specd.daemon")
+
+WORKER_DEPTH = 2
+MAX_QUEUED_PER_CONNECTION = 16
+
+
+def _skipped(_engine: object, _cancel: object) -> None:
+    """What a job cancelled before it started runs instead (never, in fact: the worker skips it)."""
+
+
+class CompletionQueue:
+    def __init__(self, submit: Callable[[Job], object], max_queued_chars: int,
+                 max_per_connection: int = MAX_QUEUED_PER_CONNECTION):
+        self._submit = submit  # the worker's submit
+        self.max_queued_chars = max_queued_chars  # per connection, over the queued jobs' texts
+        self.max_per_connection = max_per_connection
+        self._lanes: collections.OrderedDict[int, collections.deque[Job]] = collections.OrderedDict()
+        self._waiting: dict[Job, tuple[int, int]] = {}  # job -> (lane, chars it holds)
+        self._lane_chars: collections.Counter[int] = collections.Counter()
+        self._in_worker: set[Job] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def put(self, lane: int, job: Job, chars: int) -> None:
+        """Queue ``job`` for connection ``lane``; ``chars`` is the text it keeps alive."""
+        self._loop = asyncio.get_running_loop()
+        waiting = self._lanes.get(lane)
+        if waiting is not None and len(waiting) >= self.max_per_connection:
+            raise RpcError(ErrorCode.BUSY, f"{len(waiting)} completions of this connection are already waiting (the limit)")
+        if waiting and self._lane_chars[lane] + chars > self.max_queued_chars:
+            raise RpcError(ErrorCode.BUSY, f"completions waiting on this connection already hold {self._lane_chars[lane]} "
+                                           f"characters of text (the limit is {self.max_queued_chars})")
+        self._lanes.setdefault(lane, collections.deque()).append(job)
+        self._waiting[job] = (lane, chars)
+        self._lane_chars[lane] += chars
+        self._pump()
+
+    def discard(self, job: Job) -> None:
+        """Forget ``job`` if it is still waiting (it was cancelled or superseded)."""
+        if job not in self._waiting:
+            return
+        lane = self._waiting[job][0]
+        waiting = self._lanes[lane]
+        waiting.remove(job)
+        self._forget(lane, job)
+        if not waiting:
+            del self._lanes[lane]
+
+    def fail_all(self, error: BaseException | None) -> None:
+        """Answer every waiting job: with ``error`` when given, else as cancelled."""
+        for lane, waiting in list(self._lanes.items()):
+            while waiting:
+                job = waiting.popleft()
+                self._forget(lane, job)
+                if error is not None and job.future.set_running_or_notify_cancel():
+                    job.future.set_exception(error)
+                else:
+                    job.request_cancel("the daemon is shutting down")
+        self._lanes.clear()
+
+    def _forget(self, lane: int, job: Job) -> None:
+        self._lane_chars[lane] -= self._waiting.pop(job)[1]
+        if self._lane_chars[lane] <= 0:
+            del self._lane_chars[lane]
+
+    def _next(self) -> Job | None:
+        """The next live job, round-robin over the connections that have one."""
+        while self._lanes:
+            lane, waiting = next(iter(self._lanes.items()))
+            job = waiting.popleft()
+            self._forget(lane, job)
+            if waiting:
+                self._lanes.move_to_end(lane)
+            else:
+                del self._lanes[lane]
+            if not job.future.done():
+                return job
+        return None
+
+    def _pump(self) -> None:
+        self._in_worker = {job for job in self._in_worker if not job.future.done()}
+        while len(self._in_worker) < WORKER_DEPTH:
+            job = self._next()
+            if job is None:
+                return
+            self._in_worker.add(job)
+            job.future.add_done_callback(self._finished)
+            self._submit(job)
+
+    def _finished(self, future: concurrent.futures.Future) -> None:
+        """A job left the worker (on the worker thread, or on the loop when cancelled)."""
+        if future.cancelled():
+            # Cancelled before it started: the worker will skip it, but it stays in the worker's
+            # queue until then. Drop what it would have run (its request, with the text) now.
+            for job in list(self._in_worker):
+                if job.future is future:
+                    job.fn = _skipped
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._pump)
+        except RuntimeError:  # the loop closed meanwhile
+            pass
