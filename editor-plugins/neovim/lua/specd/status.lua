@@ -14,6 +14,7 @@ M.METHOD = 'specd/status'
 ---@field daemon? table
 ---@field shown? integer
 ---@field accepted? integer
+---@field acceptedPartial? integer words or lines of a suggestion taken
 ---@field lastLatencyMs? number
 ---@field acceptance? table<string, {proposed: integer, accepted: integer}>
 
@@ -113,7 +114,9 @@ function M.report(status, enabled)
     lines[#lines + 1] = ('last latency: %.0f ms'):format(status.lastLatencyMs)
   end
   if number(status.shown) then
-    lines[#lines + 1] = ('suggestions shown %d, accepted %d'):format(status.shown, number(status.accepted) or 0)
+    local partial = number(status.acceptedPartial) or 0
+    lines[#lines + 1] = ('suggestions shown %d, accepted %d%s'):format(status.shown, number(status.accepted) or 0,
+      partial > 0 and (' (and %d partly)'):format(partial) or '')
   end
   local rate = M.draft_acceptance(status.acceptance)
   if rate then

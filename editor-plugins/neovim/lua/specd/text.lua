@@ -64,11 +64,11 @@ end
 
 --- Inserts the whole item, or its next line or word. A part is typed in at the cursor (the rest
 --- of the line stays); the whole item replaces its range. Returns true when the whole item went in
---- (the caller then runs the item's command).
+--- (the caller then runs the item's command), else false and the part inserted.
 ---@param bufnr integer
 ---@param item specd.Item
 ---@param kind 'all'|'line'|'word'
----@return boolean whole
+---@return boolean whole, string? piece
 function M.apply(bufnr, item, kind)
   if kind ~= 'all' then
     local row, col = util.cursor(bufnr)
@@ -79,14 +79,14 @@ function M.apply(bufnr, item, kind)
         local lines = vim.split(piece, '\n', { plain = true })
         vim.api.nvim_buf_set_text(bufnr, row, col, row, col, lines)
         place_cursor(bufnr, row, col, lines)
-        return false
+        return false, piece
       end
     end
   end
   local lines = vim.split(item.text, '\n', { plain = true })
   vim.api.nvim_buf_set_text(bufnr, item.start_row, item.start_col, item.end_row, item.end_col, lines)
   place_cursor(bufnr, item.start_row, item.start_col, lines)
-  return true
+  return true, nil
 end
 
 return M
