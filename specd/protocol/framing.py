@@ -84,7 +84,8 @@ class FrameDecoder:
         self.ceiling = max_frame_bytes  # max_frame_bytes may be lowered later, never raised past this
         self.max_containers = max_containers
         # The scanner only skips: it finds message ends and allocates nothing a header declares.
-        self._scanner = msgpack.Unpacker(max_buffer_size=max_frame_bytes)
+        # read_size: its first buffer (msgpack's default is 1 MiB, held by every idle connection).
+        self._scanner = msgpack.Unpacker(max_buffer_size=max_frame_bytes, read_size=min(READ_CHUNK, max_frame_bytes))
         self._partial = bytearray()  # bytes of the message in progress (after the last complete one)
         self._partial_at = 0  # stream offset of _partial[0]
 
@@ -116,7 +117,7 @@ class FrameDecoder:
     def close(self) -> None:
         """Drop what is buffered (the connection is gone)."""
         self._partial = bytearray()
-        self._scanner = msgpack.Unpacker(max_buffer_size=1)
+        self._scanner = msgpack.Unpacker(max_buffer_size=1, read_size=1)
 
     def _too_large(self) -> FrameError:
         return FrameError(ErrorCode.FRAME_TOO_LARGE.value, f"message larger than the limit of {self.max_frame_bytes} bytes")

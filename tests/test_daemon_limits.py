@@ -1,0 +1,548 @@
+"""What one client can make the daemon hold: bounded per message, per connection, per queue.
+
+Each test asserts a bound (bytes, objects, count, or "did not stall for seconds" with a wide
+margin) on one way a hostile or careless client can push: streamed or nested messages, half a
+message left hanging, answers never read, superseded completes, queues, edit storms, huge
+lines, unauthenticated TCP connections, and the files the daemon opens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import random
+import socket
+import stat
+import struct
+import threading
+import time
+import tracemalloc
+import weakref
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from daemon_helpers import DaemonProcess, raw_connect, read_all, wait_for
+from specd.client import Client
+from specd.daemon import scheduler as scheduler_module
+from specd.daemon.buffers import TextIndex, apply_edits, edit_index, resolve_cursor
+from specd.daemon.listeners import RuntimeLock, StartupError, prepare_private_dir
+from specd.daemon.scheduler import CompletionQueue
+from specd.daemon.worker import Job
+from specd.protocol import ErrorCode, RpcError, pack
+from specd.protocol.framing import FrameDecoder, FrameError
+from specd.protocol.positions import TextIndex as SharedTextIndex
+from specd.protocol.session import MAX_CONCURRENT_REQUESTS, WRITE_HIGH_WATER
+
+MiB = 1 << 20
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def replies(data: bytes) -> list:
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    unpacker.feed(data)
+    return list(unpacker)
+
+
+# -- per message: framing ------------------------------------------------------------------------
+
+
+def test_a_message_streamed_as_many_strings_is_bounded_by_the_frame_limit():
+    """400 strings of 1 KiB in one message count together toward a 64 KiB limit."""
+    limit = 64 * 1024
+    decoder = FrameDecoder(limit)
+    decoder.feed(b"\x94\x00\x01\xa6status\xdc" + struct.pack(">H", 400))
+    fed = 0
+    with pytest.raises(FrameError) as info:
+        for _ in range(400):
+            decoder.feed(msgpack.packb("x" * 1024))
+            fed += 1027
+            assert decoder.pending_bytes <= limit
+    assert info.value.code == "frame_too_large"
+    assert fed <= limit + 1027
+
+
+def test_nested_huge_array_headers_allocate_nothing():
+    """1,000 nested array headers each declaring 16M-1 elements (5 KB on the wire) used to hold
+    +66 MiB per connection; now they are bytes waiting for the rest of a message."""
+    header = b"\xdd" + struct.pack(">I", (1 << 24) - 1)
+    tracemalloc.start()
+    try:
+        decoders = []
+        for _ in range(5):
+            decoder = FrameDecoder(16 * MiB)
+            assert decoder.feed(b"\x91" + header * 1000) == []
+            decoders.append(decoder)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 * MiB, f"{peak / MiB:.1f} MiB for 5 connections"
+
+
+def test_a_small_message_of_many_containers_is_refused():
+    with pytest.raises(FrameError) as info:
+        FrameDecoder(1 * MiB).feed(pack([0, 1, "status", [[[]] * 100_000]]))
+    assert info.value.code == "frame_too_large" and "arrays and maps" in info.value.message
+    # a request with 1,000 ranged edits stays far under the cap
+    edit = {"range": {"start": {"line": 1, "character": 2}, "end": {"line": 1, "character": 3}}, "text": "x"}
+    message = [0, 1, "change", [{"uri": "u", "edits": [edit] * 1000}]]
+    assert FrameDecoder(1 * MiB).feed(pack(message)) == [message]
+
+
+def test_a_declared_length_over_the_limit_is_refused_at_the_header():
+    for header in (b"\xdb\xff\xff\xff\xff", b"\xc6\x7f\xff\xff\xff", b"\xdd\x7f\xff\xff\xff", b"\xdf\x00\x10\x00\x00"):
+        with pytest.raises(FrameError) as info:
+            FrameDecoder(1 * MiB).feed(header)
+        assert info.value.code == "frame_too_large"
+
+
+# -- event loop: edits and positions ---------------------------------------------------------------
+
+
+def test_incremental_line_index_matches_a_fresh_one():
+    rng = random.Random(7)
+    pieces = ["a", "b", "\r", "\n", "\r\n", "é", "😀"]
+    for _ in range(1500):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        index = SharedTextIndex(text)
+        index.line_starts  # noqa: B018 - built, so replace carries it
+        for _ in range(4):
+            start = rng.randint(0, len(text))
+            end = rng.randint(start, len(text))
+            new = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 5)))
+            index = index.replace(start, end, new)
+            text = text[:start] + new + text[end:]
+            assert index.text == text
+            assert index.line_starts == SharedTextIndex(text).line_starts
+
+
+def _naive_apply(text: str, edits: list[dict]) -> str:
+    for edit in edits:
+        index = TextIndex(text)
+        start = resolve_cursor(index, edit["range"]["start"], "utf-16")
+        end = resolve_cursor(index, edit["range"]["end"], "utf-16")
+        text = text[:start] + edit["text"] + text[end:]
+    return text
+
+
+def test_four_hundred_ranged_edits_on_a_mebibyte_do_not_stall():
+    """One change frame of 400 ranged edits on a 1 MiB file froze every client for 24.8 s
+    (a full line index per edit). Now one pass; the bound here is "not seconds"."""
+    line = "x = compute(alpha, beta)  # é\n"
+    text = line * (MiB // len(line))
+    rng = random.Random(3)
+    lines = text.count("\n")
+    edits = []
+    for number in range(400):
+        at = rng.randrange(lines - 2)
+        edits.append({"range": {"start": {"line": at, "character": 4}, "end": {"line": at + 1, "character": 2}},
+                      "text": f"y{number}\n  "})
+    started = time.perf_counter()
+    result = edit_index(TextIndex(text), edits, "utf-16")
+    elapsed = time.perf_counter() - started
+    assert elapsed < 3.0, f"{elapsed:.2f} s for 400 edits"
+    assert result.text == _naive_apply(text, edits[:40]) or len(edits) > 40  # spot check below
+    assert apply_edits(text, edits[:40], "utf-16") == _naive_apply(text, edits[:40])
+    assert result.line_starts == SharedTextIndex(result.text).line_starts
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16"])
+def test_a_column_on_a_huge_non_ascii_line_is_not_quadratic(encoding):
+    """A UTF-8 column (Neovim) at the end of a 3M-character non-ASCII line took 2.5 s."""
+    text = "é" * 3_000_000 + "\nnext"
+    index = TextIndex(text)
+    column = 2 * 2_999_999 if encoding == "utf-8" else 2_999_999
+    started = time.perf_counter()
+    offset = resolve_cursor(index, {"line": 0, "character": column, "encoding": encoding})
+    elapsed = time.perf_counter() - started
+    assert offset == 2_999_999
+    assert elapsed < 1.0, f"{elapsed:.2f} s"
+
+
+# -- per queue: the completion queue -------------------------------------------------------------
+
+
+def _job(label: str, payload: object = None) -> Job:
+    return Job(fn=lambda engine, cancel: (engine, payload), label=label)
+
+
+def test_queue_serves_connections_in_turn():
+    """Behind another connection's 64 queued completes, a 2-token complete waited 114 s."""
+    async def main() -> list[str]:
+        submitted: list[Job] = []
+        queue = CompletionQueue(submitted.append, max_queued_chars=10 * MiB, max_per_connection=64)
+        for number in range(40):
+            queue.put(1, _job(f"a{number}"), 10)
+        queue.put(2, _job("b0"), 10)
+        while len(queue):  # the worker finishes what it was handed, one at a time
+            running = next(job for job in submitted if not job.future.done())
+            running.future.set_running_or_notify_cancel()
+            running.future.set_result(None)
+            await asyncio.sleep(0)
+        return [job.label for job in submitted]
+
+    order = asyncio.run(main())
+    assert order.index("b0") <= scheduler_module.WORKER_DEPTH + 1
+    assert sorted(order) == sorted([f"a{n}" for n in range(40)] + ["b0"])
+
+
+def test_cancelled_jobs_leave_the_queue_with_what_they_hold():
+    """150 superseded completes of 4 MiB grew RSS 428 -> 1,069 MiB: queued jobs kept their text."""
+    class Payload:
+        pass
+
+    async def main() -> None:
+        submitted: list[Job] = []
+        queue = CompletionQueue(submitted.append, max_queued_chars=10 * MiB)
+        queue.put(1, _job("running"), 1)
+        queue.put(1, _job("next"), 1)  # handed to the worker, not started
+        refs = []
+        for number in range(10):
+            payload = Payload()
+            refs.append(weakref.ref(payload))
+            job = _job(f"w{number}", payload)
+            del payload
+            queue.put(2, job, 1)
+            job.request_cancel("superseded")
+            queue.discard(job)
+            del job
+        assert len(queue) == 0
+        assert all(ref() is None for ref in refs), "a cancelled job's request outlived it"
+        # cancelled after being handed to the worker but before it started: its work is dropped
+        held = Payload()
+        ref = weakref.ref(held)
+        in_worker = _job("in-worker", held)
+        del held
+        submitted[0].future.set_running_or_notify_cancel()
+        queue._in_worker.add(in_worker)
+        in_worker.future.add_done_callback(queue._finished)
+        in_worker.request_cancel("superseded")
+        assert ref() is None
+
+    asyncio.run(main())
+
+
+def test_queue_bounds_count_and_text_per_connection():
+    async def main() -> None:
+        queue = CompletionQueue(lambda job: None, max_queued_chars=1000, max_per_connection=4)
+        for number in range(scheduler_module.WORKER_DEPTH + 4):
+            queue.put(1, _job(f"a{number}"), 10)
+        with pytest.raises(RpcError) as info:
+            queue.put(1, _job("one too many"), 10)
+        assert info.value.code == ErrorCode.BUSY.value
+        queue.put(2, _job("b0"), 900)  # another connection is not affected
+        with pytest.raises(RpcError) as info:
+            queue.put(2, _job("b1"), 200)
+        assert info.value.code == ErrorCode.BUSY.value and "characters" in info.value.message
+
+    asyncio.run(main())
+
+
+# -- per connection: an in-process daemon ----------------------------------------------------------
+
+
+class LocalDaemon:
+    """A Daemon on a thread of this process, so a test can shorten its limits and look inside."""
+
+    def __init__(self, root: Path, tcp: str | None = None, token: str = "", **limits: float):
+        from fake_engine import FakeEngine
+        from specd.config import load_config
+        from specd.daemon.server import Daemon
+
+        root.mkdir(parents=True, exist_ok=True)
+        environ = {"SPECD_DAEMON_SOCKET": str(root / "run" / "specd.sock"), "SPECD_DAEMON_MAX_FRAME_BYTES": str(4 * MiB)}
+        if token:
+            environ["SPECD_DAEMON_TCP_TOKEN"] = token
+        cfg = load_config(environ=environ)
+        self.daemon = Daemon(cfg, engine_factory=lambda: FakeEngine(cfg), tcp=tcp)
+        for name, value in limits.items():
+            setattr(self.daemon, name, value)
+        self.socket_path = self.daemon.socket_path
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=lambda: setattr(self, "exit_code", asyncio.run(self.daemon.run(activated=[]))),
+                                       daemon=True)
+
+    def __enter__(self) -> LocalDaemon:
+        self.thread.start()
+        wait_for(lambda: self.daemon.worker.state == "ready", 10, message="in-process daemon ready")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.daemon._loop.call_soon_threadsafe(self.daemon.request_stop, "test over")
+        self.thread.join(20)
+        assert self.exit_code == 0
+
+    def on_loop(self, fn):
+        """Run ``fn`` on the daemon's loop and return its result."""
+        async def call():
+            return fn()
+        return asyncio.run_coroutine_threadsafe(call(), self.daemon._loop).result(5)
+
+
+def test_half_a_message_is_not_kept_forever(tmp_path):
+    with LocalDaemon(tmp_path, partial_message_timeout_s=0.5) as d:
+        with raw_connect(d.socket_path) as sock:
+            frame = pack([0, 1, "status", [{}]])
+            sock.sendall(frame[:-3])
+            started = time.monotonic()
+            data = read_all(sock, timeout=10)
+            waited = time.monotonic() - started
+        assert replies(data)[-1][1] == "specd/error" and replies(data)[-1][2][0]["code"] == "timeout"
+        assert waited < 5
+        wait_for(lambda: not d.daemon.connections, 5, message="the connection to be gone")
+
+
+def test_closed_connections_are_freed_without_a_garbage_collection(tmp_path):
+    """20 closed connections held +775 MiB until gc.collect() (a Session<->Connection cycle)."""
+    with LocalDaemon(tmp_path) as d:
+        gc.collect()
+        gc.disable()
+        try:
+            sessions = []
+            for _ in range(5):
+                sock = raw_connect(d.socket_path)
+                sock.sendall(b"\x92\xdb" + struct.pack(">I", 3 * MiB) + b"y" * (2 * MiB))  # partial: 2 MiB held
+                wait_for(lambda: d.daemon.connections and any(c.session and c.session._decoder.pending_bytes >= 2 * MiB
+                                                              for c in d.daemon.connections.values()), 5,
+                         message="the partial message buffered")
+                sessions += d.on_loop(lambda: [weakref.ref(c.session) for c in d.daemon.connections.values()])
+                sock.close()
+                wait_for(lambda: not d.daemon.connections, 10, message="the connection to close")
+            wait_for(lambda: all(ref() is None for ref in sessions), 5, message="closed sessions to be freed")
+        finally:
+            gc.enable()
+
+
+def test_a_client_that_never_reads_stops_being_read(tmp_path):
+    """60,000 unread status requests grew the daemon by +334 MiB, linearly."""
+    request = pack([0, 1, "status", [{}]])
+    with LocalDaemon(tmp_path) as d:
+        with raw_connect(d.socket_path) as sock:
+            sock.setblocking(False)
+            sent = 0
+            last_progress = time.monotonic()
+            while sent < 60_000 and time.monotonic() - last_progress < 2.0:
+                try:
+                    sock.send(request)
+                    sent += 1
+                    last_progress = time.monotonic()
+                except BlockingIOError:
+                    time.sleep(0.01)
+            state = d.on_loop(lambda: [(c.session.write_buffer_size(), len(c.session._tasks))
+                                       for c in d.daemon.connections.values() if c.session])
+        assert sent < 60_000, "the daemon kept reading from a client that reads nothing"
+        (buffered, tasks), = state
+        assert tasks <= MAX_CONCURRENT_REQUESTS
+        assert buffered <= WRITE_HIGH_WATER + MAX_CONCURRENT_REQUESTS * 16 * 1024
+
+
+def test_long_uris_are_refused(tmp_path):
+    with LocalDaemon(tmp_path) as d, Client.connect_unix(d.socket_path) as c:
+        with pytest.raises(RpcError) as info:
+            c.open_document("file:///" + "a" * 20_000, "x")
+        assert info.value.code == "invalid_params" and "uri" in info.value.message
+        assert c.status()["documents"]["open"] == 0
+
+
+# -- TCP before authentication ----------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_unauthenticated_tcp_cannot_lock_the_owner_out(tmp_path):
+    from specd.daemon import server
+
+    port = _free_port()
+    with LocalDaemon(tmp_path, tcp=f"127.0.0.1:{port}", token="s3cret") as d:
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(server.MAX_PREAUTH_CONNECTIONS)]
+        try:
+            wait_for(lambda: len(d.daemon.connections) == server.MAX_PREAUTH_CONNECTIONS, 5, message="pre-auth connections")
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+                refused = replies(read_all(extra, timeout=5))
+            assert refused and refused[0][2][0]["code"] == "too_many_connections"
+            with Client.connect_unix(d.socket_path) as owner:  # the owner still gets in
+                assert owner.status()["connections"] >= 1
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_pre_auth_messages_are_small_and_hello_has_a_deadline(tmp_path):
+    from specd.daemon import server
+
+    port = _free_port()
+    with LocalDaemon(tmp_path, tcp=f"127.0.0.1:{port}", token="s3cret", hello_deadline_s=0.5) as d:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(pack([0, 1, "hello", [{"client": "x" * (server.PREAUTH_MAX_FRAME_BYTES + 10)}]]))
+            got = replies(read_all(sock, timeout=5))
+        assert got[-1][2][0]["code"] == "frame_too_large"
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            started = time.monotonic()
+            data = read_all(sock, timeout=10)
+            assert time.monotonic() - started < 5
+        assert data == b"" or replies(data)[-1][2][0]["code"] == "unauthorized"
+        with Client.connect_tcp("127.0.0.1", port, token="s3cret") as c:  # a large message once authenticated
+            assert c.request("status", {"pad": "x" * (server.PREAUTH_MAX_FRAME_BYTES * 2)})["state"] == "ready"
+        assert d.daemon.connections is not None
+
+
+def test_wrong_tokens_back_off(tmp_path, monkeypatch):
+    from specd.daemon import server
+
+    monkeypatch.setattr(server, "AUTH_BACKOFF_BASE_S", 0.2)
+    port = _free_port()
+    with LocalDaemon(tmp_path, tcp=f"127.0.0.1:{port}", token="s3cret"):
+        waits = []
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                client = Client(sock)
+                started = time.monotonic()
+                with pytest.raises(RpcError) as info:
+                    client.hello(token="guess")
+                waits.append(time.monotonic() - started)
+                assert info.value.code == "unauthorized"
+                client.close()
+        assert waits[0] >= 0.2 and waits[1] >= 0.4 and waits[2] >= 0.8, waits
+        with Client.connect_tcp("127.0.0.1", port, token="s3cret") as c:  # the right token resets it
+            assert c.status()["state"] == "ready"
+
+
+# -- a daemon process: resident memory -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def memory_daemon(tmp_path_factory):
+    d = DaemonProcess(tmp_path_factory.mktemp("memory-daemon"), config={
+        "daemon.max_frame_bytes": 8 * MiB, "daemon.max_document_bytes": 4 * MiB, "log.level": "info",
+    }, env={"SPECD_TEST_SLOW_S": "3"})
+    d.start()
+    yield d
+    d.stop()
+
+
+def test_superseded_completes_do_not_keep_their_text(memory_daemon):
+    """150 superseded completes of 1 MiB each, queued behind a slow one: RSS stays flat."""
+    with memory_daemon.client() as busy, memory_daemon.client() as c:
+        c.status()
+        busy.open_document("file:///slow.py", "#slow\n")
+        slow = busy.send_request("complete", {"uri": "file:///slow.py", "cursor": 6})[1]
+        wait_for(lambda: busy.status()["requests"]["running"], 5, message="the slow complete to run")
+        before = rss_mib(memory_daemon.pid)
+        futures = []
+        for number in range(150):
+            text = f"# {number}\n" + "z" * MiB
+            futures.append(c.send_request("complete", {"uri": "file:///big.py", "text": text, "cursor": 3})[1])
+            del text
+        for future in futures[:-1]:
+            with pytest.raises(RpcError) as info:
+                future.result(30)
+            assert info.value.code == "cancelled"
+        grown = rss_mib(memory_daemon.pid) - before
+        assert futures[-1].result(30)["text"]
+        slow.result(30)
+    assert grown < 48, f"+{grown:.0f} MiB"
+
+
+def test_connections_close_and_memory_returns(memory_daemon):
+    """Partial 7 MiB messages on 10 connections; once they close, RSS is back near baseline."""
+    before = rss_mib(memory_daemon.pid)
+    socks = []
+    for _ in range(10):
+        sock = raw_connect(memory_daemon.socket_path)
+        sock.sendall(b"\x92\xdb" + struct.pack(">I", 8 * MiB - 64) + b"q" * (7 * MiB))
+        socks.append(sock)
+    with memory_daemon.client() as c:
+        wait_for(lambda: c.status()["connections"] >= 11, 10, message="all connections held")
+        for sock in socks:
+            sock.close()
+        wait_for(lambda: c.status()["connections"] == 1, 10, message="the connections to close")
+    grown = rss_mib(memory_daemon.pid) - before
+    assert grown < 32, f"+{grown:.0f} MiB after the connections closed"
+
+
+def test_fair_service_between_connections(tmp_path):
+    """A 2-token complete behind another connection's queued completes waits for one, not all."""
+    d = DaemonProcess(tmp_path / "d", env={"SPECD_TEST_SLOW_S": "0.3"}).start()
+    try:
+        with d.client() as hog, d.client() as polite:
+            order: list[str] = []
+            lock = threading.Lock()
+
+            def record(label):
+                def done(_future):
+                    with lock:
+                        order.append(label)
+                return done
+
+            hog_futures = []
+            for number in range(8):
+                future = hog.send_request("complete", {"text": "#slow\n", "cursor": 6})[1]
+                future.add_done_callback(record(f"hog{number}"))
+                hog_futures.append(future)
+            wait_for(lambda: polite.status()["requests"]["queued"] >= 5, 5, message="the hog's completes queued")
+            mine = polite.send_request("complete", {"text": "abc", "cursor": 3})[1]
+            mine.add_done_callback(record("polite"))
+            assert mine.result(30)["text"] == "[abc]"
+            for future in hog_futures:
+                future.result(30)
+        assert order.index("polite") <= 3, order
+    finally:
+        d.stop()
+
+
+# -- files -------------------------------------------------------------------------------------------
+
+
+def test_a_private_dir_is_created_0700(tmp_path):
+    target = tmp_path / "fresh" / "specd"
+    prepare_private_dir(target)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o1777])
+def test_an_existing_shared_dir_is_refused_and_left_alone(tmp_path, mode):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    with pytest.raises(StartupError) as info:
+        prepare_private_dir(shared)
+    assert "chmod 700" in str(info.value) and "\n" not in str(info.value)
+    assert stat.S_IMODE(shared.stat().st_mode) == mode
+
+
+def test_a_symlinked_runtime_dir_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    os.chmod(elsewhere, 0o755)
+    link = tmp_path / "specd"
+    link.symlink_to(elsewhere)
+    with pytest.raises(StartupError) as info:
+        prepare_private_dir(link)
+    assert "symlink" in str(info.value)
+    assert stat.S_IMODE(elsewhere.stat().st_mode) == 0o755
+
+
+def test_a_planted_lock_symlink_is_not_followed(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (run / "specd.sock.lock").symlink_to(victim)
+    lock = RuntimeLock(run / "specd.sock")
+    with pytest.raises(StartupError) as info:
+        lock.acquire()
+    assert "symlink" in str(info.value)
+    assert victim.read_text() == "precious\n"
