@@ -341,9 +341,9 @@ def _child_environment(cfg: Any) -> dict[str, str]:
 
 def spawn_daemon(cfg: Any) -> subprocess.Popen[bytes]:
     """Start ``python -m specd serve`` in its own session, its stderr kept in the spawn log."""
-    log_path = spawn_log_path(cfg)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as stderr:
+    from specd.logs import open_private
+
+    with open_private(spawn_log_path(cfg), "w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "specd", "serve"],
             stdin=subprocess.DEVNULL,

@@ -546,3 +546,32 @@ def test_a_planted_lock_symlink_is_not_followed(tmp_path):
         lock.acquire()
     assert "symlink" in str(info.value)
     assert victim.read_text() == "precious\n"
+
+
+def test_log_files_are_private_and_never_followed(tmp_path):
+    import logging
+
+    from specd.logs import open_private, setup_logging
+
+    log_file = tmp_path / "state" / "specd.log"
+    root = logging.getLogger()
+    saved = list(root.handlers), root.level
+    try:
+        setup_logging("info", log_file, stderr=False)
+        logging.getLogger("specd.test").info("context of a completion")
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+            handler.close()
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+    assert "context of a completion" in log_file.read_text()
+    assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(log_file.parent.stat().st_mode) == 0o700
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / "planted.log").symlink_to(victim)
+    with pytest.raises(OSError):
+        open_private(tmp_path / "planted.log")
+    assert victim.read_text() == "precious\n"
