@@ -69,6 +69,35 @@ function probe.ghost()
   return table.concat(lines, '\n')
 end
 
+--- The hint drawn after the ghost text, e.g. " (2/3)"; nil when none.
+function probe.hint()
+  local renderer = require('specd').renderer() == 'native' and 'specd.native' or 'specd.ghost'
+  local ns = vim.api.nvim_get_namespaces()[require(renderer).namespace]
+  for _, mark in ipairs(ns and vim.api.nvim_buf_get_extmarks(0, ns, 0, -1, { details = true }) or {}) do
+    local chunks = vim.list_extend(vim.deepcopy(mark[4].virt_text or {}), vim.iter(mark[4].virt_lines or {}):flatten():totable())
+    for _, chunk in ipairs(chunks) do
+      if type(chunk) == 'table' and HINTS[chunk[2]] then
+        return chunk[1]
+      end
+    end
+  end
+  return nil
+end
+
+--- Records the inline-completion requests the specd client sends: probe.requested[uri] = count.
+function probe.record_requests()
+  probe.requested = {}
+  local client = vim.lsp.get_clients({ name = 'specd' })[1]
+  local request = client.request
+  client.request = function(self, method, params, ...)
+    if method == 'textDocument/inlineCompletion' then
+      local uri = params.textDocument.uri
+      probe.requested[uri] = (probe.requested[uri] or 0) + 1
+    end
+    return request(self, method, params, ...)
+  end
+end
+
 --- What specd-lsp answers at the cursor right now (its type-through cache answers a repeat).
 function probe.server_item()
   local client = vim.lsp.get_clients({ name = 'specd', bufnr = 0 })[1]

@@ -181,6 +181,8 @@ case('native: <M-l> accepts one line, <M-w> one word, <C-]> dismisses', function
   child:input('<M-w>')
   child:wait('one word inserted', EDIT_MS, 'return vim.api.nvim_buf_get_lines(0, probe.ROW - 1, probe.ROW, false)[1] ~= "    "')
   assert_eq(line_at_row(child), '    ' .. word, 'the row holds the first word')
+  child:wait('specd/status counting the partial accepts', EDIT_MS,
+    "local s = require('specd').status(); return s and (s.acceptedPartial or 0) >= 2")
 
   type_at_row(child)
   child:input('<C-]>')
@@ -262,6 +264,85 @@ case(':checkhealth specd reports an unreachable daemon promptly', function()
   local report = table.concat(child:lua("vim.cmd.checkhealth('specd'); return vim.api.nvim_buf_get_lines(0, 0, -1, false)"), '\n')
   assert(report:find('ERROR daemon not reachable'), report)
   assert((vim.uv.hrtime() - started) / 1e6 < 4000, 'health check took too long')
+end)
+
+--- Opens a second, longer Python file in the child (the first stays loaded and attached) with
+--- the cursor at the end of line `row`, in insert mode, and types `keys` there.
+local function second_buffer(child, row, keys)
+  local lines = {}
+  for i = 1, 300 do
+    lines[i] = ('value_%d = %d'):format(i, i)
+  end
+  local big = workdir .. '/big.py'
+  vim.fn.writefile(lines, big)
+  child:lua('vim.cmd.edit(...)', big)
+  child:wait('specd-lsp attached to both buffers', READY_MS,
+    "local c = vim.lsp.get_clients({ name = 'specd' })[1]; return c and #vim.tbl_keys(c.attached_buffers) == 2")
+  child:lua('probe.record_requests()')
+  child:lua('vim.api.nvim_win_set_cursor(0, { ..., 0 })', row)
+  child:input('A' .. keys)
+  return vim.uri_from_fname(big)
+end
+
+local function errors_shown(child)
+  return child:lua("return vim.fn.execute('messages') .. (vim.v.errmsg or '')")
+end
+
+for _, renderer in ipairs({ 'auto', 'native' }) do
+  case(('%s renderer, two buffers: typing in one asks for that one only, and draws no errors'):format(renderer), function()
+    local child = session(options(FAKE, renderer))
+    local big_uri = second_buffer(child, 250, 'x')
+    child:wait('ghost text in the second buffer', SHOW_MS, 'return probe.ghost()')
+    child:input('yz')
+    child:wait('ghost text after more typing', SHOW_MS, "return probe.ghost() and probe.ghost():find('xyz', 1, true)")
+    local requested = child:lua('return probe.requested')
+    assert_eq(vim.tbl_keys(requested), { big_uri }, 'the documents asked about')
+    local messages = errors_shown(child)
+    assert(not messages:find('out of bounds') and not messages:find('Error'), messages)
+    if child:lua("return require('specd.renderer').native_support()") == 'all-buffers' then
+      -- This build's own triggers fire in every buffer: 'auto' leaves them off, 'native' localizes them.
+      assert_eq(child:lua("return require('specd').renderer()"), renderer == 'auto' and 'plugin' or 'native', 'renderer')
+      local health = table.concat(child:lua('return probe.checkhealth()'), '\n')
+      assert(health:find('every attached buffer on each keystroke', 1, true), health)
+    end
+    if child:lua("return require('specd').renderer()") == 'native' then
+      local global = child:lua([[local n = 0
+        for _, b in ipairs(vim.api.nvim_list_bufs()) do
+          local ok, acs = pcall(vim.api.nvim_get_autocmds, { group = 'nvim.lsp.inline_completion:' .. b })
+          for _, a in ipairs(ok and acs or {}) do n = n + (a.buflocal and 0 or 1) end
+        end
+        return n]])
+      assert_eq(global, 0, 'inline completion autocommands that fire in every buffer')
+    end
+  end)
+end
+
+case('native: <M-]> asks for alternatives when one suggestion came, then cycles them', function()
+  local child = session(options(REAL, 'native', { settings = { alternatives = 3, temperature = 1.0 } }))
+  type_at_row(child)
+  assert_eq(child:lua('return probe.hint()'), vim.NIL, 'no index hint for a single suggestion')
+  child:input('<M-]>')
+  local hint = child:wait('an alternative shown with its index', SHOW_MS, 'return probe.hint()')
+  assert(hint:match('^ %(2/%d%)$'), hint)
+  child:input('<M-[>')
+  child:wait('back to the first', EDIT_MS, "return probe.hint() and probe.hint():match('^ %(1/')")
+end, { native = true })
+
+case('ghost text stands apart from code without termguicolors (cterm grey italic)', function()
+  local child = Child.new(plugin_dir, workdir)
+  children[#children + 1] = child
+  child:lua('vim.o.termguicolors = false')
+  child:lua("require('specd').setup(...)", options(FAKE, 'auto'))
+  local ghost = child:lua("return vim.api.nvim_get_hl(0, { name = 'SpecdGhost', link = false })")
+  assert(ghost.ctermfg ~= nil, 'SpecdGhost has a cterm colour: ' .. vim.inspect(ghost))
+  assert_eq(ghost.cterm and ghost.cterm.italic, true, 'SpecdGhost is italic in a terminal')
+  local code = child:lua("return vim.api.nvim_get_hl(0, { name = 'Normal', link = false })")
+  assert(ghost.ctermfg ~= code.ctermfg, 'ghost and code differ')
+  local hint = child:lua("return vim.api.nvim_get_hl(0, { name = 'ComplHint', link = false })")
+  assert(hint.ctermfg ~= nil or next(hint) == nil, "0.12's ComplHint has a cterm colour: " .. vim.inspect(hint))
+  child:cmd('colorscheme default')
+  ghost = child:lua("return vim.api.nvim_get_hl(0, { name = 'SpecdGhost', link = false })")
+  assert(ghost.ctermfg ~= nil, 'SpecdGhost survives :colorscheme')
 end)
 
 -- ---------------------------------------------------------------------------------------------
