@@ -10,6 +10,13 @@ and the supervisor starts over. Callers never wait for any of this: while the li
 Document sync is ordered by construction: every open/change/close is written to the socket
 synchronously, in the order the editor's notifications arrive, and only its answer is awaited
 (in a callback that re-sends the whole document if the daemon refused an edit).
+
+The daemon's limits come with its ``hello`` answer. A document over them (bytes, or a message
+over the frame limit) is kept out: never sent, closed on the daemon if it was open there,
+answered locally with ``document_too_large`` when completed, and sent again whole once an edit
+brings it under. So one huge file costs nothing but itself. A connection that ends soon after
+it was made (the daemon closing it for a reason the next one will hit too) makes the next
+attempt wait, doubling up to ``RETRY_MAX_S``: the link never reconnects in a tight loop.
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ RETRY_MIN_S = 0.5
 RETRY_MAX_S = 4.0  # a daemon started by hand is picked up within this
 LOAD_POLL_S = 0.25  # how often to ask a loading daemon whether it is ready
 CLIENT_NAME = "specd-lsp"
+STABLE_CONNECTION_S = 10.0  # a connection that lasted this long resets the reconnect back-off
+# Bytes of a message besides the document's text (method, uri, version, map headers); with a
+# URI's length added, a message is sent only when text + this fits the frame limit.
+MESSAGE_OVERHEAD = 1024
 # The daemon states in which it answers completions now; loading states mean "wait".
 DAEMON_LOADING = ("starting", "loading", "unloaded")
 
@@ -68,6 +79,8 @@ class DaemonLink:
         self.state = CONNECTING
         self.reason = ""
         self.hello: dict[str, Any] = {}
+        self.limits: dict[str, int] = {}  # the daemon's, from hello: max_frame_bytes, max_document_bytes, ...
+        self.held_out: set[str] = set()  # documents over the limits: not on the daemon
         self.daemon_status: dict[str, Any] = {}
         self.connects = 0  # successful connections so far; > 1 means we reconnected
         self.folders: list[str] = []  # the editor's workspace folders (file URIs)
@@ -125,6 +138,7 @@ class DaemonLink:
                 failure = err.message if isinstance(err, RpcError) else f"{type(err).__name__}: {err}"
             else:
                 self._served_ready = False
+                connected_at = time.monotonic()
                 try:
                     await self._serve(client)
                 except RpcError as err:
@@ -136,10 +150,14 @@ class DaemonLink:
                 finally:
                     self.client = None
                     await client.close()
-                if self._served_ready:  # it served, then went away: reconnect (or respawn) at once
-                    delay = RETRY_MIN_S
+                if self._served_ready:  # it served, then went away: reconnect (or respawn)
+                    if time.monotonic() - connected_at >= STABLE_CONNECTION_S:
+                        delay = RETRY_MIN_S  # a restart: reconnect at once
+                    else:  # closed soon after connecting: whatever closed it may do so again
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, RETRY_MAX_S)
                     if not self._closing:
-                        self._set_state(CONNECTING, "the daemon went away; reconnecting")
+                        self._set_state(CONNECTING, f"the daemon went away ({failure or 'closed'}); reconnecting")
                     continue
                 spawn_failure = self._spawn_failure()
                 if not spawn_failure and lost_code == ErrorCode.CONNECTION_LOST.value:
@@ -193,6 +211,9 @@ class DaemonLink:
     async def _serve(self, client: AsyncClient) -> None:
         self.client = client
         self.hello = await client.hello(client=CLIENT_NAME)
+        limits = self.hello.get("limits")
+        self.limits = {k: v for k, v in limits.items() if isinstance(v, int)} if isinstance(limits, dict) else {}
+        self.held_out.clear()
         self.connects += 1
         self.replay_documents()
         self.replay_folders()
@@ -232,6 +253,10 @@ class DaemonLink:
     async def complete(self, params: dict[str, Any], timeout: float) -> dict[str, Any]:
         if self.state != READY:
             raise DaemonUnavailable(self.reason or f"the daemon is {self.state}")
+        uri = params.get("uri")
+        text = params.get("text")
+        if (text is None and uri in self.held_out) or (text is not None and self._over_limits(uri, text)):
+            raise RpcError(ErrorCode.DOCUMENT_TOO_LARGE, f"{uri} is over the daemon's size limits; not completed")
         return await self.request(Method.COMPLETE, params, timeout)
 
     async def status(self, timeout: float = 2.0) -> dict[str, Any]:
@@ -284,14 +309,42 @@ class DaemonLink:
         if method == Method.CHANGE and current is doc and code != ErrorCode.DOCUMENT_TOO_LARGE.value:
             self.open(doc)  # out of step (stale version, unknown document): send it whole
 
+    def _over_limits(self, uri: str | None, text: str, extra: int = 0) -> bool:
+        """Would a message carrying ``text`` (and ``extra`` more bytes) break the daemon's limits?"""
+        frame = self.limits.get("max_frame_bytes")
+        document = self.limits.get("max_document_bytes")
+        ceiling = min(filter(None, (frame and frame - MESSAGE_OVERHEAD - len(uri or "") * 4 - extra, document)), default=None)
+        return ceiling is not None and utf8_size(text, ceiling) > ceiling
+
+    def _hold_out(self, doc: Document) -> None:
+        if doc.uri not in self.held_out:
+            log.warning("%s is over the daemon's limits (%s); not sending it", doc.uri, self.limits)
+            self.held_out.add(doc.uri)
+            self._send(Method.CLOSE, {"uri": doc.uri})  # it may be open there from before (unknown_document is fine)
+
     def open(self, doc: Document) -> None:
+        if self._over_limits(doc.uri, doc.text):
+            self._hold_out(doc)
+            return
+        self.held_out.discard(doc.uri)
         self._send(Method.OPEN, {"uri": doc.uri, "text": doc.text, "version": doc.version,
                                  **({"language": doc.language} if doc.language else {})}, doc)
 
     def change(self, doc: Document, edits: list[dict[str, Any]]) -> None:
+        if doc.uri in self.held_out or self._over_limits(doc.uri, doc.text):
+            self.open(doc)  # sends it whole once it fits again, else keeps it out
+            return
+        frame = self.limits.get("max_frame_bytes")
+        edit_bytes = sum(utf8_size(edit.get("text", ""), frame or 1 << 62) + 64 for edit in edits)
+        if frame and edit_bytes + MESSAGE_OVERHEAD > frame:
+            self.open(doc)  # the edits alone would be over the frame limit: the text is smaller
+            return
         self._send(Method.CHANGE, {"uri": doc.uri, "version": doc.version, "edits": edits}, doc)
 
     def close_document(self, uri: str) -> None:
+        if uri in self.held_out:
+            self.held_out.discard(uri)
+            return
         self._send(Method.CLOSE, {"uri": uri})
 
     def replay_documents(self) -> None:
@@ -309,6 +362,13 @@ class DaemonLink:
     def replay_folders(self) -> None:
         if self.folders:
             self._send(Method.WORKSPACE, {"folders": self.folders})
+
+
+def utf8_size(text: str, limit: int) -> int:
+    """UTF-8 length of ``text``, computed exactly only when it could be near ``limit``."""
+    if len(text) * 4 <= limit:
+        return len(text)  # surely under the limit; the exact figure is not needed
+    return len(text.encode("utf-8", errors="surrogatepass"))
 
 
 def default_config(settings: DaemonSettings) -> Any:
