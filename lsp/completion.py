@@ -4,6 +4,9 @@ Pure functions on strings, no LSP and no daemon, so each rule is testable on its
 
 - stop at a control character (models trained on bytes emit them; nobody types them into code)
   and drop a trailing U+FFFD (a multi-byte character cut by the token limit);
+- on a line that holds only indentation before the cursor (a fresh line the editor indented),
+  the editor's indentation wins: whitespace the completion puts before its first line would
+  double it, so it goes, and the lines after shift left with it;
 - stop at the end of the block (by indentation) and, in single-line mode, at the line end;
 - keep brackets balanced: a closer that matches nothing opened before it cuts the completion;
 - trim the overlap with the text after the cursor (the model often re-types it);
@@ -172,6 +175,22 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
+def keep_editor_indent(completion: str, line_prefix: str) -> str:
+    """On a fresh indented line, drop the indentation the completion adds to the editor's.
+
+    The cursor stands after the line's indentation (autoindent put it there); a completion that
+    starts with more whitespace would indent the line twice when accepted. Its later lines move
+    left by the same amount (as far as their own indentation allows), so the block keeps its shape.
+    """
+    if not line_prefix or line_prefix.strip(" \t"):
+        return completion
+    lines = completion.split("\n")
+    extra = _indent(lines[0])
+    if extra == 0 or not lines[0].strip():
+        return completion
+    return "\n".join([lines[0][extra:], *(line[min(extra, _indent(line)):] for line in lines[1:])])
+
+
 def cut_at_block_end(completion: str, line_prefix: str) -> str:
     """Keep the completion inside the block the cursor is in (judged by indentation)."""
     lines = completion.split("\n")
@@ -235,6 +254,7 @@ def postprocess(
     if (control := CONTROL.search(text)) is not None:
         text = text[:control.start()]
     text = text.rstrip(REPLACEMENT)
+    text = keep_editor_indent(text, ctx.line_prefix)
     if single_line:
         text = first_line(text)
     text = cut_at_block_end(text, ctx.line_prefix)
