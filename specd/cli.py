@@ -126,6 +126,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only measure and print the forward costs: ms by forward path (hf, lean), width and "
                         "context, prefill per 1k tokens")
 
+    p = sub.add_parser("export-gguf", help="write the model pair as GGUF files for llama.cpp",
+                       description="Write the configured target and draft (default: the embedded demo pair) "
+                                   "as GGUF files with the same token ids, for llama.cpp / llama-server and "
+                                   "the bench's llama.cpp peers (Llama, Mistral and Qwen2 architectures with "
+                                   "byte-level BPE tokenizers). With llama-cpp-python installed, checks that "
+                                   "llama.cpp tokenizes a sample as transformers does.")
+    _model_flags(p)
+    p.add_argument("--out", metavar="DIR", help="output folder (default: $XDG_CACHE_HOME/specd/gguf)")
+    p.add_argument("--type", choices=("f32", "f16"), default="f32", dest="gguf_type",
+                   help="tensor type of the matrices in the file (default: f32)")
+    p.add_argument("--pre-tokenizer", metavar="NAME",
+                   help="llama.cpp's pre-tokenizer name (qwen2, llama-bpe, gpt-2, starcoder, ...) when "
+                        "it is not detected")
+
     p = sub.add_parser("install-service", help="install the systemd user units",
                        description="Write specd.socket and specd.service into the user unit directory.")
     p.add_argument("--enable", action="store_true", help="also run systemctl --user daemon-reload and enable --now")
@@ -169,6 +183,9 @@ def _handler(command: str) -> Callable[[argparse.Namespace, Any], int]:
     if command == "bench":
         from specd.bench.run import run_bench
         return run_bench
+    if command == "export-gguf":
+        from specd.llamacpp.export import run_export_gguf
+        return run_export_gguf
     if command == "train-demo":
         from specd.demo.train import run_train_demo
         return run_train_demo

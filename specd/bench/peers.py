@@ -17,6 +17,14 @@ building the prompt.
   installed; the values in effect are in the report's ``hf_settings``.
 - ``hf_lookup``: ``generate(prompt_lookup_num_tokens=10)``: HF's prompt-lookup decoding (n-grams
   of up to ``max_matching_ngram_size=2`` tokens matched in the prompt and output so far).
+- ``llamacpp``: llama.cpp (llama-cpp-python) on a GGUF file written from the same weights
+  (f32 on CPU; :mod:`specd.llamacpp.export`), greedy, with one slot whose KV cache persists
+  between requests and is re-used up to the longest common token prefix, as llama-server's
+  ``cache_prompt`` does for a client: what a llama.vim / llama.vscode user runs.
+- ``llamacpp_lookup``: the same with llama-cpp-python's prompt-lookup drafter
+  (``LlamaPromptLookupDecoding``: n-grams of up to 2 tokens, 10 tokens per draft), verified in
+  one batch. Both are skipped, with the reason in the report, when llama-cpp-python is not
+  installed or the model cannot be written as GGUF.
 - ``specd`` and its ablations (``specd_no_draft``, ``specd_no_lookup``, ``specd_no_reuse``,
   ``specd_no_workspace``): the engine with parts switched off.
 
@@ -40,14 +48,16 @@ import torch
 
 from specd.bench.workloads import Completion
 from specd.engine import compat
-from specd.engine.engine import Engine
+from specd.engine.engine import Engine, context_window
 from specd.engine.kvcache import common_prefix
 from specd.engine.types import CompletionRequest, SourceStats
 
 REFERENCE = "hf_greedy"
 HF_PEERS = ("hf_greedy", "hf_prefix_cache", "hf_assisted", "hf_lookup")
+LLAMACPP_PEERS = ("llamacpp", "llamacpp_lookup")
+PEERS = HF_PEERS + LLAMACPP_PEERS  # what every method's speed is stated against
 SPECD_METHODS = ("specd", "specd_no_draft", "specd_no_lookup", "specd_no_reuse", "specd_no_workspace")
-ALL_METHODS = HF_PEERS + SPECD_METHODS
+ALL_METHODS = PEERS + SPECD_METHODS
 NEEDS_DRAFT = frozenset({"hf_assisted", "specd_no_lookup"})
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented example value for prompt_lookup_num_tokens
 PROMPT_LOOKUP_MAX_NGRAM = 2  # transformers' default max_matching_ngram_size (left unset)
@@ -185,6 +195,49 @@ class HfPrefixCacheMethod(HfMethod):
         self._caches.pop(doc, None)
 
 
+class LlamaCppMethod:
+    """Greedy llama.cpp on the same weights (GGUF), one slot keeping its prompt cache between
+    requests (llama-server's ``cache_prompt``), optionally with prompt-lookup drafting."""
+
+    def __init__(self, name: str, engine: Engine, max_tokens: int, gguf_path, threads: int, lookup: bool):
+        from specd.llamacpp.runtime import LOOKUP_TOKENS, LlamaSlot
+
+        self.name = name
+        self.engine = engine
+        self.max_tokens = max_tokens
+        self.stop_ids = set(engine.stop_ids)
+        window = context_window(engine.pair) or 4096
+        self.slot = LlamaSlot(gguf_path, n_ctx=window + max_tokens + LOOKUP_TOKENS + 64, threads=threads,
+                              lookup=lookup)
+
+    def _constraint(self, healed: str):
+        """Token healing's constraint on the first tokens, as every other method gets it."""
+        if not healed:
+            return None
+        healing = self.engine.healing
+
+        def allowed(generated: list[int]):
+            rest = healing.remaining(healed, generated) if len(generated) <= len(healed) else ""
+            return healing.allowed(rest).numpy() if rest else None
+
+        return allowed
+
+    def run(self, item: Completion, prompt_ids: list[int]) -> Run:
+        started = time.perf_counter()
+        gen = self.slot.generate(list(prompt_ids), self.max_tokens, self.stop_ids,
+                                 self._constraint(getattr(prompt_ids, "healed", "")))
+        ms = (time.perf_counter() - started) * 1000
+        sources = {}
+        if self.slot.lookup is not None:
+            sources["llamacpp_lookup"] = SourceStats(proposed=gen.drafted, accepted=gen.accepted,
+                                                     steps=gen.forwards - 1)
+        return Run(gen.tokens, ms, gen.forwards, gen.first_token_ms, gen.prefill_computed, gen.prefill_reused,
+                   sources)
+
+    def close_document(self, doc: str) -> None:
+        pass  # one slot for every document, as one llama-server slot per client
+
+
 class SpecdMethod:
     """``Engine.complete`` with a chosen set of drafters and KV reuse on or off. With reuse on,
     successive completions of one document share its cache, as in the daemon."""
@@ -238,8 +291,13 @@ def sync_workspace(engine: Engine, files: dict[str, str]) -> None:
         pass
 
 
-def make_method(name: str, engine: Engine, max_tokens: int) -> Method:
+def make_method(name: str, engine: Engine, max_tokens: int, gguf: str | None = None, threads: int = 1) -> Method:
+    """``gguf``: the target's GGUF file, for the llama.cpp peers (``threads`` CPU threads)."""
     draft = engine.pair.draft
+    if name in LLAMACPP_PEERS:
+        if gguf is None:
+            raise ValueError(f"{name} needs the target as a GGUF file")
+        return LlamaCppMethod(name, engine, max_tokens, gguf, threads, lookup=name == "llamacpp_lookup")
     if name == "hf_greedy":
         return HfMethod(name, engine, max_tokens)
     if name == "hf_prefix_cache":

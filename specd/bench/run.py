@@ -21,8 +21,8 @@ from typing import Any
 
 from specd.bench import report as reporting
 from specd.bench.costs import measure_forward_costs
-from specd.bench.peers import (ALL_METHODS, NEEDS_DRAFT, PROMPT_LOOKUP_MAX_NGRAM, PROMPT_LOOKUP_TOKENS, REFERENCE,
-                               Method, PromptIds, Run, make_method)
+from specd.bench.peers import (ALL_METHODS, LLAMACPP_PEERS, NEEDS_DRAFT, PROMPT_LOOKUP_MAX_NGRAM,
+                               PROMPT_LOOKUP_TOKENS, REFERENCE, Method, PromptIds, Run, make_method)
 from specd.bench.workloads import WORKLOADS, Completion, build_workloads, edit_replay_requests, load_corpus
 
 log = logging.getLogger(__name__)
@@ -78,16 +78,54 @@ def _load_engine(cfg):
     return engine
 
 
-def _methods(names: list[str], engine, max_tokens: int) -> list[Method]:
+def llamacpp_target(engine, names: list[str], skipped: dict[str, str]) -> str | None:
+    """The target's GGUF file for the llama.cpp peers among ``names`` (written once into the
+    cache), or None, with each such peer's reason put in ``skipped``."""
+    wanted = [n for n in names if n in LLAMACPP_PEERS]
+    if not wanted:
+        return None
+    from specd.llamacpp.export import ExportError, cached_gguf
+    from specd.llamacpp.runtime import LlamaCppUnavailable, available
+
+    reason = None
+    gguf_types = _gguf_dtypes()
+    if engine.pair.dtype not in gguf_types:
+        reason = f"weights in {engine.pair.dtype} (the llama.cpp peers run f32/f16)"
+    elif not available():
+        reason = "llama-cpp-python is not installed (pip install 'specd[llamacpp]')"
+    if reason is None:
+        try:
+            _announce("llama.cpp peers: writing/checking the target's GGUF file (cached)")
+            return str(cached_gguf(engine.pair.target_name, gguf_types[engine.pair.dtype], progress=True))
+        except (ExportError, LlamaCppUnavailable) as err:
+            reason = str(err)
+    for name in wanted:
+        skipped[name] = reason
+    log.warning("skipping %s: %s", ", ".join(wanted), reason)
+    return None
+
+
+def _gguf_dtypes() -> dict:
+    import torch
+
+    return {torch.float32: "f32", torch.float16: "f16"}
+
+
+def _methods(names: list[str], engine, max_tokens: int, skipped: dict[str, str] | None = None) -> list[Method]:
+    skipped = {} if skipped is None else skipped
     if REFERENCE not in names:
         log.info("also running %s: every method's output is compared with it", REFERENCE)
         names = [REFERENCE, *names]
     if engine.pair.draft is None:
-        skipped = [n for n in names if n in NEEDS_DRAFT]
-        if skipped:
-            log.warning("no draft model: skipping %s", ", ".join(skipped))
-        names = [n for n in names if n not in NEEDS_DRAFT]
-    return [make_method(name, engine, max_tokens) for name in names]
+        needs_draft = [n for n in names if n in NEEDS_DRAFT]
+        if needs_draft:
+            log.warning("no draft model: skipping %s", ", ".join(needs_draft))
+        skipped.update({name: "no draft model" for name in needs_draft})
+    gguf = llamacpp_target(engine, [n for n in names if n not in skipped], skipped)
+    names = [n for n in names if n not in skipped]
+    import torch
+
+    return [make_method(name, engine, max_tokens, gguf=gguf, threads=torch.get_num_threads()) for name in names]
 
 
 def _progress(total: int):
@@ -286,7 +324,8 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
     if getattr(args, "forward_costs_only", False):
         return _report_forward_costs(args, engine, forward_costs, started)
     workloads = build_workloads(workload_names, files, args.limit, args.seed)
-    methods = _methods(method_names, engine, args.max_tokens)
+    skipped: dict[str, str] = {}
+    methods = _methods(method_names, engine, args.max_tokens, skipped)
     log.info("bench: %s; methods %s; %d source files",
              ", ".join(f"{n} {len(c)}" for n, c in workloads.items()), ", ".join(m.name for m in methods), len(files))
 
@@ -308,6 +347,7 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
                                        for name, s in w["methods"].items() if name != REFERENCE)
     report["empty_references"] = sum(w["empty_references"] for w in report["workloads"].values())
     report["forward_costs"] = forward_costs  # None with --no-forward-costs
+    report["skipped_methods"] = skipped  # {method: why it did not run}
     if args.plot:
         reporting.write_plot(report, args.plot)
         log.info("plot written to %s", args.plot)

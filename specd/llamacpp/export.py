@@ -1,0 +1,407 @@
+"""GGUF files for llama.cpp from a Hugging Face model folder, with the very same token ids.
+
+Why our own writer, on the ``gguf`` package (llama.cpp's own GGUF library), rather than
+llama.cpp's ``convert_hf_to_gguf.py``: that script is not on PyPI (it lives in llama.cpp's
+sources), and it recognises a byte-level BPE pre-tokenizer only by a hash of its output on a
+test text, so a custom tokenizer (the demo pair's, any in-house one) stops it until a name is
+passed by hand. The parts that matter here are small: the config's hyperparameters, the
+vocabulary with merges and token types, the pre-tokenizer's name, and the tensors under
+llama.cpp's names (``gguf.get_tensor_name_map`` knows them), with the Q/K rows of Llama-style
+checkpoints permuted from Hugging Face's rotate-half rotary layout to llama.cpp's interleaved one.
+
+Served architectures: Llama, Mistral (as ``llama``) and Qwen2 with a byte-level BPE tokenizer
+(``tokenizer.json``); anything else is refused with one line. ``verify_tokenizer`` checks that
+llama.cpp tokenizes a text to the same ids as transformers (tests and ``specd export-gguf`` run it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+class ExportError(Exception):
+    """The model cannot be written as GGUF (one line, for the user)."""
+
+
+# Hugging Face model_type -> (llama.cpp architecture, Q/K rows permuted to interleaved rotary).
+ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False)}
+
+# llama.cpp pre-tokenizer names by the split regex a tokenizer.json carries. llama.cpp
+# implements each name with its own regex; these are the patterns those names stand for.
+_LETTERS = r"[^\r\n\p{L}\p{N}]?\p{L}+"
+_TAIL = r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+PRE_TOKENIZERS = {
+    "qwen2": rf"(?i:'s|'t|'re|'ve|'m|'ll|'d)|{_LETTERS}|\p{{N}}|{_TAIL}",
+    "llama-bpe": rf"(?i:'s|'t|'re|'ve|'m|'ll|'d)|{_LETTERS}|\p{{N}}{{1,3}}|{_TAIL}",
+}
+GPT2_REGEX_NAME = "gpt-2"  # a ByteLevel pre-tokenizer with its built-in (GPT-2) regex
+STARCODER_NAME = "starcoder"  # GPT-2's regex after splitting digits one by one
+
+SAMPLE_TEXT = (
+    "def parse(line: str) -> dict[str, int]:\n    \"\"\"Split 'key=value' pairs.\"\"\"\n"
+    "\tresult = {}  # 1234567 ünïcödé → 中文\n\n\n        return   result\r\n"
+)
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    path: Path
+    architecture: str
+    pre_tokenizer: str
+    tensors: int
+    vocab: int
+    bytes: int
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ExportError(f"{path.parent} has no {path.name}") from None
+    except json.JSONDecodeError as err:
+        raise ExportError(f"{path}: not valid JSON ({err})") from None
+
+
+def loaded_tokenizer_json(model_dir: Path) -> dict:
+    """The tokenizer as transformers loads it (``AutoTokenizer``), serialised: the truth, which
+    can differ from the folder's ``tokenizer.json`` (transformers 5 gives a Qwen2 model its
+    Qwen2 pre-tokenizer whatever the file says)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as err:
+        raise ExportError(f"cannot load the tokenizer of {model_dir}: {str(err).splitlines()[0]}") from None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ExportError(f"{model_dir}: not a fast (tokenizers) tokenizer; only those are exported")
+    return json.loads(backend.to_str())
+
+
+def detect_pre_tokenizer(tokenizer_json: dict) -> str:
+    """llama.cpp's name for the tokenizer's pre-tokenizer, or ExportError naming what it found."""
+    pre = tokenizer_json.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    splits = [s["pattern"].get("Regex") for s in steps if s.get("type") == "Split" and "pattern" in s]
+    byte_level = [s for s in steps if s.get("type") == "ByteLevel"]
+    digits = [s for s in steps if s.get("type") == "Digits"]
+    if len(splits) == 1 and splits[0] is not None:
+        for name, pattern in PRE_TOKENIZERS.items():
+            if splits[0] == pattern:
+                return name
+    if not splits and len(byte_level) == 1 and byte_level[0].get("use_regex", True):
+        if digits and digits[0].get("individual_digits"):
+            return STARCODER_NAME
+        if not digits:
+            return GPT2_REGEX_NAME
+    shown = splits[0] if splits else json.dumps(pre)[:120]
+    raise ExportError(f"unknown pre-tokenizer ({shown!r}); pass the llama.cpp name "
+                      "(e.g. --pre-tokenizer qwen2, llama-bpe, gpt-2, starcoder, deepseek-coder)")
+
+
+def _merges(model: dict) -> list[str]:
+    return [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+
+
+def _vocab(tokenizer_json: dict, vocab_size: int):
+    """(token strings by id, token types by id) for a byte-level BPE ``tokenizer.json``."""
+    import gguf
+
+    model = tokenizer_json.get("model", {})
+    if model.get("type") != "BPE":
+        raise ExportError(f"tokenizer model {model.get('type')!r} is not byte-level BPE; only BPE "
+                          "tokenizers (GPT-2, Qwen, Llama 3, StarCoder style) are exported")
+    by_id: dict[int, str] = {i: t for t, i in model["vocab"].items()}
+    kinds: dict[int, int] = {i: gguf.TokenType.NORMAL for i in by_id}
+    for added in tokenizer_json.get("added_tokens", []):
+        by_id[added["id"]] = added["content"]
+        kinds[added["id"]] = gguf.TokenType.CONTROL if added.get("special") else gguf.TokenType.USER_DEFINED
+    size = max(vocab_size, max(by_id) + 1)
+    tokens, types = [], []
+    for i in range(size):
+        if i in by_id:
+            tokens.append(by_id[i])
+            types.append(kinds[i])
+        else:  # the embedding matrix is padded past the tokenizer (common: to a multiple of 64)
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+    return tokens, types
+
+
+def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """Rows of a Q or K projection from rotate-half to interleaved rotary pairs (per head)."""
+    return (weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def _config(model_dir: Path) -> dict:
+    config = _read_json(model_dir / "config.json")
+    if "text_config" in config and "num_hidden_layers" not in config:
+        config = {**config, **config["text_config"]}
+    return config
+
+
+def _rope_theta(config: dict) -> float:
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind != "default":
+        raise ExportError(f"rope scaling {kind!r} is not exported yet (only plain RoPE)")
+    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+
+
+def _special_ids(model_dir: Path, tokenizer_json: dict, config: dict) -> dict[str, int]:
+    """Token ids llama.cpp should know by role: eos/bos/pad, and the FIM tokens when present."""
+    by_content = {a["content"]: a["id"] for a in tokenizer_json.get("added_tokens", [])}
+    ids: dict[str, int] = {}
+    tok_config = {}
+    if (model_dir / "tokenizer_config.json").is_file():
+        tok_config = _read_json(model_dir / "tokenizer_config.json")
+    for role in ("eos", "bos", "pad"):
+        value = config.get(f"{role}_token_id")
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is None:
+            text = tok_config.get(f"{role}_token")
+            text = text.get("content") if isinstance(text, dict) else text
+            value = by_content.get(text) if text else None
+        if value is not None:
+            ids[role] = int(value)
+    fim_names = {
+        "fim_pre": ("<|fim_prefix|>", "<fim_prefix>", "<｜fim▁begin｜>"),
+        "fim_suf": ("<|fim_suffix|>", "<fim_suffix>", "<｜fim▁hole｜>"),
+        "fim_mid": ("<|fim_middle|>", "<fim_middle>", "<｜fim▁end｜>"),
+        "fim_pad": ("<|fim_pad|>", "<fim_pad>"),
+        "fim_rep": ("<|repo_name|>", "<repo_name>"),
+        "fim_sep": ("<|file_sep|>", "<file_sep>"),
+    }
+    for role, texts in fim_names.items():
+        for text in texts:
+            if text in by_content:
+                ids[role] = by_content[text]
+                break
+    return ids
+
+
+def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
+                pre_tokenizer: str | None = None, progress: bool = False) -> ExportReport:
+    """Write ``model_dir`` (a Hugging Face folder) to the GGUF file ``out``."""
+    import gguf
+    import torch
+    from safetensors import safe_open
+
+    model_dir, out = Path(model_dir), Path(out)
+    if not model_dir.is_dir():
+        raise ExportError(f"{model_dir} is not a model directory")
+    config = _config(model_dir)
+    model_type = config.get("model_type", "")
+    if model_type not in ARCHITECTURES:
+        raise ExportError(f"architecture {model_type!r} is not exported (served: {', '.join(ARCHITECTURES)})")
+    arch_name, permute_qk = ARCHITECTURES[model_type]
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name)
+    dtypes = {"f32": (np.float32, gguf.LlamaFileType.ALL_F32), "f16": (np.float16, gguf.LlamaFileType.MOSTLY_F16)}
+    if dtype not in dtypes:
+        raise ExportError(f"dtype {dtype!r}: choose f32 or f16")
+    np_dtype, file_type = dtypes[dtype]
+
+    tokenizer_json = loaded_tokenizer_json(model_dir)
+    pre = pre_tokenizer or detect_pre_tokenizer(tokenizer_json)
+    layers = int(config["num_hidden_layers"])
+    hidden = int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    vocab_size = int(config["vocab_size"])
+    tokens, types = _vocab(tokenizer_json, vocab_size)
+
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if not shards:
+        raise ExportError(f"{model_dir} has no .safetensors weights")
+    names = gguf.get_tensor_name_map(arch, layers)
+
+    logging.getLogger("gguf").setLevel(logging.WARNING)  # its writer logs every step at INFO
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    try:
+        writer = gguf.GGUFWriter(str(partial), arch_name)
+        writer.add_name(model_dir.name)
+        writer.add_context_length(int(config.get("max_position_embeddings", 4096)))
+        writer.add_embedding_length(hidden)
+        writer.add_block_count(layers)
+        writer.add_feed_forward_length(int(config["intermediate_size"]))
+        writer.add_head_count(heads)
+        writer.add_head_count_kv(kv_heads)
+        writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
+        writer.add_rope_freq_base(_rope_theta(config))
+        writer.add_rope_dimension_count(head_dim)
+        if head_dim != hidden // heads:
+            writer.add_key_length(head_dim)
+            writer.add_value_length(head_dim)
+        writer.add_vocab_size(len(tokens))
+        writer.add_file_type(file_type)
+
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types([int(t) for t in types])
+        writer.add_token_merges(_merges(tokenizer_json["model"]))
+        special = _special_ids(model_dir, tokenizer_json, config)
+        special.setdefault("bos", special.get("eos", 0))  # llama.cpp wants one; it is never added below
+        adders = {"eos": writer.add_eos_token_id, "bos": writer.add_bos_token_id, "pad": writer.add_pad_token_id}
+        for role, value in special.items():
+            if role in adders:
+                adders[role](value)
+            else:
+                writer.add_uint32(getattr(gguf.Keys.Tokenizer, f"{role.upper()}_ID"), value)
+        writer.add_add_bos_token(False)  # specd's prompt ids are complete; the template adds BOS if any
+        writer.add_add_eos_token(False)
+
+        tied = bool(config.get("tie_word_embeddings", False))
+        written = 0
+        handles = [safe_open(str(p), framework="pt") for p in shards]
+        keys = [(h, k) for h in handles for k in h.keys()]
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=len(keys), desc=f"gguf {model_dir.name}", unit="tensor", leave=False)
+        for handle, key in keys:
+            if bar:
+                bar.update()
+            if key.endswith("rotary_emb.inv_freq") or (tied and key == "lm_head.weight"):
+                continue
+            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+            if name is None:
+                raise ExportError(f"tensor {key!r} has no llama.cpp name for {arch_name}")
+            data = handle.get_tensor(key).to(torch.float32).numpy()
+            if permute_qk and key.endswith("q_proj.weight"):
+                data = _permute(data, heads)
+            elif permute_qk and key.endswith("k_proj.weight"):
+                data = _permute(data, kv_heads)
+            # Norms and biases stay f32, as llama.cpp expects; matrices take the chosen type.
+            data = data.astype(np_dtype if data.ndim > 1 else np.float32)
+            writer.add_tensor(name, np.ascontiguousarray(data))
+            written += 1
+        if bar:
+            bar.close()
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(out)
+    log.info("wrote %s: %s, %d tensors, %d tokens, pre-tokenizer %s", out, arch_name, written, len(tokens), pre)
+    return ExportReport(out, arch_name, pre, written, len(tokens), out.stat().st_size)
+
+
+def verify_tokenizer(gguf_path: str | Path, model_dir: str | Path, texts: list[str] | None = None) -> None:
+    """Raise ExportError unless llama.cpp tokenizes ``texts`` to the ids transformers gives."""
+    from transformers import AutoTokenizer
+
+    from specd.llamacpp.runtime import load_llama
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    llama = load_llama(gguf_path, n_ctx=256)
+    for text in texts or [SAMPLE_TEXT]:
+        ours = tokenizer.encode(text, add_special_tokens=False)
+        theirs = llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        if ours != theirs:
+            first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+            raise ExportError(f"llama.cpp tokenizes differently from transformers at token {first} "
+                              f"({ours[first:first + 4]} vs {theirs[first:first + 4]}): wrong pre-tokenizer?")
+
+
+def default_name(model_dir: Path, dtype: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{model_dir.parent.name}-{model_dir.name}") + f".{dtype}.gguf"
+
+
+EXPORT_VERSION = 1  # bump when the writer's output changes: cached files are re-written
+
+
+def resolve_model_dir(name: str | Path) -> Path:
+    """A local folder for a model name: the folder itself, or a hub id's local snapshot."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(name), local_files_only=True))
+    except Exception as err:  # not a folder, and no local snapshot of that id
+        raise ExportError(f"{name}: not a model folder, nor a hub id with a local snapshot "
+                          f"({type(err).__name__})") from None
+
+
+def cache_dir() -> Path:
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "specd" / "gguf"
+
+
+def cached_gguf(model: str | Path, dtype: str = "f32", directory: Path | None = None,
+                progress: bool = False) -> Path:
+    """The GGUF file of ``model`` in the cache (written and checked once per weights version)."""
+    import hashlib
+
+    model_dir = resolve_model_dir(model).resolve()
+    stamp = hashlib.sha256()
+    stamp.update(f"{model_dir}|{dtype}|{EXPORT_VERSION}".encode())
+    for path in sorted(model_dir.glob("*.safetensors")) + [model_dir / "tokenizer.json", model_dir / "config.json"]:
+        if path.is_file():
+            info = path.stat()
+            stamp.update(f"{path.name}|{info.st_size}|{info.st_mtime_ns}".encode())
+    out = (directory or cache_dir()) / f"{default_name(model_dir, dtype)[:-5]}-{stamp.hexdigest()[:12]}.gguf"
+    if not out.is_file():
+        export_gguf(model_dir, out, dtype=dtype, progress=progress)
+        try:
+            verify_tokenizer(out, model_dir)
+        except ExportError:
+            out.unlink(missing_ok=True)
+            raise
+    return out
+
+
+def run_export_gguf(args, cfg) -> int:
+    """``specd export-gguf``: the configured pair (or the demo pair) as GGUF files."""
+    import sys
+
+    from specd.llamacpp.runtime import available
+
+    target, draft = cfg["model.target"], cfg["model.draft"]
+    if not target:
+        from specd.demo import demo_pair_paths
+
+        paths = demo_pair_paths()
+        if paths is None:
+            print("specd export-gguf: no model configured and the demo pair is not built", file=sys.stderr)
+            return 1
+        target, draft = str(paths[0]), draft or str(paths[1])
+    out_dir = Path(args.out).expanduser() if args.out else cache_dir()
+    check = available()
+    for role, name in (("target", target), ("draft", draft)):
+        if not name:
+            continue
+        try:
+            model_dir = resolve_model_dir(name)
+            out = out_dir / default_name(model_dir.resolve(), args.gguf_type)
+            report = export_gguf(model_dir, out, dtype=args.gguf_type, pre_tokenizer=args.pre_tokenizer,
+                                 progress=True)
+            if check:
+                verify_tokenizer(out, model_dir, [SAMPLE_TEXT])
+        except (ExportError, OSError) as err:
+            print(f"specd export-gguf: {role} {name}: {err}", file=sys.stderr)
+            return 1
+        verdict = "llama.cpp tokenizes as transformers does" if check else \
+            "tokenization not checked: llama-cpp-python is not installed"
+        print(f"{role}: {report.path} ({report.architecture}, {report.tensors} tensors, {report.vocab} tokens, "
+              f"pre-tokenizer {report.pre_tokenizer}, {report.bytes / 2**20:.1f} MiB; {verdict})")
+    return 0

@@ -1,0 +1,170 @@
+"""llama.cpp in this process (llama-cpp-python): one slot that keeps its KV cache between
+requests, greedy decoding, and optional prompt-lookup drafting verified in one batch.
+
+This is what a user of llama-server gets (``cache_prompt``: each request re-uses the longest
+common token prefix of the slot's previous one), minus HTTP: the bench peers ``llamacpp`` and
+``llamacpp_lookup`` run on it, on GGUF files written from the very same weights
+(:mod:`specd.llamacpp.export`).
+
+Why not ``Llama.generate``: its speculative path asks llama.cpp for the logits of *every*
+position (``logits_all``), prompt included, which makes llama.cpp pay an LM-head product per
+prompt token and copy them all; llama-server asks only for the positions it samples. So the loop
+is ours, on llama-cpp-python's own context and batch objects: logits only where a token is
+chosen, greedy as llama.cpp's greedy sampler (the first maximum), the same constraint on the
+first tokens as every other method under token healing. The drafter is llama-cpp-python's
+``LlamaPromptLookupDecoding`` (n-grams of up to 2 tokens, 10 tokens per draft, its defaults).
+Tested against llama-cpp-python 0.3.x (``_ctx``, ``_batch``, ``input_ids``, ``n_tokens``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+LOOKUP_NGRAM = 2  # LlamaPromptLookupDecoding's defaults
+LOOKUP_TOKENS = 10
+
+# (tokens generated so far) -> None for "anything", or the token ids allowed next.
+Constraint = Callable[[list[int]], "np.ndarray | list[int] | None"]
+
+
+class LlamaCppUnavailable(RuntimeError):
+    """llama-cpp-python is not installed (one line, with the install hint)."""
+
+
+def import_llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError as err:
+        raise LlamaCppUnavailable(
+            f"llama-cpp-python is not installed ({err}); pip install 'specd[llamacpp]' builds it "
+            "(about 10-15 minutes on 2 cores)") from None
+    return llama_cpp
+
+
+def available() -> bool:
+    try:
+        import_llama_cpp()
+    except LlamaCppUnavailable:
+        return False
+    return True
+
+
+def load_llama(path: str | Path, n_ctx: int = 4096, threads: int = 1, n_batch: int = 512):
+    """A quiet ``llama_cpp.Llama`` on the CPU (no GPU layers), ``threads`` for decode and batch."""
+    llama_cpp = import_llama_cpp()
+    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+                           n_threads_batch=threads, n_gpu_layers=0, logits_all=False, verbose=False)
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    first_token_ms: float
+    forwards: int  # llama_decode rounds that produced tokens (the prompt's included)
+    prefill_reused: int
+    prefill_computed: int
+    drafted: int = 0
+    accepted: int = 0
+    ms: float = 0.0
+    log: list[str] = field(default_factory=list)
+
+
+class LlamaSlot:
+    """One llama.cpp context used as one llama-server slot: the KV cache of the last request."""
+
+    def __init__(self, path: str | Path, *, n_ctx: int = 4096, threads: int = 1, lookup: bool = False):
+        self.llama = load_llama(path, n_ctx=n_ctx, threads=threads)
+        self.n_vocab = self.llama.n_vocab()
+        self.lookup = None
+        if lookup:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            self.lookup = LlamaPromptLookupDecoding(max_ngram_size=LOOKUP_NGRAM, num_pred_tokens=LOOKUP_TOKENS)
+
+    @property
+    def held(self) -> list[int]:
+        return self.llama.input_ids[: self.llama.n_tokens].tolist()
+
+    def _decode(self, tokens: list[int], outputs: int) -> np.ndarray:
+        """Run ``tokens`` after the cache; logits of the last ``outputs`` of them (rows)."""
+        llama = self.llama
+        llama._ctx.kv_cache_seq_rm(-1, llama.n_tokens, -1)
+        step = llama.n_batch
+        for start in range(0, len(tokens), step):
+            chunk = tokens[start:start + step]
+            llama._batch.set_batch(batch=chunk, n_past=llama.n_tokens, logits_all=False)
+            last_chunk = start + step >= len(tokens)
+            if last_chunk:
+                for i in range(max(0, len(chunk) - outputs), len(chunk)):
+                    llama._batch.batch.logits[i] = True
+            llama._ctx.decode(llama._batch)
+            llama.input_ids[llama.n_tokens:llama.n_tokens + len(chunk)] = chunk
+            llama.n_tokens += len(chunk)
+        rows = min(outputs, len(tokens))
+        logits = np.ctypeslib.as_array(llama._ctx.get_logits(), shape=(rows * self.n_vocab,))
+        return logits.reshape(rows, self.n_vocab).copy()
+
+    @staticmethod
+    def _pick(row: np.ndarray, allowed) -> int:
+        if allowed is None:
+            return int(np.argmax(row))
+        allowed = np.asarray(allowed, dtype=np.int64)
+        return int(allowed[np.argmax(row[allowed])])
+
+    def generate(self, prompt: list[int], max_tokens: int, stop_ids: set[int],
+                 constraint: Constraint | None = None) -> Generation:
+        """Greedy tokens after ``prompt`` (the stop token excluded), re-using the cache's prefix."""
+        if not prompt:
+            raise ValueError("empty prompt")
+        started = time.perf_counter()
+        llama = self.llama
+        if len(prompt) + max_tokens + LOOKUP_TOKENS + 1 > llama.n_ctx():
+            raise ValueError(f"prompt of {len(prompt)} tokens + {max_tokens} exceeds n_ctx {llama.n_ctx()}")
+        held = self.held
+        reused = 0
+        for a, b in zip(held, prompt[:-1]):  # one prompt token always runs: it gives the first logits
+            if a != b:
+                break
+            reused += 1
+        llama.n_tokens = reused
+        allowed = (lambda out: constraint(out)) if constraint else (lambda out: None)
+
+        logits = self._decode(prompt[reused:], 1)
+        out: list[int] = []
+        token = self._pick(logits[-1], allowed(out))
+        first_ms = (time.perf_counter() - started) * 1000
+        gen = Generation(out, first_ms, 1, reused, len(prompt) - reused)
+        while True:
+            if token in stop_ids:
+                break
+            out.append(token)
+            if len(out) >= max_tokens:
+                break
+            draft: list[int] = []
+            if self.lookup is not None:
+                context = np.asarray(self.held + [token], dtype=np.intc)
+                draft = self.lookup(context).astype(int).tolist()[: max_tokens - len(out)]
+            rows = self._decode([token, *draft], len(draft) + 1)
+            gen.forwards += 1
+            gen.drafted += len(draft)
+            # Row i holds the logits after [token, *draft[:i]]: accept drafts while greedy agrees.
+            for i in range(len(draft) + 1):
+                token = self._pick(rows[i], allowed(out))
+                if i == len(draft) or token != draft[i] or token in stop_ids:
+                    break
+                out.append(token)
+                gen.accepted += 1
+                if len(out) >= max_tokens:
+                    break
+            if len(out) >= max_tokens:
+                break
+            # Drop what the cache holds past the accepted tokens (the next decode starts there).
+            llama.n_tokens = len(prompt) + len(out)
+        llama.n_tokens = min(llama.n_tokens, len(prompt) + len(out))
+        gen.ms = (time.perf_counter() - started) * 1000
+        return gen
