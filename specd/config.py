@@ -87,6 +87,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                          "indented line or a half-typed word is not a token the model never saw"),
         "fast_forward": Key(bool, True, "lean static-cache forward for Llama-family models (Llama, Qwen2, "
                                         "Mistral, StarCoder2); off = transformers' own forward"),
+        "forward_backend": Key(str, "torch", "what runs the forwards: torch (the lean path or transformers'), or "
+                                             "llamacpp (llama.cpp's CPU kernels on a GGUF written from the same "
+                                             "weights; needs llama-cpp-python; Llama/Mistral/Qwen2, CPU only)",
+                               choices=("torch", "llamacpp")),
         "draft_max": Key(int, 8, "most tokens the draft model proposes per step", _at_most(256)),
         "lookup_max": Key(int, 16, "most tokens prompt lookup proposes per step", _at_most(256)),
         "draft_confidence": Key(float, 0.3, "draft model stops a chain below this probability", _probability),
