@@ -54,6 +54,17 @@ def _at_most(limit: int, unit: str = "", minimum: int = 1) -> Callable[[Any], st
     return check
 
 
+def _json_object(value: Any) -> str | None:
+    if not value:
+        return None
+    import json
+
+    try:
+        return None if isinstance(json.loads(value), dict) else "must be a JSON object ({...})"
+    except ValueError as err:
+        return f"is not JSON ({err})"
+
+
 KIB, MIB, GIB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 DAY_MS = 24 * 3600 * 1000
 
@@ -75,6 +86,21 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                        "(psm whose prefix ends at a stable anchor; the typed text rides after "
                                        "the middle token, so keystrokes re-prefill only that span)",
                           choices=FIM_LAYOUTS),
+        # A serving engine instead of the resident pair (specd/engine/remote.py, docs/remote.md).
+        "backend": Key(str, "local", "where completions are computed: local (the resident model pair) or remote "
+                                     "(an OpenAI-compatible /v1/completions server; model.target then names only "
+                                     "the tokenizer)", choices=("local", "remote")),
+        "remote_url": Key(str, "", "remote server's base URL, e.g. http://gpu-box:8000 (/v1/completions is appended)"),
+        "remote_api_key": Key(str, "", "bearer token for the remote server ('' = none)"),
+        "remote_model": Key(str, "", "model name sent to the remote server ('' = the first one its /v1/models lists)"),
+        "remote_prompt": Key(str, "auto", "prompt sent as token ids (vLLM, llama-server) or as text (servers that "
+                                          "take only strings); auto = ids, text if the server refuses them",
+                             choices=("auto", "tokens", "text")),
+        "remote_connect_timeout_ms": Key(int, 3000, "remote: connection timeout, ms", _at_most(600_000, " ms")),
+        "remote_read_timeout_ms": Key(int, 10000, "remote: longest wait for the next streamed chunk, ms",
+                                      _at_most(600_000, " ms")),
+        "remote_body": Key(str, "", "remote: JSON object merged into each request body (server-specific fields; "
+                                    "a key set to null is left out)", _json_object),
     },
     "engine": {
         "max_tokens": Key(int, 128, "default completion length limit, in tokens", _at_most(65536)),
