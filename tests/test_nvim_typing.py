@@ -1,0 +1,230 @@
+"""Neovim as a person uses it: the plugin installed as its README says (a native package plus
+``require('specd').setup()`` in init.lua), a UI attached whose screen is read back cell by cell
+(a terminal without 'termguicolors'), keys typed one at a time, the real specd-lsp starting the
+real daemon with the shipped demo pair.
+
+One session per renderer goes through what a person meets: Enter inside a method body and the
+suggestion on the fresh indented line (accepting must not indent it twice), Tab, undo, typing
+word by word with pauses (keystroke-to-ghost-text latency is measured at each pause), a partial
+accept counted by specd-lsp, a second buffer, ``:checkhealth specd``, and the daemon killed
+mid-session and started again by specd-lsp while the person keeps typing.
+
+Latency: SPECD_TEST_TYPING_REPORT names a JSON file to write the figures to (docs/editors.md
+quotes a run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon_helpers import REPO
+from nvim_driver import Nvim, Screen
+from specd.client import Client, DaemonUnavailable
+from tools import BIN, find_tool
+
+pytestmark = pytest.mark.slow
+
+READY_S = 240  # specd-lsp spawns the daemon, which loads the demo pair (seconds; minutes on a busy machine)
+GHOST_S = 30  # a pause's suggestion, on a loaded 2-core machine
+EDIT_S = 10
+KEY_GAP_S = 0.06  # between keys inside a word: a quick typist
+SOURCE = '''class Stack:
+    """A last-in, first-out stack."""
+
+    def __init__(self):
+        self.items = []
+
+    def push(self, item):
+        self.items.append(item)
+
+    def pop(self):
+        return self.items.pop()
+
+    def peek(self):
+'''
+# Typed word by word on a fresh line of peek(), pausing after each piece for the suggestion.
+PIECES = ["if", " not", " self", ".items", ":", "\n", "return", " None"]
+
+
+def _italic_run(screen: Screen, row: int, col: int) -> str | None:
+    """The italic text from `col` on `row` (ghost text is drawn italic), or None."""
+    cells = screen.cells[row][col:]
+    start = next((i for i, (_, hl) in enumerate(cells) if screen.highlights.get(hl, {}).get("italic")), None)
+    if start is None or start > 1:
+        return None
+    return "".join(text for text, hl in cells[start:] if screen.highlights.get(hl, {}).get("italic")).rstrip()
+
+
+def _ghost(screen: Screen) -> str | None:
+    """The ghost text at the cursor on screen, or None: italic cells right of the cursor, or (a
+    suggestion that starts with a line break) italic virtual lines below it."""
+    row, col = screen.cursor
+    first = _italic_run(screen, row, col)
+    if first:
+        return first
+    below = _italic_run(screen, row + 1, 0) if row + 1 < screen.height else None
+    return "\n" + below if below and below.strip() else None
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A user's home: XDG dirs, the plugin as a native package, specd-lsp on PATH."""
+    root = tmp_path_factory.mktemp("typing")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECD_")}
+    for var, sub in (("XDG_RUNTIME_DIR", "run"), ("XDG_STATE_HOME", "state"), ("XDG_CONFIG_HOME", "config"),
+                     ("XDG_CACHE_HOME", "cache"), ("XDG_DATA_HOME", "data")):
+        (root / sub).mkdir(mode=0o700)
+        env[var] = str(root / sub)
+    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
+    env["PYTHONPATH"] = str(REPO)
+    env.setdefault("OMP_NUM_THREADS", "1")  # a busy 2-core machine: no spinning OpenMP threads
+    pack = root / "data" / "nvim" / "site" / "pack" / "specd" / "start"
+    pack.mkdir(parents=True)
+    (pack / "specd.nvim").symlink_to(REPO / "editor-plugins" / "neovim")  # the README's "Native packages"
+    (root / "config" / "nvim").mkdir(parents=True)
+    find_tool("specd-lsp")
+    yield root, env
+    try:
+        with Client.connect_unix(root / "run" / "specd" / "specd.sock", timeout=5) as client:
+            client.shutdown()
+    except (DaemonUnavailable, OSError):
+        pass
+
+
+class Person:
+    """Types into a Neovim and watches its screen."""
+
+    def __init__(self, nvim: Nvim):
+        self.nvim = nvim
+        self.latencies_ms: list[float] = []
+
+    def type(self, text: str) -> float:
+        """Types `text` one key at a time; returns when the last key went."""
+        sent = 0.0
+        for ch in text:
+            sent = self.nvim.input({"\n": "<CR>", "<": "<lt>"}.get(ch, ch))
+            time.sleep(KEY_GAP_S)
+        return sent
+
+    def ghost_after(self, sent: float, what: str) -> str:
+        at, ghost = self.nvim.wait_screen(_ghost, GHOST_S, what, since=sent)
+        self.latencies_ms.append((at - sent) * 1000)
+        return ghost
+
+    def line(self) -> str:
+        return self.nvim.lua("return vim.api.nvim_get_current_line()")
+
+    def buffer(self) -> str:
+        return self.nvim.lua("return table.concat(vim.api.nvim_buf_get_lines(0, 0, -1, false), '\\n')")
+
+    def status(self) -> dict:
+        return self.nvim.lua("return require('specd').status() or vim.empty_dict()")
+
+    def normal(self) -> None:
+        self.nvim.input("<Esc>")
+        self.nvim.wait("return vim.api.nvim_get_mode().mode == 'n'", EDIT_S, "normal mode")
+
+
+@pytest.mark.parametrize("renderer", ["auto", "native"])
+def test_a_person_typing_in_neovim(home, renderer, tmp_path):
+    root, env = home
+    setup = "require('specd').setup()" if renderer == "auto" else "require('specd').setup({ renderer = 'native' })"
+    (root / "config" / "nvim" / "init.lua").write_text(setup + "\n")
+    work = tmp_path / "project"
+    work.mkdir()
+    (work / "stack.py").write_text(SOURCE)
+    (work / "big.py").write_text("".join(f"value_{i} = {i}\n" for i in range(1, 301)))
+    nvim = Nvim(find_tool("nvim"), ["stack.py"], work, env)
+    person = Person(nvim)
+    try:
+        ready = nvim.wait("local s = require('specd').status(); return s and s.state == 'ready' and s", READY_S,
+                          "specd ready (specd-lsp spawning the daemon with the demo pair)")
+        assert ready["daemon"]["models"]["target"].endswith("demo/pair/target")
+        first_pid = ready["daemon"]["pid"]
+
+        # Enter at the end of `def peek(self):`: autoindent puts 8 spaces; the suggestion follows them.
+        nvim.command("normal! G")
+        ghost = person.ghost_after(nvim.input("A<CR>"), "a suggestion on the fresh indented line")
+        assert person.line() == " " * 8
+        assert not ghost.startswith(" "), f"the ghost text would indent the line again: {ghost!r}"
+        nvim.input("<Tab>")
+        line = nvim.wait("local l = vim.api.nvim_get_current_line(); return l:find('%S') and l", EDIT_S, "the accept")
+        assert line == " " * 8 + ghost, "accepted as shown, indented once"
+        assert nvim.lua("return vim.api.nvim_get_mode().mode") == "i"
+        # Undo takes back the insert session: the Enter and the accepted text together.
+        person.normal()
+        nvim.input("u")
+        nvim.wait("return vim.api.nvim_buf_line_count(0) == 13", EDIT_S, "undo")
+        assert person.buffer() == SOURCE.rstrip("\n")
+
+        # Typing word by word on a fresh line, pausing after each piece.
+        nvim.command("normal! G")
+        nvim.input("o")
+        for piece in PIECES:
+            person.ghost_after(person.type(piece), f"a suggestion after typing {piece!r}")
+        typed = "".join(PIECES).split("\n")
+        assert person.buffer().endswith(f"        {typed[0]}\n            {typed[1]}")
+
+        # A partial accept: the next word goes in, specd-lsp counts it, the rest stays offered.
+        sent = person.type("\n")
+        ghost = person.ghost_after(sent, "a suggestion on the next line")
+        before = person.line()
+        nvim.input("<M-w>")
+        grown = nvim.wait("local l = vim.api.nvim_get_current_line(); return l ~= ... and l", EDIT_S, "a word taken",
+                          before)
+        assert ghost.startswith(grown[len(before):].lstrip()) and len(grown) > len(before)
+        nvim.wait("local s = require('specd').status(); return s and (s.acceptedPartial or 0) >= 1", EDIT_S,
+                  "specd-lsp counting the partial accept")
+        person.normal()
+        nvim.input("u")  # undoes this insert session, the taken word with it
+        nvim.wait("return not vim.api.nvim_get_current_line():find(...)", EDIT_S, "undo of the partial accept",
+                  grown.strip())
+
+        # A second buffer: typing there gets its suggestion, the first buffer stays quiet.
+        nvim.command("edit big.py")
+        nvim.command("normal! G")
+        nvim.wait("return #vim.lsp.get_clients({ name = 'specd', bufnr = 0 }) == 1", EDIT_S, "specd-lsp attached")
+        person.ghost_after(nvim.input("ovalue_301 = "), "a suggestion in the second buffer")
+        person.normal()
+
+        report = "\n".join(nvim.lua("vim.cmd.checkhealth('specd'); return vim.api.nvim_buf_get_lines(0, 0, -1, false)"))
+        assert "ERROR" not in report and "OK daemon pid" in report, report
+        assert renderer == "auto" or "native" in report
+        nvim.command("tabclose")
+
+        # The daemon dies (kill -9) mid-session; the person keeps typing; specd-lsp starts a new one.
+        nvim.command("buffer stack.py")
+        nvim.command("normal! G")
+        nvim.input("o")
+        killed = time.monotonic()
+        os.kill(first_pid, signal.SIGKILL)
+        person.type("return")
+        status = nvim.wait("local s = require('specd').status(); return s and s.state == 'ready' and s.daemon"
+                           " and s.daemon.pid ~= ... and s", READY_S, "specd-lsp and a new daemon", first_pid)
+        recovery_s = time.monotonic() - killed
+        assert status["daemon"]["connects"] >= 2
+        person.ghost_after(person.type(" "), "a suggestion from the new daemon")
+
+        messages = nvim.lua("return vim.fn.execute('messages')")
+        for bad in ("Error", "E5108", "out of bounds", "Traceback"):
+            assert bad not in messages, messages
+    finally:
+        nvim.close()
+
+    latencies = sorted(person.latencies_ms)
+    p50 = statistics.median(latencies)
+    p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
+    figures = {"renderer": renderer, "pauses": len(latencies), "p50_ms": round(p50), "p95_ms": round(p95),
+               "max_ms": round(latencies[-1]), "recovery_s": round(recovery_s, 1),
+               "latencies_ms": [round(x) for x in person.latencies_ms]}
+    print(json.dumps(figures))
+    if os.environ.get("SPECD_TEST_TYPING_REPORT"):
+        with open(os.environ["SPECD_TEST_TYPING_REPORT"], "a", encoding="utf-8") as out:
+            out.write(json.dumps(figures) + "\n")
