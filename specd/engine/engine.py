@@ -106,6 +106,10 @@ class Engine:
 
     @classmethod
     def from_config(cls, cfg) -> "Engine":
+        """The loaded engine ``cfg`` names; for ``model.backend = "remote"`` that is not this
+        class but a ``RemoteEngine`` (see ``load_engine``)."""
+        if _backend(cfg) == "remote":
+            return load_engine(cfg)
         engine = cls(EngineOptions.from_config(cfg))
         engine.ensure_loaded()
         return engine
@@ -557,3 +561,20 @@ def _load_from_options(options: EngineOptions) -> ModelPair:
                     "e.g. Qwen/Qwen2.5-Coder-1.5B with Qwen/Qwen2.5-Coder-0.5B as draft.", "config.toml")
         target, draft = str(paths[0]), draft or str(paths[1])
     return load_pair(target, draft or None, options.device, options.dtype, options.trust_remote_code)
+
+
+def _backend(cfg) -> str:
+    return cfg.section("model").get("backend", "local")
+
+
+def load_engine(cfg):
+    """The loaded engine ``model.backend`` names: the resident model pair (``Engine``), or a
+    serving engine behind an OpenAI-compatible endpoint (``specd.engine.remote.RemoteEngine``).
+    Both fulfil the daemon's ``CompletionEngine``."""
+    if _backend(cfg) == "remote":
+        from specd.engine.remote import RemoteEngine
+
+        return RemoteEngine.from_config(cfg)
+    engine = Engine(EngineOptions.from_config(cfg))
+    engine.ensure_loaded()
+    return engine
