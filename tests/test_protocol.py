@@ -55,12 +55,16 @@ def test_frame_limits():
     with pytest.raises(FrameError) as info:
         FrameDecoder(1024).feed(b"\xdb\xff\xff\xff\xff")
     assert info.value.code == "frame_too_large"
-    # Inside a message, a declared length is not trusted either: the bytes are refused once
-    # more than the limit are waiting.
-    decoder = FrameDecoder(1024)
-    assert decoder.feed(b"\x91\xdb\xff\xff\xff\xff") == []
+    # Inside a message too: a nested header is checked against what is left of the limit.
     with pytest.raises(FrameError) as info:
-        decoder.feed(b"a" * 2048)
+        FrameDecoder(1024).feed(b"\x92\xa1a\xdb\x00\x00\x04\x00")
+    assert info.value.code == "frame_too_large"
+    # And bytes streamed without any header declaring them are refused past the limit.
+    decoder = FrameDecoder(1024)
+    assert decoder.feed(b"\xdc\x01\x00") == []
+    with pytest.raises(FrameError) as info:
+        for _ in range(40):
+            decoder.feed(b"\xd9\x28" + b"a" * 40)
     assert info.value.code == "frame_too_large"
 
 

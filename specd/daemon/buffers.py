@@ -47,12 +47,6 @@ class TextIndex(SharedTextIndex):
         """(line, character) of a code-point offset; characters in code points by default."""
         return super().position(offset, encoding)
 
-    def replace(self, start: int, end: int, new_text: str) -> TextIndex:
-        edited = super().replace(start, end, new_text)
-        out = TextIndex(edited.text)
-        out._starts = edited._starts
-        return out
-
     def byte_offset_to_char(self, byte_offset: int) -> int:
         data = self.text.encode("utf-8", errors="surrogatepass")
         if byte_offset < 0 or byte_offset > len(data):

@@ -4,8 +4,9 @@ The model worker runs one job at a time. Jobs wait here, not in the worker's que
 
 - a job cancelled or superseded while waiting leaves at once, and its text with it (a job in
   the worker's queue would keep its request alive until the worker reached it);
-- connections are served round-robin: one job from each connection that has any, in turn, so a
-  client with 64 queued completes delays another's single complete by one job, not by 64;
+- connections are served in turn: the next job comes from the connection served longest ago
+  (one that has not been served yet comes first), so a client with 64 queued completes delays
+  another's single complete by the jobs already handed to the worker, not by 64;
 - what one connection may have waiting is bounded in count and in text.
 
 The worker is handed at most ``WORKER_DEPTH`` jobs at a time (one running, one ready behind
@@ -43,6 +44,8 @@ class CompletionQueue:
         self._waiting: dict[Job, tuple[int, int]] = {}  # job -> (lane, chars it holds)
         self._lane_chars: collections.Counter[int] = collections.Counter()
         self._in_worker: set[Job] = set()
+        self._served: dict[int, int] = {}  # lane -> when it was last served (a tick count)
+        self._tick = 0
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
@@ -91,16 +94,19 @@ class CompletionQueue:
             del self._lane_chars[lane]
 
     def _next(self) -> Job | None:
-        """The next live job, round-robin over the connections that have one."""
+        """The next live job, from the connection served longest ago."""
         while self._lanes:
-            lane, waiting = next(iter(self._lanes.items()))
+            lane = min(self._lanes, key=lambda key: self._served.get(key, -1))
+            waiting = self._lanes[lane]
             job = waiting.popleft()
             self._forget(lane, job)
-            if waiting:
-                self._lanes.move_to_end(lane)
-            else:
+            if not waiting:
                 del self._lanes[lane]
             if not job.future.done():
+                self._tick += 1
+                self._served[lane] = self._tick
+                if len(self._served) > 4 * len(self._lanes) + 64:  # forget connections long gone
+                    self._served = {key: tick for key, tick in self._served.items() if key in self._lanes}
                 return job
         return None
 

@@ -4,17 +4,20 @@ msgpack-rpc has no length prefix: messages are msgpack values written back to ba
 must find where each one ends without trusting what its headers declare, because a header
 costs 5 bytes and may declare 4 GiB or 16 million elements. So decoding runs in two passes:
 
-1. a *scanner* (msgpack's ``skip``, which builds no objects and allocates nothing a header
-   declares) finds the end of each complete message, while the bytes of the message in
-   progress are kept here, never more than ``max_frame_bytes`` of them: that is the limit on
-   one message, however it is streamed (one 16 MiB string or 400 strings of 1 MiB);
-2. only a complete message is decoded into objects, by ``unpackb``, whose per-container limits
-   default to the message's own length (a container cannot hold more elements than it has
-   bytes), with a cap on the number of containers so a small message cannot become millions
-   of Python lists.
+1. a *walker* reads only the headers, as the bytes arrive, to find where each message ends:
+   it skips string payloads by their length, keeps a stack of how many items each open array
+   or map still needs, and allocates nothing a header declares. It refuses a message as soon
+   as what its headers declare no longer fits the limit, or when it nests too deeply or holds
+   too many arrays and maps. The bytes of the message in progress are kept here once, never
+   more than ``max_frame_bytes`` of them, however the message is streamed (one 16 MiB string
+   or 400 strings of 1 MiB);
+2. only a complete message is decoded into objects, by ``unpackb`` (whose per-container limits
+   default to the message's own length: a container cannot hold more elements than it has
+   bytes).
 
-A header that by itself declares more than the limit (a str32 of 4 GiB, an array32 of 2**31
-elements) at the start of a message is refused as soon as it arrives.
+The walker's work is proportional to the headers in the bytes just read (one read is at most
+64 KiB), so a message of millions of tiny elements costs the loop a little per read, never a
+stall.
 """
 
 from __future__ import annotations
@@ -32,16 +35,45 @@ READ_CHUNK = 64 * 1024
 # above any real message (1,000 ranged edits use ~4,000) and bounds the objects one small
 # message can expand into (each container costs ~60-100 bytes before its elements).
 MAX_CONTAINERS = 65_536
+MAX_DEPTH = 1000  # nesting (msgpack itself stops at 1,024); real messages use fewer than 10
 
-# First byte -> (struct format of the length that follows, kind). Only the 16/32-bit forms can
-# declare more than a few bytes; the fix-forms are bounded by their encoding.
-_LENGTH_HEADERS: dict[int, tuple[str, str]] = {
-    0xC4: (">B", "bytes"), 0xC5: (">H", "bytes"), 0xC6: (">I", "bytes"),  # bin 8/16/32
-    0xD9: (">B", "bytes"), 0xDA: (">H", "bytes"), 0xDB: (">I", "bytes"),  # str 8/16/32
-    0xC7: (">B", "bytes"), 0xC8: (">H", "bytes"), 0xC9: (">I", "bytes"),  # ext 8/16/32
-    0xDC: (">H", "items"), 0xDD: (">I", "items"),  # array 16/32
-    0xDE: (">H", "pairs"), 0xDF: (">I", "pairs"),  # map 16/32
-}
+# What each first byte of a msgpack value is, as (kind, argument):
+_SCALAR, _PAYLOAD, _ARRAY, _MAP, _SIZED_PAYLOAD, _SIZED_ARRAY, _SIZED_MAP, _INVALID = range(8)
+_LENGTH_FORMAT = {1: ">B", 2: ">H", 4: ">I"}
+
+
+def _header_table() -> list[tuple[int, int, int]]:
+    """(kind, a, b) per first byte. _SCALAR: b more bytes follow. _PAYLOAD: a payload of a bytes.
+    _ARRAY/_MAP: a items/pairs. _SIZED_*: a length of a bytes follows, then b extra header bytes
+    (ext's type byte) before the payload."""
+    table: list[tuple[int, int, int]] = [(_INVALID, 0, 0)] * 256
+    for byte in range(0x00, 0x80):
+        table[byte] = (_SCALAR, 0, 0)  # positive fixint
+    for byte in range(0xE0, 0x100):
+        table[byte] = (_SCALAR, 0, 0)  # negative fixint
+    for byte in range(0x80, 0x90):
+        table[byte] = (_MAP, byte & 0x0F, 0)
+    for byte in range(0x90, 0xA0):
+        table[byte] = (_ARRAY, byte & 0x0F, 0)
+    for byte in range(0xA0, 0xC0):
+        table[byte] = (_PAYLOAD, byte & 0x1F, 0)
+    for byte in (0xC0, 0xC2, 0xC3):
+        table[byte] = (_SCALAR, 0, 0)  # nil, false, true
+    for byte, size in ((0xCA, 4), (0xCB, 8), (0xCC, 1), (0xCD, 2), (0xCE, 4), (0xCF, 8),
+                       (0xD0, 1), (0xD1, 2), (0xD2, 4), (0xD3, 8)):
+        table[byte] = (_SCALAR, 0, size)  # floats, ints
+    for byte, size in ((0xD4, 1), (0xD5, 2), (0xD6, 4), (0xD7, 8), (0xD8, 16)):
+        table[byte] = (_SCALAR, 0, 1 + size)  # fixext: type byte + data
+    for byte, size in ((0xC4, 1), (0xC5, 2), (0xC6, 4), (0xD9, 1), (0xDA, 2), (0xDB, 4)):
+        table[byte] = (_SIZED_PAYLOAD, size, 0)  # bin, str
+    for byte, size in ((0xC7, 1), (0xC8, 2), (0xC9, 4)):
+        table[byte] = (_SIZED_PAYLOAD, size, 1)  # ext: length, type byte, data
+    table[0xDC], table[0xDD] = (_SIZED_ARRAY, 2, 0), (_SIZED_ARRAY, 4, 0)
+    table[0xDE], table[0xDF] = (_SIZED_MAP, 2, 0), (_SIZED_MAP, 4, 0)
+    return table
+
+
+_HEADERS = _header_table()
 
 
 class FrameError(Exception):
@@ -57,123 +89,119 @@ def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-class _ContainerBudget:
-    """Counts the arrays and maps ``unpackb`` builds; raises once there are too many."""
-
-    __slots__ = ("left",)
-
-    def __init__(self, limit: int):
-        self.left = limit
-
-    def _spend(self, value: Any) -> Any:
-        self.left -= 1
-        if self.left < 0:
-            raise _TooManyContainers
-        return value
-
-
-class _TooManyContainers(Exception):
-    pass
-
-
 class FrameDecoder:
     """Feed bytes, get back the complete msgpack values they finish."""
 
     def __init__(self, max_frame_bytes: int, max_containers: int = MAX_CONTAINERS):
         self.max_frame_bytes = max_frame_bytes
-        self.ceiling = max_frame_bytes  # max_frame_bytes may be lowered later, never raised past this
+        self.ceiling = max_frame_bytes  # kept for callers that lower the limit and raise it back
         self.max_containers = max_containers
-        # The scanner only skips: it finds message ends and allocates nothing a header declares.
-        # read_size: its first buffer (msgpack's default is 1 MiB, held by every idle connection).
-        self._scanner = msgpack.Unpacker(max_buffer_size=max_frame_bytes, read_size=min(READ_CHUNK, max_frame_bytes))
-        self._partial = bytearray()  # bytes of the message in progress (after the last complete one)
-        self._partial_at = 0  # stream offset of _partial[0]
+        self._buffer = bytearray()  # the message in progress (after the last complete one)
+        self._pos = 0  # where the walker reads the next header, in _buffer (may be past its end)
+        self._open: list[int] = []  # items still needed by each open array/map, innermost last
+        self._containers = 0  # in the message in progress
+        self._ends: list[int] = []  # ends of messages whose headers are all read, in _buffer
 
     @property
     def pending_bytes(self) -> int:
         """Bytes received since the last complete message (0 between messages)."""
-        return len(self._partial)
+        return len(self._buffer)
 
     def feed(self, data: bytes) -> list[Any]:
         """Return the values completed by ``data``; raise FrameError on undecodable input."""
-        out: list[Any] = []
-        view = memoryview(data)
-        # Feed in pieces no larger than half the limit, draining between them, so a stream of
-        # many small messages arriving in one big read never trips the limit by itself.
-        step = max(1, min(len(view), self.max_frame_bytes // 2 or 1))
-        for start in range(0, len(view), step):
-            piece = view[start:start + step]
-            try:
-                self._scanner.feed(piece)
-            except msgpack.BufferFull:
-                raise self._too_large() from None
-            self._partial += piece
-            out.extend(self._drain())
-            if len(self._partial) > self.max_frame_bytes:
-                raise self._too_large()
-            self._check_first_header()
+        self._buffer += data
+        self._walk()
+        out = []
+        start = 0
+        # A message's last payload may be noted before its bytes have all arrived: decode only
+        # the messages that are whole.
+        whole_count = 0
+        while whole_count < len(self._ends) and self._ends[whole_count] <= len(self._buffer):
+            whole_count += 1
+        if whole_count:
+            with memoryview(self._buffer) as whole:
+                for end in self._ends[:whole_count]:
+                    out.append(self._decode(whole[start:end]))
+                    start = end
+            del self._ends[:whole_count]
+            del self._buffer[:start]
+            self._pos -= start
+            self._ends = [end - start for end in self._ends]
+        if len(self._buffer) > self.max_frame_bytes:
+            raise self._too_large()
         return out
 
     def close(self) -> None:
         """Drop what is buffered (the connection is gone)."""
-        self._partial = bytearray()
-        self._scanner = msgpack.Unpacker(max_buffer_size=1, read_size=1)
+        self._buffer = bytearray()
+        self._open = []
+        self._ends = []
 
-    def _too_large(self) -> FrameError:
-        return FrameError(ErrorCode.FRAME_TOO_LARGE.value, f"message larger than the limit of {self.max_frame_bytes} bytes")
+    def _too_large(self, detail: str = "") -> FrameError:
+        return FrameError(ErrorCode.FRAME_TOO_LARGE.value,
+                          f"message larger than the limit of {self.max_frame_bytes} bytes{detail}")
 
-    def _drain(self) -> list[Any]:
-        out = []
-        used = 0  # bytes of _partial taken by complete messages in this drain
-        while True:
-            try:
-                self._scanner.skip()
-            except msgpack.OutOfData:
-                break
-            except msgpack.StackError:
-                raise FrameError(ErrorCode.PARSE_ERROR.value, "invalid msgpack: nested too deeply") from None
-            except Exception as err:  # noqa: BLE001 - every scanner failure means the same thing
-                raise FrameError(ErrorCode.PARSE_ERROR.value, f"invalid msgpack: {str(err) or type(err).__name__}") from None
-            end = self._scanner.tell() - self._partial_at
-            if end - used > self.max_frame_bytes:
-                raise self._too_large()
-            with memoryview(self._partial) as whole:
-                out.append(self._decode(whole[used:end]))
-            used = end
-        if used:
-            del self._partial[:used]
-            self._partial_at += used
-        return out
+    def _walk(self) -> None:
+        """Advance over the headers now in the buffer, noting where messages end."""
+        buf, end = self._buffer, len(self._buffer)
+        pos, open_, headers = self._pos, self._open, _HEADERS
+        message_start = self._ends[-1] if self._ends else 0
+        limit = self.max_frame_bytes
+        try:
+            while pos < end:
+                kind, a, b = headers[buf[pos]]
+                if kind == _SCALAR:
+                    pos += 1 + b
+                elif kind == _PAYLOAD:
+                    pos += 1 + a
+                elif kind == _SIZED_PAYLOAD:
+                    if pos + 1 + a > end:
+                        break  # the length is still on its way
+                    (length,) = struct.unpack_from(_LENGTH_FORMAT[a], buf, pos + 1)
+                    pos += 1 + a + b + length
+                    if pos - message_start > limit:
+                        raise self._too_large(f" (a header declares {length} bytes)")
+                elif kind == _INVALID:
+                    raise FrameError(ErrorCode.PARSE_ERROR.value, f"invalid msgpack: byte 0x{buf[pos]:02x} starts no value")
+                else:  # an array or a map
+                    if kind == _ARRAY or kind == _MAP:
+                        count, size = a, 0
+                    else:
+                        size = a
+                        if pos + 1 + size > end:
+                            break
+                        (count,) = struct.unpack_from(_LENGTH_FORMAT[size], buf, pos + 1)
+                    if kind == _MAP or kind == _SIZED_MAP:
+                        count *= 2
+                    pos += 1 + size
+                    self._containers += 1
+                    if self._containers > self.max_containers:
+                        raise self._too_large(f" (more than {self.max_containers} arrays and maps)")
+                    if pos - message_start + count > limit:  # every item takes a byte at least
+                        raise self._too_large(f" (a header declares {count} items)")
+                    if count:
+                        if len(open_) >= MAX_DEPTH:
+                            raise FrameError(ErrorCode.PARSE_ERROR.value, "invalid msgpack: nested too deeply")
+                        open_.append(count)
+                        continue
+                # One item is complete: count it off the arrays and maps that hold it.
+                while open_:
+                    open_[-1] -= 1
+                    if open_[-1]:
+                        break
+                    open_.pop()
+                if not open_:  # a whole message
+                    self._ends.append(pos)
+                    message_start = pos
+                    self._containers = 0
+        finally:
+            self._pos = pos
 
     def _decode(self, message: memoryview) -> Any:
-        budget = _ContainerBudget(self.max_containers)
         try:
             # raw=False: msgpack str -> Python str (Neovim sends strings as str); invalid UTF-8
             # in a str is a decode error. strict_map_key=False: maps keyed by ints are allowed
             # through here and rejected by the message layer with a proper error instead.
-            return msgpack.unpackb(
-                message, raw=False, strict_map_key=False, list_hook=budget._spend, object_hook=budget._spend,
-            )
-        except _TooManyContainers:
-            raise FrameError(
-                ErrorCode.FRAME_TOO_LARGE.value, f"message holds more than {self.max_containers} arrays and maps"
-            ) from None
+            return msgpack.unpackb(message, raw=False, strict_map_key=False)
         except Exception as err:  # noqa: BLE001 - every decoder failure means the same thing
             raise FrameError(ErrorCode.PARSE_ERROR.value, f"invalid msgpack: {str(err) or type(err).__name__}") from None
-
-    def _check_first_header(self) -> None:
-        """Refuse a message whose first header alone declares more than the limit."""
-        if not self._partial:
-            return
-        head = _LENGTH_HEADERS.get(self._partial[0])
-        if head is None:
-            return
-        fmt, kind = head
-        size = struct.calcsize(fmt)
-        if len(self._partial) < 1 + size:
-            return
-        (declared,) = struct.unpack_from(fmt, self._partial, 1)
-        # Each array item takes at least one byte, each map pair two.
-        least = declared * (2 if kind == "pairs" else 1)
-        if least > self.max_frame_bytes:
-            raise self._too_large()

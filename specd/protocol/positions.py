@@ -74,86 +74,135 @@ def _decode_prefix(data: bytes, codec: str) -> str:
     return decoder.decode(data, final=False)
 
 
+LINES_PER_BLOCK = 256  # line starts are kept in blocks of about this many (see TextIndex)
+
+
 class TextIndex:
     """Line starts of one text, for position <-> offset conversion.
 
-    Built once per text; ``replace`` makes the index of the edited text from this one, rescanning
-    only the lines the edit touched (a burst of ranged edits costs per edit what the edit
-    touches plus a shift of the later line starts, not a scan of the whole document)."""
+    Built once per text, lazily. ``replace`` makes the index of an edited text from this one
+    without scanning the whole text: the starts live in blocks of ~``LINES_PER_BLOCK`` lines,
+    each with an offset added to all its starts, so an edit rescans the lines it touched,
+    rebuilds the block(s) holding them and moves every later block by changing one number. A
+    burst of 400 ranged edits on a 1 MiB file is then 400 small steps, in any order. Indexes
+    are immutable: ``replace`` shares unchanged blocks with the index it came from."""
 
-    __slots__ = ("text", "_starts")
+    __slots__ = ("text", "_blocks", "_shifts", "_first_lines", "_heads", "_count", "_flat")
 
     def __init__(self, text: str):
         self.text = text
-        self._starts: list[int] | None = None
+        self._blocks: list[list[int]] | None = None  # line starts, each block minus its shift
+        self._shifts: list[int] = []  # added to every start in the block
+        self._first_lines: list[int] = []  # line number of each block's first start
+        self._heads: list[int] = []  # each block's first start
+        self._count = 0
+        self._flat: list[int] | None = None
+
+    def _build(self) -> None:
+        if self._blocks is None:
+            flat = [0] + [match.end() for match in LINE_BREAK.finditer(self.text)]
+            self._set([flat[at:at + LINES_PER_BLOCK] for at in range(0, len(flat), LINES_PER_BLOCK)],
+                      [0] * ((len(flat) + LINES_PER_BLOCK - 1) // LINES_PER_BLOCK))
+            self._flat = flat
+
+    def _set(self, blocks: list[list[int]], shifts: list[int]) -> None:
+        self._blocks, self._shifts = blocks, shifts
+        first_lines, heads, count = [], [], 0
+        for block, shift in zip(blocks, shifts):
+            first_lines.append(count)
+            heads.append(block[0] + shift)
+            count += len(block)
+        self._first_lines, self._heads, self._count = first_lines, heads, count
 
     @property
     def line_starts(self) -> list[int]:
-        if self._starts is None:
-            self._starts = [0] + [match.end() for match in LINE_BREAK.finditer(self.text)]
-        return self._starts
+        """Every line's start offset (built in full on first use; prefer ``line_start``)."""
+        if self._flat is None:
+            self._build()
+            self._flat = [start + shift for block, shift in zip(self._blocks, self._shifts) for start in block]
+        return self._flat
 
     @property
     def line_count(self) -> int:
-        return len(self.line_starts)
+        self._build()
+        return self._count
+
+    def line_start(self, line: int) -> int:
+        """Start offset of ``line`` (0 <= line < line_count)."""
+        self._build()
+        number = bisect.bisect_right(self._first_lines, line) - 1
+        return self._blocks[number][line - self._first_lines[number]] + self._shifts[number]
+
+    def line_of(self, offset: int) -> int:
+        """The line holding ``offset``: the last line starting at or before it."""
+        self._build()
+        number = max(0, bisect.bisect_right(self._heads, offset) - 1)
+        block = self._blocks[number]
+        return self._first_lines[number] + max(0, bisect.bisect_right(block, offset - self._shifts[number]) - 1)
 
     def replace(self, start: int, end: int, new_text: str) -> TextIndex:
         """The index of ``text[:start] + new_text + text[end:]``, from this one."""
         text = self.text
         edited = text[:start] + new_text + text[end:]
-        out = TextIndex(edited)
-        if self._starts is None:
+        out = type(self)(edited)
+        if self._blocks is None:
             return out  # never needed here: let the new one build lazily too
-        starts = self._starts
         # Rescan from the start of the line holding start-1 (a "\r" just before the edit may pair
-        # with a "\n" the edit inserts) to a line start after end+1 (a "\r" the edit leaves at its
-        # end may pair with a following "\n"); both ends are line starts the edit cannot move.
-        first = bisect.bisect_right(starts, start - 1) - 1 if start > 0 else 0
-        after = bisect.bisect_right(starts, end + 1)
+        # with a "\n" the edit inserts) to the first line start after end+1 (a "\r" the edit leaves
+        # at its end may pair with a following "\n"); the edit cannot move either.
+        first = self.line_of(start - 1) if start > 0 else 0
+        after = self.line_of(end + 1) + 1  # the first line starting after end + 1
         delta = len(new_text) - (end - start)
-        scan_from = starts[first]
-        if after < len(starts):
-            scan_to = starts[after] + delta
+        scan_from = self.line_start(first)
+        if after < self._count:
+            scan_to = self.line_start(after) + delta
             rescanned = [m.end() for m in LINE_BREAK.finditer(edited, scan_from, scan_to) if m.end() < scan_to]
-            shifted = [s + delta for s in starts[after:]] if delta else starts[after:]
         else:
             rescanned = [m.end() for m in LINE_BREAK.finditer(edited, scan_from)]
-            shifted = []
-        out._starts = starts[:first + 1] + rescanned + shifted
+        # Rebuild the blocks from the one holding `first` to the one holding `after` (or the
+        # last); later blocks keep their starts and move by delta.
+        low = bisect.bisect_right(self._first_lines, first) - 1
+        high = bisect.bisect_right(self._first_lines, min(after, self._count - 1)) - 1
+        base = self._first_lines[low]
+        chunk = [s + self._shifts[b] for b in range(low, high + 1) for s in self._blocks[b]]
+        kept_after = [s + delta for s in chunk[after - base:]] if after - base < len(chunk) else []
+        chunk = chunk[:first - base + 1] + rescanned + kept_after
+        rebuilt = [chunk[at:at + LINES_PER_BLOCK] for at in range(0, len(chunk), LINES_PER_BLOCK)]
+        blocks = self._blocks[:low] + rebuilt + self._blocks[high + 1:]
+        shifts = self._shifts[:low] + [0] * len(rebuilt) + [shift + delta for shift in self._shifts[high + 1:]]
+        out._set(blocks, shifts)
         return out
 
     def line_end(self, line: int) -> int:
         """Offset of the end of ``line``'s content (before its line break)."""
-        starts = self.line_starts
-        if line + 1 >= len(starts):
+        if line + 1 >= self.line_count:
             return len(self.text)
-        end = starts[line + 1]
+        end = self.line_start(line + 1)
         if self.text[end - 1] == "\n":
             end -= 1
-            if end > starts[line] and self.text[end - 1] == "\r":
+            if end > self.line_start(line) and self.text[end - 1] == "\r":
                 end -= 1
         else:  # a lone \r
             end -= 1
         return end
 
     def line_text(self, line: int) -> str:
-        return self.text[self.line_starts[line]:self.line_end(line)]
+        return self.text[self.line_start(line):self.line_end(line)]
 
     def offset(self, line: int, character: int, encoding: str = DEFAULT_ENCODING) -> int:
         """Code-point offset of an LSP position, clamped into the document."""
-        starts = self.line_starts
         if line < 0:
             return 0
-        if line >= len(starts):
+        if line >= self.line_count:
             return len(self.text)
         content = self.line_text(line)
-        return starts[line] + chars_for_units(content, max(character, 0), encoding)
+        return self.line_start(line) + chars_for_units(content, max(character, 0), encoding)
 
     def position(self, offset: int, encoding: str = DEFAULT_ENCODING) -> tuple[int, int]:
         """(line, character in ``encoding`` units) of a code-point offset."""
         offset = max(0, min(offset, len(self.text)))
-        line = bisect.bisect_right(self.line_starts, offset) - 1
-        start = self.line_starts[line]
+        line = self.line_of(offset)
+        start = self.line_start(line)
         # An offset between \r and \n belongs to the end of the line's content.
         column_text = self.text[start:min(offset, self.line_end(line))]
         return line, units(column_text, encoding)
