@@ -38,6 +38,10 @@ log = logging.getLogger("specd.client")
 CLIENT_MAX_FRAME = 64 * 1024 * 1024
 CONNECT_TIMEOUT_S = 5.0
 SPAWN_TIMEOUT_S = 60.0  # for the socket to answer; model loading happens after that
+# A daemon answers hello from its event loop at once, even while models load; one that does
+# not within this is stopped (SIGSTOP) or wedged, and waiting out a completion's timeout on it
+# helps nobody.
+RESPONSIVE_TIMEOUT_S = 10.0
 
 
 class DaemonUnavailable(RpcError):
@@ -427,6 +431,15 @@ def complete_via_daemon(
     uri = Path(path).resolve().as_uri() if path is not None else None
     client = ensure_daemon(cfg, spawn=spawn)
     try:
+        try:
+            client.hello(client="specd complete", timeout=RESPONSIVE_TIMEOUT_S)
+        except RpcError as err:
+            if err.code == ErrorCode.TIMEOUT.value:
+                raise DaemonUnavailable(
+                    f"the daemon at {cfg.socket_path} accepted the connection but did not answer within "
+                    f"{RESPONSIVE_TIMEOUT_S:g} s (stopped or wedged?)"
+                ) from None
+            raise
         return client.complete(uri=uri, cursor=cursor, text=text, options=options,
                                path=os.fspath(path) if path is not None else None, timeout=timeout)
     except RpcError as err:

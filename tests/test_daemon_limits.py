@@ -624,3 +624,25 @@ def test_the_walker_finds_every_message_end_however_the_bytes_are_cut():
             at += step
         assert got == [msgpack.unpackb(msgpack.packb(v, use_bin_type=True), raw=False, strict_map_key=False) for v in values]
         assert decoder.pending_bytes == 0
+
+
+def test_specd_complete_gives_up_quickly_on_a_stopped_daemon(tmp_path, monkeypatch):
+    """`specd complete` waited 300 s on a SIGSTOPped daemon."""
+    import signal
+
+    from specd import client as client_module
+    from specd.client import DaemonUnavailable, complete_via_daemon
+
+    monkeypatch.setattr(client_module, "RESPONSIVE_TIMEOUT_S", 1.0)
+    d = DaemonProcess(tmp_path / "d").start()
+    try:
+        os.kill(d.pid, signal.SIGSTOP)
+        cfg = type("Cfg", (), {"socket_path": str(d.socket_path)})()
+        started = time.monotonic()
+        with pytest.raises(DaemonUnavailable) as info:
+            complete_via_daemon(cfg, "abc", offset=3, spawn=False)
+        assert time.monotonic() - started < 10
+        assert "did not answer" in info.value.message
+    finally:
+        os.kill(d.pid, signal.SIGCONT)
+        d.stop()
