@@ -54,6 +54,7 @@ class EngineOptions:
     use_lookup: bool = True
     kv_reuse: bool = True
     fast_forward: bool = True  # the lean static-cache forward where the architecture allows
+    forward_backend: str = "torch"  # torch | llamacpp (specd.llamacpp.forward)
     token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it
     draft_max: int = 8
     lookup_max: int = 16
@@ -126,7 +127,8 @@ class Engine:
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
         self.healing = HealingVocabulary(pair.tokenizer, self.vocab_size)
         self.prompts.healing = self.healing
-        self.paths = {role: choose_forward_path(model, self.options.fast_forward)
+        sources = {"target": pair.target_name, "draft": pair.draft_name}
+        self.paths = {role: self._forward_path(model, sources[role], pair)
                       for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
         for role, (path, why) in self.paths.items():
             log.info("%s forward: %s%s", role, path.name, f" ({why})" if why else "")
@@ -137,6 +139,19 @@ class Engine:
         log.info("forward costs: %s", self.planning.costs.describe())
         log.info("engine ready: target %s, draft %s, FIM family %s (%s layout), device %s",
                  pair.target_name, pair.draft_name, self.template.name, self.prompts.layout, pair.device)
+
+    def _forward_path(self, model, source: str, pair: ModelPair):
+        """(path, why): llama.cpp's forward when engine.forward_backend asks for it and it can
+        serve this model (else the torch choice, with why), else ``choose_forward_path``'s."""
+        if self.options.forward_backend != "llamacpp":
+            return choose_forward_path(model, self.options.fast_forward)
+        try:
+            return llamacpp_forward(model, source, pair, self.options), None
+        except Exception as err:  # not installed, not exportable, not on a CPU: say so, serve on torch
+            path, why = choose_forward_path(model, self.options.fast_forward)
+            reason = f"engine.forward_backend llamacpp unavailable: {str(err).splitlines()[0]}"
+            log.warning("%s; using the %s forward", reason, path.name)
+            return path, reason + (f"; {why}" if why else "")
 
     @property
     def loaded(self) -> bool:
@@ -533,6 +548,22 @@ def choose_forward_path(model, enabled: bool):
     if reason is not None:
         return compat.HFForward(model), reason
     return LeanForward(model), None
+
+
+def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions):
+    """A ``LlamaCppForward`` for ``model`` (loaded from ``source``), on its GGUF file in the
+    cache (written and checked the first time), its KV cells sized from the cache budget."""
+    from specd.llamacpp.export import cached_gguf
+    from specd.llamacpp.forward import LlamaCppForward
+
+    if pair.device.type != "cpu":
+        raise ValueError(f"the llama.cpp forward runs on the CPU, the models are on {pair.device}")
+    types = {torch.float32: "f32", torch.float16: "f16"}
+    if pair.dtype not in types:
+        raise ValueError(f"weights in {pair.dtype}; the llama.cpp forward takes float32 or float16")
+    window = context_window(pair) or getattr(model.config, "max_position_embeddings", 4096)
+    return LlamaCppForward(cached_gguf(source, types[pair.dtype]), budget_bytes=options.cache_budget_mb << 20,
+                           window=window, threads=torch.get_num_threads(), kv_bytes=pair.dtype.itemsize)
 
 
 def set_cpu_threads(threads: int) -> None:

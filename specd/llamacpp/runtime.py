@@ -18,6 +18,7 @@ Tested against llama-cpp-python 0.3.x (``_ctx``, ``_batch``, ``input_ids``, ``n_
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,8 @@ def import_llama_cpp():
         raise LlamaCppUnavailable(
             f"llama-cpp-python is not installed ({err}); pip install 'specd[llamacpp]' builds it "
             "(about 10-15 minutes on 2 cores)") from None
+    # llama.cpp logs every load step through this logger, printed unless its level is above INFO.
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     return llama_cpp
 
 

@@ -1,0 +1,166 @@
+"""llama.cpp as the engine's forward path: specd's decoding on llama.cpp's kernels.
+
+On a CPU, llama.cpp runs the same weights about 2x faster than torch (``specd bench`` forward
+costs: per-op dispatch and small-batch GEMMs dominate a torch forward there). specd's gains
+(per-document KV reuse, drafting, the planner, token healing) sit above the forward, so this
+path gives the engine llama.cpp's forward behind the interface ``KVState`` drives
+(``new_cache``, ``forward``, ``crop``, ``consistent``, ``nbytes``), on a GGUF file written
+from the loaded weights (:mod:`specd.llamacpp.export`, same token ids).
+
+One llama.cpp context holds every document's cache as one *sequence*, each in its own stream
+of ``window`` cells (a unified cache would make every forward attend over all documents'
+cells): a cache is a sequence id and a length; rollback is ``llama_memory_seq_rm`` past the
+length (nothing copied); a cache dropped by the engine (LRU eviction, a closed document) frees
+its sequence. How many sequences: as many windows as ``engine.cache_budget_mb`` holds, at most
+``MAX_SEQUENCES``; when all are taken, a new cache fails with "out of memory", which the engine
+answers as it does a torch OOM (evict the other documents, retry once).
+
+Lossless stays defined the same way: greedy output equals the target alone. K/V are kept in
+the weights' precision (f32 for f32 weights; llama-server's default f16 moved tiny random
+models' logits by up to 0.07, enough to flip near-ties, f32 by 1e-4, as torch's own paths
+differ), so outputs match transformers' greedy; tests check it on random and trained pairs. Written on llama-cpp-python 0.3's ``_internals`` (model, context, batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specd.llamacpp.runtime import import_llama_cpp
+
+log = logging.getLogger(__name__)
+
+BATCH = 512  # tokens per llama_decode call (a longer forward runs in pieces)
+MAX_SEQUENCES = 16  # documents (per model) whose caches the context holds at once, budget allowing
+GGML_F32, GGML_F16 = 0, 1  # ggml_type values of the KV cache's element type
+
+
+class SequenceCache:
+    """One document's KV cache in the shared context: a sequence id and how many positions it holds."""
+
+    __slots__ = ("seq", "length", "__weakref__")
+
+    def __init__(self, seq: int):
+        self.seq = seq
+        self.length = 0
+
+
+class LlamaCppForward:
+    """The forward path of one model (target or draft) on llama.cpp, for every document."""
+
+    name = "llamacpp"
+
+    def __init__(self, gguf_path: str | Path, *, budget_bytes: int, window: int, threads: int = 1,
+                 sequences: int = MAX_SEQUENCES, kv_bytes: int = 4):
+        llama_cpp = import_llama_cpp()
+        from llama_cpp import _internals as internals
+
+        self._llama_cpp = llama_cpp
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.n_gpu_layers = 0
+        self._model = internals.LlamaModel(path_model=str(gguf_path), params=model_params, verbose=False)
+        model = self._model.model
+        heads = llama_cpp.llama_model_n_head(model)
+        head_dim = llama_cpp.llama_model_n_embd(model) // heads
+        self.bytes_per_token = 2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model) \
+            * head_dim * kv_bytes
+        # One stream of ``window`` cells per sequence (not a unified cache: there every forward
+        # attends over the cells of all documents, masked).
+        sequences = max(1, min(sequences, budget_bytes // max(1, self.bytes_per_token * window)))
+        cells = sequences * window
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = cells
+        params.n_batch = params.n_ubatch = BATCH
+        params.n_seq_max = sequences
+        params.kv_unified = False
+        params.type_k = params.type_v = GGML_F32 if kv_bytes == 4 else GGML_F16
+        params.n_threads = params.n_threads_batch = threads
+        # Flash attention off, as llama-cpp-python's default: on this CPU it made a 1k-token
+        # prefill 1.2x faster and an 8-token verify 1.4-1.5x slower (specd forwards are mostly narrow).
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        self._ctx = internals.LlamaContext(model=self._model, params=params, verbose=False)
+        self._batch = internals.LlamaBatch(n_tokens=BATCH, embd=0, n_seq_max=1, verbose=False)
+        self.n_vocab = self._model.n_vocab()
+        self.cells = cells
+        self.path = str(gguf_path)
+        self.sequences = sequences
+        self._free = list(range(sequences - 1, -1, -1))
+        self._lock = threading.Lock()  # the free list: finalizers may run on any thread
+
+    # ---- the interface KVState drives --------------------------------------------------
+
+    def new_cache(self) -> SequenceCache:
+        with self._lock:
+            if not self._free:
+                raise MemoryError(f"llama.cpp out of memory: all {self.sequences} cache sequences are in use")
+            seq = self._free.pop()
+        cache = SequenceCache(seq)
+        weakref.finalize(cache, self._release, seq)
+        return cache
+
+    def _release(self, seq: int) -> None:
+        self._ctx.kv_cache_seq_rm(seq, -1, -1)
+        with self._lock:
+            self._free.append(seq)
+
+    def forward(self, input_ids: torch.Tensor, cache: SequenceCache, last_only: bool = False) -> torch.Tensor:
+        """Run ``input_ids`` [1, T] after the cache's positions; float32 logits [T, V] ([1, V]
+        when last_only). On failure the sequence is cut back to where it was and the error raised."""
+        ids = input_ids[0].tolist()
+        if input_ids.shape[0] != 1 or not ids:
+            raise ValueError(f"input_ids must be [1, T] with T >= 1, not {list(input_ids.shape)}")
+        start = cache.length
+        rows: list[np.ndarray] = []
+        try:
+            for offset in range(0, len(ids), BATCH):
+                chunk = ids[offset:offset + BATCH]
+                last_chunk = offset + BATCH >= len(ids)
+                outputs = self._fill(chunk, start + offset, cache.seq, last_only, last_chunk)
+                code = self._llama_cpp.llama_decode(self._ctx.ctx, self._batch.batch)
+                if code != 0:  # 1: no KV cell free for the batch; <0: an error
+                    what = "out of memory: no free KV cells" if code == 1 else f"llama_decode returned {code}"
+                    raise MemoryError(f"llama.cpp {what} ({self.cells} cells)") if code == 1 else RuntimeError(what)
+                if outputs:
+                    logits = np.ctypeslib.as_array(self._llama_cpp.llama_get_logits(self._ctx.ctx),
+                                                   shape=(outputs * self.n_vocab,))
+                    rows.append(logits.reshape(outputs, self.n_vocab).copy())
+        except BaseException:
+            self._ctx.kv_cache_seq_rm(cache.seq, start, -1)
+            raise
+        cache.length = start + len(ids)
+        return torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows))
+
+    def _fill(self, chunk: list[int], position: int, seq: int, last_only: bool, last_chunk: bool) -> int:
+        """Load the batch; returns how many of its tokens ask for logits."""
+        batch = self._batch.batch
+        batch.n_tokens = len(chunk)
+        want_all = not last_only
+        for i, token in enumerate(chunk):
+            batch.token[i] = token
+            batch.pos[i] = position + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = want_all
+        if last_chunk:
+            batch.logits[len(chunk) - 1] = True
+        return len(chunk) if want_all else int(last_chunk)
+
+    def crop(self, cache: SequenceCache, length: int) -> None:
+        if not 0 <= length <= cache.length:
+            raise ValueError(f"cannot crop a cache of {cache.length} tokens to {length}")
+        self._ctx.kv_cache_seq_rm(cache.seq, length, -1)
+        cache.length = length
+
+    @staticmethod
+    def consistent(cache: SequenceCache, length: int) -> bool:
+        return cache.length == length
+
+    def nbytes(self, cache: SequenceCache) -> int:
+        return cache.length * self.bytes_per_token
+
+

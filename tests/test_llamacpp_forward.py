@@ -1,0 +1,76 @@
+"""engine.forward_backend = llamacpp: specd's decoding on llama.cpp's forward, still lossless.
+
+The engine runs every target and draft forward through llama.cpp (one context per model, one
+sequence per document); its output must still be exactly the target's greedy continuation
+(checked against plain transformers ``generate()``), with KV reuse across requests, drafts
+accepted and rejected, and the engine's out-of-memory path when the sequences run out.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import assert_lossless, make_engine, make_near_draft
+from specd.engine import CompletionRequest
+
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_pairs, tiny_root):
+    out = {}
+    for arch in ("llama", "qwen2"):
+        target, _ = tiny_pairs[arch]
+        near = make_near_draft(target, tiny_root / arch / "near-draft")
+        out[arch] = make_engine(target, near, prefix_tokens=384, suffix_tokens=128, forward_backend="llamacpp")
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engines, sample_source):
+    engine = engines[arch]
+    assert {role: path.name for role, (path, _) in engine.paths.items()} == {"target": "llamacpp",
+                                                                             "draft": "llamacpp"}
+    assert engine.stats()["forward"]["target"]["path"] == "llamacpp"
+    uri = f"file:///llamacpp-{arch}.py"
+    text = sample_source
+    results = []
+    for marker in ("    def sell", "    def to_dict", "class Inventory:"):
+        offset = text.index(marker)
+        result = engine.complete(CompletionRequest(uri=uri, text=text, offset=offset, max_tokens=MAX_TOKENS,
+                                                   stop_at_block_end=False))
+        assert_lossless(engine, result, MAX_TOKENS)
+        results.append(result)
+    # A keystroke: the same document one character on re-uses the cache and stays lossless.
+    offset = text.index("    def to_dict") + 1
+    typed = engine.complete(CompletionRequest(uri=uri, text=text, offset=offset, max_tokens=MAX_TOKENS,
+                                              stop_at_block_end=False))
+    assert_lossless(engine, typed, MAX_TOKENS)
+    assert typed.prefill_reused > 0
+    drafted = [r.sources["draft"] for r in results + [typed] if "draft" in r.sources]
+    assert sum(s.accepted for s in drafted) > 0  # the near draft is accepted ...
+    assert sum(s.proposed - s.accepted for s in drafted) > 0  # ... and rejected, both on llama.cpp
+
+
+def test_a_document_beyond_the_sequences_evicts_the_others_and_is_served(tiny_pairs, tiny_root, sample_source):
+    """A cache budget with room for one target window: the second document's cache finds no free
+    sequence ("out of memory"), the engine evicts the first document and retries, once."""
+    target, _ = tiny_pairs["llama"]
+    near = make_near_draft(target, tiny_root / "llama" / "near-draft")
+    engine = make_engine(target, near, prefix_tokens=384, suffix_tokens=128, forward_backend="llamacpp",
+                         cache_budget_mb=2)
+    assert engine.paths["target"][0].sequences == 1
+    for name in ("a", "b", "a"):
+        result = engine.complete(CompletionRequest(uri=f"file:///{name}.py", text=sample_source,
+                                                   offset=sample_source.index("    def to_dict"), max_tokens=8,
+                                                   stop_at_block_end=False))
+        assert_lossless(engine, result, 8)
+    assert engine.oom_retries == 2
+
+
+def test_an_architecture_llama_cpp_cannot_take_stays_on_torch_and_says_why(tiny_pairs):
+    target, draft = tiny_pairs["gpt2"]
+    engine = make_engine(target, draft, forward_backend="llamacpp")
+    path, why = engine.paths["target"]
+    assert path.name == "hf"
+    assert "forward_backend llamacpp unavailable" in why and "gpt2" in why
