@@ -389,7 +389,15 @@ class Daemon:
             return
         log.info("conn%d: no hello with the token within %g s; closing", conn.id, self.hello_deadline_s)
         session.close_reason = RpcError(ErrorCode.UNAUTHORIZED, f"no hello with the token within {self.hello_deadline_s:g} s")
-        asyncio.ensure_future(session.close())
+
+        async def say_why_and_close() -> None:
+            try:
+                await asyncio.wait_for(session.send_error_notification(session.close_reason), 1.0)
+            finally:
+                await session.close()
+
+        task = asyncio.ensure_future(say_why_and_close())
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())  # a failed write is no news
 
     def _disconnected(self, conn: Connection) -> None:
         for job in list(conn.jobs.values()):
