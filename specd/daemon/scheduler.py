@@ -9,8 +9,9 @@ The model worker runs one job at a time. Jobs wait here, not in the worker's que
   another's single complete by the jobs already handed to the worker, not by 64;
 - what one connection may have waiting is bounded in count and in text.
 
-The worker is handed at most ``WORKER_DEPTH`` jobs at a time (one running, one ready behind
-it, so the worker never idles between two queued jobs).
+The worker is handed one job at a time (``WORKER_DEPTH``): the next is chosen when the last
+is done, so a newly arrived connection waits for the running job only. The price is a short gap
+between queued jobs (the hop back to the event loop, or one slice of the worker's idle work).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from specd.protocol.errors import ErrorCode, RpcError
 
 log = logging.getLogger("specd.daemon")
 
-WORKER_DEPTH = 2
+WORKER_DEPTH = 1
 MAX_QUEUED_PER_CONNECTION = 16
 
 
