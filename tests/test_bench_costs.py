@@ -54,7 +54,7 @@ def test_forward_costs_of_both_paths_for_a_llama_pair(llama_costs):
     assert target["engine_path"] == "lean" and target["unavailable"] == {}
     assert target["widths"] == list(TARGET_WIDTHS) and target["contexts"] == [512, 2048]
     assert target["prefill_tokens"] == 1024
-    _assert_figures(target, ["512", "2048"], WIDTHS, {"hf", "lean"})
+    _assert_figures(target, ["512", "2048"], WIDTHS, {"hf", "lean", "llamacpp"})  # llama-cpp-python installed
     ratios = target["lean_over_hf"]
     assert list(ratios["forward_ms"]) == ["512", "2048"]
     for context, row in ratios["forward_ms"].items():
@@ -65,7 +65,7 @@ def test_forward_costs_of_both_paths_for_a_llama_pair(llama_costs):
 
     draft = costs["draft"]
     assert draft["engine_path"] == "lean" and draft["widths"] == [1] and draft["contexts"] == [512]
-    _assert_figures(draft, ["512"], ["1"], {"hf", "lean"})
+    _assert_figures(draft, ["512"], ["1"], {"hf", "lean", "llamacpp"})
     assert draft["lean_over_hf"]["forward_ms"]["512"]["1"] > 0
 
 
@@ -78,6 +78,7 @@ def test_gpt2_has_only_the_hf_path(tiny_pairs):
         assert figures["engine_path"] == "hf"
         _assert_figures(figures, contexts, widths, {"hf"})
         assert "gpt2" in figures["unavailable"]["lean"]
+        assert "architecture 'gpt2' is not exported" in figures["unavailable"]["llamacpp"]
         assert figures["lean_over_hf"] is None
 
 
@@ -88,11 +89,13 @@ def test_forward_costs_only_prints_the_table(llama_pair):
     assert "forward costs:" in stdout and "prefill ms/1k" in stdout
     for cell in ("w=1", "w=16", "1-step", "lean/hf"):
         assert cell in stdout, cell
-    rows = [line.split() for line in stdout.splitlines() if line.split()[:1] in (["hf"], ["lean"], ["lean/hf"])]
-    # target: hf, lean and lean/hf at 512 and 2048 tokens; draft: the same at 512
+    rows = [line.split() for line in stdout.splitlines()
+            if line.split()[:1] in (["hf"], ["lean"], ["llamacpp"], ["lean/hf"])]
+    # target: hf, lean, llamacpp and lean/hf at 512 and 2048 tokens; draft: the same at 512
     assert [row[:2] for row in rows] == [["hf", "512"], ["hf", "2048"], ["lean", "512"], ["lean", "2048"],
+                                         ["llamacpp", "512"], ["llamacpp", "2048"],
                                          ["lean/hf", "512"], ["lean/hf", "2048"],
-                                         ["hf", "512"], ["lean", "512"], ["lean/hf", "512"]]
+                                         ["hf", "512"], ["lean", "512"], ["llamacpp", "512"], ["lean/hf", "512"]]
     assert len(rows[0]) == 2 + len(TARGET_WIDTHS) + 1 and len(rows[1]) == 2 + len(TARGET_WIDTHS)  # prefill once
 
 
@@ -112,7 +115,7 @@ def test_a_bench_measures_forward_costs_unless_told_not_to(llama_pair, corpus_di
     code, stdout, stderr = bench_cli(*quick, pair=llama_pair)
     assert code == 0, stderr
     report = json.loads(stdout)
-    assert set(report["forward_costs"]["target"]["paths"]) == {"hf", "lean"}
+    assert set(report["forward_costs"]["target"]["paths"]) == {"hf", "lean", "llamacpp"}
     assert "forward costs of the target" in stderr
     table = format_table(report)
     assert "forward costs:" in table and "lean/hf" in table

@@ -1,9 +1,10 @@
 """Forward costs: what one forward of each model costs here, per forward path, width and context.
 
-The engine runs each model through one of two forward paths (``compat.HFForward``, which every
-architecture can take, or ``fastpath.LeanForward`` for Llama-family models; see
-``engine.choose_forward_path``). This measures both where both serve the model, so a report
-says what the lean path buys on this machine and what a forward of each width costs:
+The engine runs each model through one of three forward paths (``compat.HFForward``, which every
+architecture can take, ``fastpath.LeanForward`` for Llama-family models, or
+``specd.llamacpp.forward.LlamaCppForward`` with ``engine.forward_backend = llamacpp``). This
+measures each one that serves the model (llama.cpp's where llama-cpp-python is installed), so
+a report says what each path buys on this machine and what a forward of each width costs:
 
 - target: median ms of a forward of 1, 2, 4, 8 and 16 new tokens (a decode step up to a long
   verify) after 512 and 2048 tokens of context, and of a 1024-token prefill from empty
@@ -55,10 +56,12 @@ def _position_limit(model) -> int | None:
     return limit if isinstance(limit, int) and limit > 0 else None
 
 
-def candidate_paths(model, engine_path) -> tuple[dict[str, Any], dict[str, str]]:
+def candidate_paths(model, engine_path, llamacpp: Callable[[], Any] | None = None
+                    ) -> tuple[dict[str, Any], dict[str, str]]:
     """({name: forward path} to measure, {name: why not} for a path this model cannot take).
-    The engine's own path object is measured as is; the other one is built beside it (a
-    ``LeanForward`` holds the model's parameters, no copies)."""
+    The engine's own path object is measured as is; the others are built beside it (a
+    ``LeanForward`` holds the model's parameters, no copies; ``llamacpp`` builds llama.cpp's
+    forward on the model's GGUF file, when llama-cpp-python is installed)."""
     from specd.engine.compat import HFForward
     from specd.engine.fastpath import LeanForward, unsupported_reason
 
@@ -72,7 +75,12 @@ def candidate_paths(model, engine_path) -> tuple[dict[str, Any], dict[str, str]]
             paths["lean"] = LeanForward(model)
         else:
             unavailable["lean"] = reason
-    return {name: paths[name] for name in ("hf", "lean") if name in paths}, unavailable
+    if "llamacpp" not in paths and llamacpp is not None:
+        try:
+            paths["llamacpp"] = llamacpp()
+        except Exception as err:  # not installed, not exportable, not on the CPU
+            unavailable["llamacpp"] = str(err).splitlines()[0]
+    return {name: paths[name] for name in ("hf", "lean", "llamacpp") if name in paths}, unavailable
 
 
 def _median_ms(run: Callable[[], object], reset: Callable[[], None], repeats: int,
@@ -134,9 +142,9 @@ def lean_over_hf(paths: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
 
 def measure_role(model, engine_path, ids: Sequence[int], contexts: Sequence[int], widths: Sequence[int],
                  prefill_tokens: int, repeats: int, synchronize: Callable[[], None],
-                 last_only: bool = False) -> dict[str, Any]:
+                 last_only: bool = False, llamacpp: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Every available path of one model (the target or the draft)."""
-    paths, unavailable = candidate_paths(model, engine_path)
+    paths, unavailable = candidate_paths(model, engine_path, llamacpp)
     measured = {name: measure_path(model, path, ids, contexts, widths, prefill_tokens, repeats, synchronize,
                                    last_only=last_only)
                 for name, path in paths.items()}
@@ -192,21 +200,41 @@ def measure_forward_costs(engine, repeats: int = REPEATS,
         "cap": cap,
         "repeats": repeats,
         "target": measure_role(pair.target, target_path, ids, target_contexts, TARGET_WIDTHS, target_prefill,
-                               repeats, synchronize),
+                               repeats, synchronize, llamacpp=_llamacpp_factory(engine, "target")),
         "draft": None,
     }
     if pair.draft is not None:
         result["draft"] = measure_role(pair.draft, draft_path, ids, draft_contexts, DRAFT_WIDTHS, draft_prefill,
-                                       repeats, synchronize, last_only=True)
+                                       repeats, synchronize, last_only=True,
+                                       llamacpp=_llamacpp_factory(engine, "draft"))
     result["wall_s"] = round(time.monotonic() - started, 2)
     return result
 
 
+def _llamacpp_factory(engine, role: str) -> Callable[[], Any] | None:
+    """Builds llama.cpp's forward of ``role`` (engine.forward_backend = llamacpp), or None when
+    llama-cpp-python is not installed."""
+    from specd.llamacpp.runtime import available
+
+    if not available():
+        return None
+    from specd.engine.engine import llamacpp_forward
+
+    pair = engine.pair
+    model, source = (pair.target, pair.target_name) if role == "target" else (pair.draft, pair.draft_name)
+    return lambda: llamacpp_forward(model, source, pair, engine.options)
+
+
 def _path_names(model, engine_path) -> str:
     from specd.engine.fastpath import unsupported_reason
+    from specd.llamacpp.runtime import available
 
-    lean = engine_path.name == "lean" or unsupported_reason(model) is None
-    return "hf and lean paths" if lean else "hf path"
+    names = ["hf"]
+    if engine_path.name == "lean" or unsupported_reason(model) is None:
+        names.append("lean")
+    if engine_path.name == "llamacpp" or available():
+        names.append("llamacpp")
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names) + " paths"
 
 
 # -- text ----------------------------------------------------------------------------------
