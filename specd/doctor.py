@@ -29,12 +29,15 @@ def run_doctor(args, cfg) -> int:
     print(f"config file: {cfg.file or 'none (defaults)'}")
     print(f"socket:      {cfg.socket_path}")
     print(f"log file:    {cfg.log_file}")
+    remote = cfg["model.backend"] == "remote"
+    print(f"backend:     {cfg['model.backend']} "
+          + (f"({cfg['model.remote_url'] or 'model.remote_url unset'})" if remote else "(the resident model pair)"))
     print()
     rows = cfg.rows()
     width = max(len(key) for key, _, _ in rows)
     print("effective config:")
     for key, value, source in rows:
-        shown = "***" if key == "daemon.tcp_token" and value else repr(value)
+        shown = "***" if key in ("daemon.tcp_token", "model.remote_api_key") and value else repr(value)
         print(f"  {key:<{width}}  {shown:<28} ({source})")
     print()
     print("device:")
@@ -47,6 +50,15 @@ def run_doctor(args, cfg) -> int:
         return 0
     print()
     print("models:")
+    if remote:
+        from specd.engine.remote import doctor_report
+
+        ok, lines = doctor_report(cfg)
+        for line in lines:
+            print(f"  {line}")
+        if ok:
+            print("  OK")
+        return 0 if ok else 1
     from specd.engine.engine import Engine, EngineOptions
     from specd.engine.types import EngineError
 

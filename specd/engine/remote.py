@@ -181,6 +181,7 @@ class RemoteClient:
         self.path = parts.path or COMPLETIONS_PATH
         self.root = self.path[: -len(COMPLETIONS_PATH)] if self.path.endswith(COMPLETIONS_PATH) else ""
         self._conn: http.client.HTTPConnection | None = None
+        self.interrupted = False  # set by a request's _Watch when it cut the socket: no retry then
 
     @property
     def where(self) -> str:
@@ -219,17 +220,21 @@ class RemoteClient:
             fresh = self._conn is None
             if fresh:
                 self._conn = self._connect()
+            if self.interrupted:
+                raise self._interrupted()
             try:
                 self._conn.request(method, path, payload, self._headers())
                 response = self._conn.getresponse()
                 break
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as err:
                 self.close()
+                if self.interrupted:
+                    raise self._interrupted() from None
                 if fresh or attempt:  # a kept-alive connection the server closed meanwhile: once more
                     raise self._connection_error(err) from None
             except (OSError, http.client.HTTPException) as err:
                 self.close()
-                raise self._connection_error(err) from None
+                raise (self._interrupted() if self.interrupted else self._connection_error(err)) from None
         if response.status >= 400:
             detail = _error_detail(response.read())
             self.close()
@@ -257,6 +262,9 @@ class RemoteClient:
         return [m["id"] for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
     # -- one-line errors ---------------------------------------------------------------------
+
+    def _interrupted(self) -> RemoteError:
+        return RemoteError(f"remote backend: the request to {self.where} was interrupted")
 
     def _connection_error(self, err: BaseException) -> RemoteError:
         where = self.where
@@ -293,11 +301,13 @@ class _Watch:
 
     def __init__(self, client: RemoteClient, cancel: threading.Event | None, deadline: float):
         self.client, self.cancel, self.deadline = client, cancel, deadline
+        self.budget_ms = (deadline - time.monotonic()) * 1000
         self.why: str | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="specd-remote-watch", daemon=True)
 
     def __enter__(self) -> "_Watch":
+        self.client.interrupted = False
         self._thread.start()
         return self
 
@@ -320,6 +330,7 @@ class _Watch:
     def _run(self) -> None:
         while not self._done.wait(CANCEL_POLL_S):
             if self.why is not None or self._decide():
+                self.client.interrupted = True
                 conn = self.client._conn
                 sock = conn.sock if conn is not None else None
                 if sock is not None:
@@ -582,8 +593,6 @@ class RemoteEngine:
         budget_s = (self.options.time_budget_ms if req.time_budget_ms is None else req.time_budget_ms) / 1000
         max_tokens = max(1, self.options.max_tokens if req.max_tokens is None else req.max_tokens)
         stops = TextStops(self.stop_texts, req.single_line, prompt.indent if req.stop_at_block_end else None)
-        if not self._model_checked:
-            self._model_name, self._model_checked = self._model_name or self._first_model(), True
         with _Watch(self.client, cancel, started + budget_s) as watch:
             sent, stream = self._open(req, prompt.ids, max_tokens, watch)
             finish = stop_reason = first_token_s = None
@@ -623,6 +632,12 @@ class RemoteEngine:
 
     def _open(self, req: CompletionRequest, ids: list[int], max_tokens: int, watch: _Watch) -> tuple[_Sent, _Stream]:
         """Send the prompt (ids, or text when the server takes only strings) and return the stream."""
+        try:
+            if not self._model_checked:
+                self._model_name, self._model_checked = self._first_model(), True
+        except RemoteError:
+            self._raise_if_watched(watch)
+            raise
         while True:
             if self._as_text:
                 prompt_text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -634,13 +649,21 @@ class RemoteEngine:
                 response = self.client.request("POST", self.client.path, self._body(req, prompt, max_tokens))
                 return sent, _Stream(response)
             except RemoteError as err:
-                if watch.why == "cancelled":
-                    raise Cancelled("completion cancelled") from None
+                self._raise_if_watched(watch)
                 if self._as_text or self.remote.prompt != "auto" or not _refused_ids(err):
                     raise
                 log.warning("the remote server refused a prompt of token ids (%s); sending prompt text from now "
                             "on (set model.remote_prompt = \"text\" to skip this try)", err)
                 self._as_text = True
+
+    def _raise_if_watched(self, watch: _Watch) -> None:
+        """A request that failed because the watch cut it: say why (cancel, time budget)."""
+        watch.check()
+        if watch.why == "cancelled":
+            raise Cancelled("completion cancelled") from None
+        if watch.why == "time_budget":
+            raise RemoteError(f"remote backend: no answer from {self.client.where} within the time "
+                              f"budget ({watch.budget_ms:.0f} ms, engine.time_budget_ms)") from None
 
     def _first_model(self) -> str | None:
         """The server's first listed model, for servers that want one named (vLLM); None when it
@@ -682,6 +705,36 @@ class RemoteEngine:
             "requests": remote["requests"],
             "remote": remote,
         }
+
+
+def doctor_report(cfg) -> tuple[bool, list[str]]:
+    """``specd doctor``'s model section for the remote backend: the tokenizer loads, the server
+    lists its models and writes a few tokens (with the times it took)."""
+    from specd.engine.engine import EngineOptions
+
+    try:
+        engine = RemoteEngine(EngineOptions.from_config(cfg), RemoteOptions.from_config(cfg))
+        engine.ensure_loaded()
+    except EngineError as err:
+        return False, [f"FAILED: {err}"]
+    lines = [f"tokenizer: {engine.tokenizer_source} (FIM family {engine.template.name}, {engine.prompts.layout} "
+             "layout; token healing off for remote)", f"server: {engine.client.url}"]
+    started = time.monotonic()
+    try:
+        names = engine.client.models()
+    except RemoteError as err:
+        if err.status != 404:
+            return False, lines + [f"FAILED: {err}"]
+        names = []
+    lines.append(f"models listed: {', '.join(names) or 'none'} ({(time.monotonic() - started) * 1000:.0f} ms)")
+    try:
+        result = engine.complete(CompletionRequest(text="def add(a, b):\n    return ", offset=26, max_tokens=4))
+    except EngineError as err:
+        return False, lines + [f"FAILED: {err}"]
+    lines.append(f"a 4-token completion {result.text!r}: first token {result.first_token_ms:.0f} ms, total "
+                 f"{result.total_ms:.0f} ms (prompt sent as {engine.stats()['remote']['prompt']})")
+    engine.release()
+    return True, lines
 
 
 def describe_remote(remote: dict[str, Any]) -> str:
