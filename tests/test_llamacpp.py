@@ -151,12 +151,13 @@ def test_bench_states_specd_against_llama_cpp(monkeypatch, demo_pair):
     for name, value in SHORT_PROMPTS.items():
         monkeypatch.setenv(name, value)
     code, out, err = bench_cli("--workloads", "edit_replay", "--limit", "2", "--max-tokens", "16",
-                               "--methods", "hf_greedy,llamacpp,llamacpp_lookup,specd", "--no-forward-costs",
+                               "--methods", "hf_greedy,llamacpp,llamacpp_lookup,specd,specd_llamacpp",
+                               "--no-forward-costs",
                                "--json")
     assert code == 0, err
     report = json.loads(out)
     methods = report["workloads"]["edit_replay"]["methods"]
-    for name in ("llamacpp", "llamacpp_lookup"):
+    for name in ("llamacpp", "llamacpp_lookup", "specd_llamacpp"):
         assert methods[name]["identical"] and methods[name]["matched_nonempty"] > 0
         assert methods[name]["prefill_reused_fraction_warm"] > 0.5
     assert methods["llamacpp_lookup"]["acceptance"]["llamacpp_lookup"]["proposed"] > 0
@@ -170,9 +171,10 @@ def test_bench_skips_llama_cpp_peers_for_a_model_it_cannot_convert(tiny_pairs, s
     corpus.mkdir()
     (corpus / "m.py").write_text(sample_source)
     code, out, err = bench_cli("--workloads", "line", "--limit", "1", "--max-tokens", "4", "--methods",
-                               "hf_greedy,llamacpp,specd", "--no-forward-costs", "--json",
+                               "hf_greedy,llamacpp,specd,specd_llamacpp", "--no-forward-costs", "--json",
                                pair=tiny_pairs["gpt2"], corpus=corpus)
     assert code == 0, err
     report = json.loads(out)
     assert "architecture 'gpt2' is not exported" in report["skipped_methods"]["llamacpp"]
     assert "llamacpp" not in report["workloads"]["line"]["methods"]
+    assert "architecture 'gpt2' is not exported" in report["skipped_methods"]["specd_llamacpp"]

@@ -25,6 +25,8 @@ building the prompt.
   (``LlamaPromptLookupDecoding``: n-grams of up to 2 tokens, 10 tokens per draft), verified in
   one batch. Both are skipped, with the reason in the report, when llama-cpp-python is not
   installed or the model cannot be written as GGUF.
+- ``specd_llamacpp``: specd with ``engine.forward_backend = llamacpp`` (its decoding on llama.cpp's
+  forward, same weights), a second engine on the same loaded pair; ``specd`` runs as configured.
 - ``specd`` and its ablations (``specd_no_draft``, ``specd_no_lookup``, ``specd_no_reuse``,
   ``specd_no_workspace``): the engine with parts switched off.
 
@@ -56,7 +58,9 @@ REFERENCE = "hf_greedy"
 HF_PEERS = ("hf_greedy", "hf_prefix_cache", "hf_assisted", "hf_lookup")
 LLAMACPP_PEERS = ("llamacpp", "llamacpp_lookup")
 PEERS = HF_PEERS + LLAMACPP_PEERS  # what every method's speed is stated against
-SPECD_METHODS = ("specd", "specd_no_draft", "specd_no_lookup", "specd_no_reuse", "specd_no_workspace")
+SPECD_METHODS = ("specd", "specd_llamacpp", "specd_no_draft", "specd_no_lookup", "specd_no_reuse",
+                 "specd_no_workspace")
+NEEDS_LLAMACPP = frozenset({*LLAMACPP_PEERS, "specd_llamacpp"})
 ALL_METHODS = PEERS + SPECD_METHODS
 NEEDS_DRAFT = frozenset({"hf_assisted", "specd_no_lookup"})
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented example value for prompt_lookup_num_tokens
@@ -291,6 +295,21 @@ def sync_workspace(engine: Engine, files: dict[str, str]) -> None:
         pass
 
 
+def llamacpp_sibling(engine: Engine) -> Engine:
+    """An engine on the same loaded pair whose forwards run on llama.cpp (ValueError with the
+    reason when they cannot)."""
+    from dataclasses import replace
+
+    if engine.options.forward_backend == "llamacpp":
+        sibling = engine
+    else:
+        sibling = Engine(replace(engine.options, forward_backend="llamacpp"), pair=engine.pair)
+    path, why = sibling.paths["target"]
+    if path.name != "llamacpp":
+        raise ValueError(why or f"the target runs on the {path.name} path")
+    return sibling
+
+
 def make_method(name: str, engine: Engine, max_tokens: int, gguf: str | None = None, threads: int = 1) -> Method:
     """``gguf``: the target's GGUF file, for the llama.cpp peers (``threads`` CPU threads)."""
     draft = engine.pair.draft
@@ -307,6 +326,8 @@ def make_method(name: str, engine: Engine, max_tokens: int, gguf: str | None = N
     if name == "hf_lookup":
         return HfMethod(name, engine, max_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS)
     has_draft = draft is not None
+    if name == "specd_llamacpp":
+        return SpecdMethod(name, llamacpp_sibling(engine), max_tokens, has_draft, True, True)
     if name == "specd":
         return SpecdMethod(name, engine, max_tokens, has_draft, True, True)
     if name == "specd_no_draft":

@@ -21,7 +21,7 @@ from typing import Any
 
 from specd.bench import report as reporting
 from specd.bench.costs import measure_forward_costs
-from specd.bench.peers import (ALL_METHODS, LLAMACPP_PEERS, NEEDS_DRAFT, PROMPT_LOOKUP_MAX_NGRAM,
+from specd.bench.peers import (ALL_METHODS, NEEDS_DRAFT, NEEDS_LLAMACPP, PROMPT_LOOKUP_MAX_NGRAM,
                                PROMPT_LOOKUP_TOKENS, REFERENCE, Method, PromptIds, Run, make_method)
 from specd.bench.workloads import WORKLOADS, Completion, build_workloads, edit_replay_requests, load_corpus
 
@@ -81,7 +81,7 @@ def _load_engine(cfg):
 def llamacpp_target(engine, names: list[str], skipped: dict[str, str]) -> str | None:
     """The target's GGUF file for the llama.cpp peers among ``names`` (written once into the
     cache), or None, with each such peer's reason put in ``skipped``."""
-    wanted = [n for n in names if n in LLAMACPP_PEERS]
+    wanted = [n for n in names if n in NEEDS_LLAMACPP]
     if not wanted:
         return None
     from specd.llamacpp.export import ExportError, cached_gguf
@@ -122,10 +122,18 @@ def _methods(names: list[str], engine, max_tokens: int, skipped: dict[str, str] 
             log.warning("no draft model: skipping %s", ", ".join(needs_draft))
         skipped.update({name: "no draft model" for name in needs_draft})
     gguf = llamacpp_target(engine, [n for n in names if n not in skipped], skipped)
-    names = [n for n in names if n not in skipped]
     import torch
 
-    return [make_method(name, engine, max_tokens, gguf=gguf, threads=torch.get_num_threads()) for name in names]
+    methods = []
+    for name in names:
+        if name in skipped:
+            continue
+        try:
+            methods.append(make_method(name, engine, max_tokens, gguf=gguf, threads=torch.get_num_threads()))
+        except ValueError as err:  # e.g. specd_llamacpp where llama.cpp cannot serve the model
+            skipped[name] = str(err)
+            log.warning("skipping %s: %s", name, err)
+    return methods
 
 
 def _progress(total: int):
