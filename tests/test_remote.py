@@ -427,6 +427,9 @@ class Scripted(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.bodies.append(body)
         kind = self.server.script
+        if kind == "mute":  # not even a status line
+            time.sleep(2)
+            return
         if kind == "silent":
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -495,6 +498,7 @@ def test_token_ids_greedy_settings_and_the_served_model_name_are_sent(scripted):
     ("malformed", "remote backend: malformed stream from the server (not JSON: 'not json')"),
     ("shapeless", "remote backend: malformed stream from the server (a chunk without choices[0].text)"),
     ("silent", "remote backend: {where} sent nothing for 0.5 s (model.remote_read_timeout_ms)"),
+    ("mute", "remote backend: {where} sent nothing for 0.5 s (model.remote_read_timeout_ms)"),
 ])
 def test_malformed_or_silent_streams_are_one_line(scripted, script, message):
     where = f"http://127.0.0.1:{scripted.server_address[1]}"
@@ -505,6 +509,23 @@ def test_malformed_or_silent_streams_are_one_line(scripted, script, message):
     assert one_line(str(failed.value)) == message.format(where=where)
     scripted.script = "ok"
     assert engine.complete(CompletionRequest(text="x = ", offset=4)).text == "1 + 2\n"
+
+
+def test_context_chunks_from_other_buffers_reach_the_remote_prompt(scripted):
+    """Chosen in idle time by the local engine's ContextSelector, laid out by its PromptBuilder."""
+    engine = RemoteEngine.from_config(_cfg(remote_config(f"http://127.0.0.1:{scripted.server_address[1]}")))
+    helper = "def normalise_sku(code):\n    return code.strip().upper()\n"
+    engine.open_document("file:///w/skus.py", helper)
+    engine.open_document("file:///w/main.py", "from skus import normalise_sku\n\nsku = normalise_sku(")
+    request = CompletionRequest(uri="file:///w/main.py", offset=None, max_tokens=4, path="/w/main.py")
+    engine.complete(request)  # the first request names the document and its cursor region
+    while engine.warm_context(0.05):
+        pass
+    engine.complete(request)
+    prompt = scripted.bodies[-1]["prompt"]
+    file_sep = engine.tokenizer.convert_tokens_to_ids("<|file_sep|>")
+    assert file_sep in prompt and "normalise_sku(code)" in engine.tokenizer.decode(prompt)
+    assert engine.stats()["context"]["switches"] == 1
 
 
 def test_configuration_errors_are_one_line():

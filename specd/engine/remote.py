@@ -58,6 +58,7 @@ MODELS_PATH = "/v1/models"
 LATENCY_WINDOW = 100  # requests the latency figures cover
 CANCEL_POLL_S = 0.01  # how often a running request looks at its cancel flag and deadline
 ERROR_DETAIL_CHARS = 200  # of a server's error message, in the one line the user sees
+ERROR_BODY_BYTES = 64 * 1024  # of an error response, read to find that message
 ANONYMOUS = "<anonymous>"
 
 
@@ -234,9 +235,14 @@ class RemoteClient:
                     raise self._connection_error(err) from None
             except (OSError, http.client.HTTPException) as err:
                 self.close()
-                raise (self._interrupted() if self.interrupted else self._connection_error(err)) from None
+                if self.interrupted:
+                    raise self._interrupted() from None
+                if isinstance(err, socket.timeout):  # connected, request sent, no status line in time
+                    raise RemoteError(f"remote backend: {self.where} sent nothing for {self.options.read_timeout_s:g} s "
+                                      "(model.remote_read_timeout_ms)") from None
+                raise self._connection_error(err) from None
         if response.status >= 400:
-            detail = _error_detail(response.read())
+            detail = _error_detail(response.read(ERROR_BODY_BYTES))
             self.close()
             raise self._http_error(response.status, response.reason, detail)
         return response
@@ -579,7 +585,7 @@ class RemoteEngine:
         with self._lock:
             self.requests += 1
             self.last_error = None
-        self.latency.add(result.first_token_ms if result.token_ids else None, result.total_ms)
+            self.latency.add(result.first_token_ms if result.token_ids else None, result.total_ms)
         return result
 
     def _complete(self, req: CompletionRequest, text: str, offset: int, cancel: threading.Event | None,
@@ -686,8 +692,8 @@ class RemoteEngine:
     # -- reporting -------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        latency = self.latency.describe()
         with self._lock:
+            latency = self.latency.describe()
             documents = len(self._docs)
             remote = {"url": self.client.url, "model": self._model_name, "requests": self.requests,
                       "failed": self.failures, "cancelled": self.cancelled, "last_error": self.last_error,
