@@ -5,8 +5,9 @@
         client.open_document("file:///x.py", text)
         result = client.complete(uri="file:///x.py", cursor={"line": 3, "character": 8})
 
-``Client`` is for the CLI, scripts and tests (a reader thread resolves replies, so several
-threads may share one client and ``cancel`` can be sent while a ``complete`` waits).
+``Client`` is for the CLI, scripts and tests: the same asyncio session run on a private loop
+thread, so several threads may share one client and ``cancel`` can be sent while a
+``complete`` waits.
 ``AsyncClient`` is the same API on asyncio for the LSP front end. ``ensure_daemon`` connects,
 or starts ``python -m specd serve`` detached and waits for its socket.
 """
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import itertools
 import logging
 import os
 import socket
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from specd.protocol.errors import ErrorCode, RpcError
-from specd.protocol.framing import READ_CHUNK, FrameDecoder, FrameError, pack
-from specd.protocol.messages import MAX_MSGID, InvalidMessage, Notification, Request, Response, parse_message
+from specd.protocol.framing import READ_CHUNK
+from specd.protocol.messages import Notification
 from specd.protocol.methods import ERROR_NOTIFICATION, Method
 from specd.protocol.session import Session
 
@@ -105,19 +105,70 @@ class _Methods:
 
 
 class Client(_Methods):
+    """The synchronous client: a facade over the asyncio ``Session`` (the same one the daemon and
+    ``AsyncClient`` use), run on a private event loop thread, as pynvim's sync session wraps its
+    async one. So there is one implementation of framing, limits and response routing; a call
+    here hands its request to that loop and waits on a ``concurrent.futures.Future``."""
+
     def __init__(self, sock: socket.socket, *, max_frame_bytes: int = CLIENT_MAX_FRAME):
         self.sock = sock
-        self.sock.settimeout(None)
-        self._decoder = FrameDecoder(max_frame_bytes)
-        self._pending: dict[int, concurrent.futures.Future[Any]] = {}
-        self._msgids = itertools.cycle(range(1, MAX_MSGID + 1))
-        self._lock = threading.Lock()
-        self._send_lock = threading.Lock()
-        self._closed = False
         self.server_error: RpcError | None = None  # last specd/error notification (why we were refused)
         self.notifications: list[Notification] = []
-        self._reader = threading.Thread(target=self._read_loop, name="specd-client-reader", daemon=True)
-        self._reader.start()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="specd-client-loop", daemon=True)
+        self._thread.start()
+        try:
+            self._call(self._open(max_frame_bytes))
+        except BaseException:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(2)
+            sock.close()
+            raise
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    async def _open(self, max_frame_bytes: int) -> None:
+        self.sock.setblocking(False)
+        if self.sock.family == socket.AF_UNIX:
+            reader, writer = await asyncio.open_unix_connection(sock=self.sock, limit=READ_CHUNK)
+        else:
+            reader, writer = await asyncio.open_connection(sock=self.sock, limit=READ_CHUNK)
+        self.session = Session(reader, writer, max_frame_bytes=max_frame_bytes,
+                               on_notification=self._on_notification, name="client")
+        self._runner = asyncio.ensure_future(self.session.run())
+        # Once the connection is over, the loop has nothing left to do: let its thread end
+        # (a moment later, so the failures of pending requests are delivered first).
+        self._runner.add_done_callback(lambda _: self._loop.call_later(0.1, self._loop.stop))
+
+    def _on_notification(self, note: Notification) -> None:
+        if note.method == ERROR_NOTIFICATION:
+            self.server_error = RpcError.from_wire(note.params)
+            self.session.close_reason = self.server_error
+        self.notifications.append(note)
+        del self.notifications[:-100]
+
+    def _lost(self) -> RpcError:
+        return self.server_error or RpcError(ErrorCode.CONNECTION_LOST, "the daemon closed the connection")
+
+    def _call(self, coro: Any) -> Any:
+        """Run ``coro`` on the client's loop and return its result (raising what it raises)."""
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError:  # the loop has ended with the connection
+            coro.close()
+            raise self._lost() from None
+        while True:
+            try:
+                return future.result(0.1)  # returns as soon as it is done; the slices only notice a dead loop
+            except concurrent.futures.TimeoutError:
+                if not self._thread.is_alive():
+                    future.cancel()
+                    raise self._lost() from None
 
     @classmethod
     def connect_unix(cls, path: str | os.PathLike[str], timeout: float = CONNECT_TIMEOUT_S) -> Client:
@@ -149,24 +200,14 @@ class Client(_Methods):
     def send_request(self, method: str, params: dict[str, Any] | None = None) -> tuple[int, concurrent.futures.Future[Any]]:
         """Send without waiting: (msgid, future). For concurrent requests and ``cancel(msgid)``."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        with self._lock:
-            closed = self._closed
-            if not closed:
-                msgid = next(self._msgids)
-                self._pending[msgid] = future
-        if closed:
-            raise self.server_error or RpcError(ErrorCode.CONNECTION_LOST, "connection closed")
-        try:
-            self._send(Request(msgid, str(method.value if isinstance(method, Method) else method), params or {}).to_wire())
-        except OSError as err:
-            with self._lock:
-                self._pending.pop(msgid, None)
-            # The daemon may have said why it closed (too many connections, unauthorized): the
-            # reader thread is about to see that notification, so give it a moment.
-            if self._reader is not threading.current_thread():
-                self._reader.join(1.0)
-            raise self.server_error or RpcError(ErrorCode.CONNECTION_LOST, f"cannot send: {err}") from None
-        return msgid, future
+        name = str(method.value if isinstance(method, Method) else method)
+
+        async def send() -> int:
+            msgid, answer = self.session.send_request(name, params)
+            answer.add_done_callback(lambda done: _copy_outcome(done, future))
+            return msgid
+
+        return self._call(send()), future
 
     def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         msgid, future = self.send_request(method, params)
@@ -175,78 +216,55 @@ class Client(_Methods):
         except concurrent.futures.TimeoutError:
             raise RpcError(ErrorCode.TIMEOUT, f"no answer to {method} within {timeout} s") from None
         finally:
-            with self._lock:
-                self._pending.pop(msgid, None)
+            if not future.done():  # forget it: a late answer is dropped
+                try:
+                    self._loop.call_soon_threadsafe(self.session.forget, msgid)
+                except RuntimeError:
+                    pass
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
-        self._send(Notification(str(method.value if isinstance(method, Method) else method), params or {}).to_wire())
+        self._call(self.session.notify(str(method.value if isinstance(method, Method) else method), params))
 
     def send_raw(self, data: bytes) -> None:
         """Write bytes as they are (tests use it to send malformed frames)."""
-        with self._send_lock:
-            self.sock.sendall(data)
+        async def write() -> None:
+            if self.session.closed or self.session.writer.is_closing():
+                raise self._lost()
+            self.session.writer.write(data)
+            await self.session.writer.drain()
 
-    def _send(self, obj: Any) -> None:
-        self.send_raw(pack(obj))
-
-    def _read_loop(self) -> None:
-        reason: RpcError | None = None
-        try:
-            while True:
-                data = self.sock.recv(READ_CHUNK)
-                if not data:
-                    break
-                for obj in self._decoder.feed(data):
-                    self._receive(obj)
-        except FrameError as err:
-            reason = RpcError(err.code, f"bad reply from the daemon: {err.message}")
-        except OSError:
-            pass
-        self._fail_pending(reason or self.server_error or RpcError(ErrorCode.CONNECTION_LOST, "the daemon closed the connection"))
-
-    def _receive(self, obj: Any) -> None:
-        try:
-            message = parse_message(obj)
-        except InvalidMessage:
-            log.debug("ignoring a malformed message from the daemon: %r", obj)
-            return
-        if isinstance(message, Response):
-            with self._lock:
-                future = self._pending.pop(message.msgid, None)
-            if future is None or future.done():
-                return
-            if message.error is not None:
-                future.set_exception(RpcError.from_wire(message.error))
-            else:
-                future.set_result(message.result)
-        elif isinstance(message, Notification):
-            if message.method == ERROR_NOTIFICATION:
-                self.server_error = RpcError.from_wire(message.params)
-            self.notifications.append(message)
-            del self.notifications[:-100]
-
-    def _fail_pending(self, reason: RpcError) -> None:
-        with self._lock:
-            self._closed = True
-            pending, self._pending = self._pending, {}
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(reason)
+        self._call(write())
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self.session.closed
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
+        async def close() -> None:
+            try:
+                await asyncio.wait_for(self.session.close(), 2.0)
+            except asyncio.TimeoutError:  # the peer reads nothing: drop what is unsent
+                self.session.writer.transport.abort()
+            self._runner.cancel()
+            await asyncio.gather(self._runner, return_exceptions=True)
+
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
-        if self._reader is not threading.current_thread():
-            self._reader.join(2)
+            self._call(close())
+        except RpcError:
+            pass  # the connection had ended already
+        if self._thread is not threading.current_thread():
+            self._thread.join(2)
+
+
+def _copy_outcome(source: asyncio.Future[Any], target: concurrent.futures.Future[Any]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())
 
 
 # -- asyncio -----------------------------------------------------------------------------------

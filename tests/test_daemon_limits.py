@@ -439,7 +439,7 @@ def test_wrong_tokens_back_off(tmp_path, monkeypatch):
 def memory_daemon(tmp_path_factory):
     d = DaemonProcess(tmp_path_factory.mktemp("memory-daemon"), config={
         "daemon.max_frame_bytes": 8 * MiB, "daemon.max_document_bytes": 4 * MiB, "log.level": "info",
-    }, env={"SPECD_TEST_SLOW_S": "3"})
+    }, env={"SPECD_TEST_SLOW_S": "60"})  # held until cancelled
     d.start()
     yield d
     d.stop()
@@ -463,8 +463,11 @@ def test_superseded_completes_do_not_keep_their_text(memory_daemon):
                 future.result(30)
             assert info.value.code == "cancelled"
         grown = rss_mib(memory_daemon.pid) - before
+        assert busy.status()["requests"]["queued"] == 1
+        busy.cancel(uri="file:///slow.py")
+        with pytest.raises(RpcError):
+            slow.result(30)
         assert futures[-1].result(30)["text"]
-        slow.result(30)
     assert grown < 48, f"+{grown:.0f} MiB"
 
 

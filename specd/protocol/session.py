@@ -57,7 +57,7 @@ ANSWER_GRACE_S = 5.0
 # lose the error we wrote just before. So after an error we half-close, then read and discard
 # for a moment (bounded in time and bytes) before closing.
 LINGER_S = 1.0
-LINGER_BYTES = 8 * 1024 * 1024
+LINGER_BYTES = 32 * 1024 * 1024  # twice the default frame limit: a refused message is read to its end
 
 
 async def linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -150,6 +150,12 @@ class Session:
         self._pending[msgid] = future
         self._write(Request(msgid, method, params or {}).to_wire())
         return msgid, future
+
+    def forget(self, msgid: int) -> None:
+        """Stop waiting for the answer to ``msgid`` (its caller gave up); a late answer is dropped."""
+        future = self._pending.pop(msgid, None)
+        if future is not None and not future.done():
+            future.cancel()
 
     async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
         self._write(Notification(method, params or {}).to_wire())
