@@ -35,6 +35,7 @@ READY_S = 240  # specd-lsp spawns the daemon, which loads the demo pair (seconds
 GHOST_S = 30  # a pause's suggestion, on a loaded 2-core machine
 EDIT_S = 10
 KEY_GAP_S = 0.06  # between keys inside a word: a quick typist
+REPORT = os.environ.get("SPECD_TEST_TYPING_REPORT")  # read now: the autouse fixture clears SPECD_* for the tests
 SOURCE = '''class Stack:
     """A last-in, first-out stack."""
 
@@ -199,6 +200,9 @@ def test_a_person_typing_in_neovim(home, renderer, tmp_path):
         assert renderer == "auto" or "native" in report
         nvim.command("tabclose")
 
+        # Where the time went, as specd-lsp and the daemon saw it (before the daemon is replaced).
+        server = nvim.lua("return require('specd.status').fetch(vim.lsp.get_clients({ name = 'specd' })[1], 5000)")
+
         # The daemon dies (kill -9) mid-session; the person keeps typing; specd-lsp starts a new one.
         nvim.command("buffer stack.py")
         nvim.command("normal! G")
@@ -223,8 +227,11 @@ def test_a_person_typing_in_neovim(home, renderer, tmp_path):
     p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
     figures = {"renderer": renderer, "pauses": len(latencies), "p50_ms": round(p50), "p95_ms": round(p95),
                "max_ms": round(latencies[-1]), "recovery_s": round(recovery_s, 1),
-               "latencies_ms": [round(x) for x in person.latencies_ms]}
+               "latencies_ms": [round(x) for x in person.latencies_ms],
+               "server": {key: server.get(key) for key in ("requests", "daemonRequests", "cacheHits", "cancelled",
+                                                           "shown", "accepted", "acceptedPartial")},
+               "daemon_latency_ms": server["daemon"].get("latencyMs")}
     print(json.dumps(figures))
-    if os.environ.get("SPECD_TEST_TYPING_REPORT"):
-        with open(os.environ["SPECD_TEST_TYPING_REPORT"], "a", encoding="utf-8") as out:
+    if REPORT:
+        with open(REPORT, "a", encoding="utf-8") as out:
             out.write(json.dumps(figures) + "\n")

@@ -317,6 +317,21 @@ for _, renderer in ipairs({ 'auto', 'native' }) do
   end)
 end
 
+case('native: leaving insert mode within the typing pause sends no request behind the edits that follow', function()
+  local child = session(options(FAKE, 'native'))
+  -- "#slow" before the cursor makes the fake daemon hold an answer for 5 s (SPECD_TEST_SLOW_S).
+  child:lua("vim.api.nvim_buf_set_lines(0, 0, 0, false, { '#slow' }); vim.api.nvim_win_set_cursor(0, { probe.ROW + 1, 0 })")
+  -- A key, then <Esc> before vim.lsp.inline_completion's 200 ms pause ends: its timer would still
+  -- ask (from normal mode), and draw the answer at a line the edit below removed ("Index out of bounds").
+  child:input('Ax<Esc>')
+  child:wait('normal mode', EDIT_MS, "return probe.mode() == 'n'")
+  vim.wait(400)
+  child:cmd('silent %delete')
+  vim.wait(6000) -- the held answer arrives within 5 s
+  local messages = errors_shown(child)
+  assert(not messages:find('out of bounds') and not messages:find('Error'), messages)
+end, { native = true })
+
 case('native: <M-]> asks for alternatives when one suggestion came, then cycles them', function()
   local child = session(options(REAL, 'native', { settings = { alternatives = 3, temperature = 1.0 } }))
   type_at_row(child)

@@ -61,6 +61,24 @@ local function localize_triggers(bufnr)
   end
 end
 
+--- Its typing pause is a timer that asks "at the cursor of the current window" when it fires;
+--- leaving insert mode or the buffer before then would have it ask about this buffer at another
+--- buffer's cursor (seen in a real session: 'Index out of bounds' after `:edit` of a longer
+--- file). So the timer stops there.
+---@param bufnr integer
+local function stop_pending_on_leave(bufnr)
+  vim.api.nvim_create_autocmd({ 'InsertLeave', 'BufLeave' }, {
+    group = vim.api.nvim_create_augroup('specd.native.' .. bufnr, { clear = true }),
+    buffer = bufnr,
+    callback = function()
+      local state = completor(bufnr)
+      if state then
+        pcall(state.reset_timer, state)
+      end
+    end,
+  })
+end
+
 ---@param bufnr integer
 ---@param enabled boolean
 function M.set_enabled(bufnr, enabled)
@@ -77,9 +95,13 @@ function M.setup(_config) end
 ---@param enabled boolean
 function M.attach(_client, bufnr, enabled)
   M.set_enabled(bufnr, enabled)
+  stop_pending_on_leave(bufnr)
 end
 
-function M.detach(_bufnr) end
+---@param bufnr integer
+function M.detach(bufnr)
+  pcall(vim.api.nvim_del_augroup_by_name, 'specd.native.' .. bufnr)
+end
 
 ---@param bufnr integer
 ---@return boolean
