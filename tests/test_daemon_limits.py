@@ -649,3 +649,66 @@ def test_specd_complete_gives_up_quickly_on_a_stopped_daemon(tmp_path, monkeypat
     finally:
         os.kill(d.pid, signal.SIGCONT)
         d.stop()
+
+
+def _fuzz_frame(rng: random.Random) -> bytes:
+    """One structure-aware hostile frame: nested headers, streamed strings, partial or huge ones."""
+    kind = rng.randrange(8)
+    if kind == 0:  # a well-formed request
+        method = rng.choice(["status", "hello", "open", "complete", "change", "close", "cancel", "nope"])
+        params = rng.choice([{}, {"uri": "file:///f.py", "text": "abc"}, {"text": "abc", "cursor": 3},
+                             {"uri": "file:///f.py", "edits": [{"start": 0, "end": 1, "text": "z"}]}, {"msgid": 7}])
+        return pack([0, rng.randrange(2**32), method, [params]])
+    if kind == 1:  # nested array headers declaring many elements
+        size = rng.choice([15, 65535, (1 << 24) - 1, (1 << 32) - 1])
+        return b"\x91" + (b"\xdd" + struct.pack(">I", size)) * rng.randrange(1, 1200)
+    if kind == 2:  # a message streamed as many strings
+        return b"\x94\x00\x01\xa6status\xdc" + struct.pack(">H", 400) + msgpack.packb("s" * 4096) * rng.randrange(1, 40)
+    if kind == 3:  # a request cut anywhere
+        frame = pack([0, 1, "open", [{"uri": "file:///cut.py", "text": "t" * rng.randrange(100_000)}]])
+        return frame[: rng.randrange(1, len(frame))]
+    if kind == 4:  # a header declaring more than the limit
+        return rng.choice([b"\xdb", b"\xc6", b"\xdd", b"\xdf", b"\xc9"]) + struct.pack(">I", rng.randrange(1 << 24, 1 << 32))
+    if kind == 5:  # deep nesting
+        return b"\x91" * rng.randrange(1, 3000)
+    if kind == 6:  # many containers in one small message
+        return pack([0, 1, "status", [[[]] * rng.randrange(1, 80_000)]])
+    return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64)))
+
+
+@pytest.mark.slow
+def test_ten_thousand_hostile_frames_and_memory_returns(memory_daemon):
+    """10,000 structure-aware frames on 200 connections (10 at a time): no crash, a well-behaved
+    client is served throughout, and RSS is back within 32 MiB once the connections close."""
+    with memory_daemon.client() as c:
+        c.status()
+        before = rss_mib(memory_daemon.pid)
+        peak = before
+
+        def hammer(seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(20):
+                try:
+                    with raw_connect(memory_daemon.socket_path, timeout=2) as sock:
+                        for _ in range(50):
+                            sock.sendall(_fuzz_frame(rng))
+                except OSError:
+                    pass  # the daemon closed it after a bad frame: expected
+
+        threads = [threading.Thread(target=hammer, args=(seed,)) for seed in range(10)]
+        for thread in threads:
+            thread.start()
+        served = 0
+        while any(thread.is_alive() for thread in threads):
+            assert c.status(timeout=10)["state"] == "ready"
+            served += 1
+            peak = max(peak, rss_mib(memory_daemon.pid))
+            time.sleep(0.05)
+        for thread in threads:
+            thread.join()
+        wait_for(lambda: c.status()["connections"] == 1, 30, message="the fuzz connections to close")
+        after = rss_mib(memory_daemon.pid)
+    print(f"fuzz: RSS {before:.0f} -> peak {peak:.0f} -> {after:.0f} MiB; {served} status answers meanwhile")
+    assert memory_daemon.proc.poll() is None
+    assert served > 0
+    assert after - before < 32, f"RSS {before:.0f} -> {after:.0f} MiB"
