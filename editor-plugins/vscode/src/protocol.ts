@@ -33,6 +33,8 @@ export interface SpecdStatus {
   requests?: number;
   shown?: number;
   accepted?: number;
+  /** Words or lines of a suggestion taken (an editor plugin that reports them; see docs/lsp.md). */
+  acceptedPartial?: number;
   acceptedChars?: number;
   cacheHits?: number;
   lastLatencyMs?: number | null;

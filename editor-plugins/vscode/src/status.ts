@@ -97,7 +97,7 @@ export function statusReport(status: SpecdStatus): string {
     ['device', daemon.models?.device],
     ['last latency', formatMs(status.lastLatencyMs)],
     ['daemon latency p50/p95', daemon.latencyMs?.count ? `${formatMs(daemon.latencyMs.p50)} / ${formatMs(daemon.latencyMs.p95)} over ${daemon.latencyMs.count}` : undefined],
-    ['suggestions', status.shown !== undefined ? `${status.shown} shown, ${status.accepted ?? 0} accepted, ${status.cacheHits ?? 0} from cache` : undefined],
+    ['suggestions', status.shown !== undefined ? `${status.shown} shown, ${status.accepted ?? 0} accepted${status.acceptedPartial ? ` (and ${status.acceptedPartial} partly)` : ''}, ${status.cacheHits ?? 0} from cache` : undefined],
     ['position encoding', status.positionEncoding],
   ];
   for (const [source, counts] of Object.entries(status.acceptance ?? {})) {

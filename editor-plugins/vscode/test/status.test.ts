@@ -79,6 +79,7 @@ describe('formatting', () => {
     assert.match(report, /^daemon: pid 4242, specd 0\.1\.0, ready$/m);
     assert.match(report, /^last latency: 42 ms$/m);
     assert.match(report, /^suggestions: 10 shown, 4 accepted, 2 from cache$/m);
+    assert.match(statusReport({ ...READY, acceptedPartial: 3 }), /^suggestions: 10 shown, 4 accepted \(and 3 partly\), 2 from cache$/m);
     assert.match(report, /^draft acceptance \(lookup\): 90% of 30$/m);
     assert.doesNotMatch(report, /undefined|null/);
     assert.equal(statusReport({ state: 'connecting' }), 'state: connecting');
