@@ -28,6 +28,7 @@ import pytest
 
 from daemon_helpers import REPO, DaemonProcess, wait_for
 from lsp_helpers import daemon_options, link_options, lsp_session, server_env
+from test_lsp_nvim import nvim  # noqa: F401  (the fixture: a Neovim with vim.lsp.inline_completion)
 from specd.client import Client
 from specd.demo import demo_pair_paths
 from specd.engine import remote
@@ -407,6 +408,43 @@ def test_specd_lsp_completes_through_the_remote_backend(daemon, source, tmp_path
             assert session.messages == []
 
     asyncio.run(editor())
+
+
+@pytest.mark.slow
+def test_neovim_shows_and_accepts_a_suggestion_from_the_remote_backend(nvim, daemon, server, tmp_path):
+    """Headless Neovim 0.12 (vim.lsp.inline_completion) through specd-lsp and the daemon to the
+    server: the ghost text is the server's completion for specd's prompt ids, post-processed."""
+    from test_lsp_nvim import CANDIDATE_LINES, DOC, NVIM_DIR, _expected
+
+    source = tmp_path / "greet.py"
+    source.write_text(DOC, encoding="utf-8")
+    index = TextIndex(DOC)
+    line = offset = expected = None
+    for line in CANDIDATE_LINES:
+        offset = index.line_end(line)
+        expected = _expected(daemon, source.as_uri(), DOC, offset)
+        if expected is not None:
+            break
+    assert expected is not None, "the demo model completes none of the candidate lines"
+    out = tmp_path / "result.json"
+    env = {**os.environ, "SPECD_TEST_NVIM_FILE": str(source), "SPECD_TEST_NVIM_LINE": str(line + 1),
+           "SPECD_TEST_NVIM_SOCKET": str(daemon.socket_path), "SPECD_TEST_NVIM_PYTHON": sys.executable,
+           "SPECD_TEST_NVIM_LOG": str(tmp_path / "specd-lsp.log"), "SPECD_TEST_NVIM_OUT": str(out)}
+    done = subprocess.run([nvim, "--headless", "--clean", "-c", f"luafile {NVIM_DIR / 'inline_completion.lua'}"],
+                          env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert out.exists(), f"nvim wrote no result (exit {done.returncode}):\n{done.stderr}"
+    result = json.loads(out.read_text())
+    assert result.get("error") is None and result["steps"][-1] == "done", result
+    assert result["ghost"] == expected.insert_text
+    # The server itself, given the prompt specd built for that cursor, writes the same text.
+    with daemon.client() as client:
+        got = client.complete(uri=source.as_uri(), text=DOC, cursor={"offset": offset}, options=daemon_options())
+    prompt_text = _tokenizer().decode(got["prompt_ids"], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    served = server.post("/v1/completions", {"prompt": prompt_text, "max_tokens": daemon_options()["max_tokens"],
+                                             **LLAMA_CPP_GREEDY})["choices"][0]["text"]
+    assert postprocess(got["text"], context_at(DOC, offset)).insert_text == expected.insert_text
+    assert served.startswith(got["text"])  # the daemon may cut it sooner (end of the block)
+    assert result["buffer"] == (DOC[:offset] + expected.insert_text + DOC[offset + expected.replace_chars:]).removesuffix("\n")
 
 
 # -- against a scripted server: the token-id path, malformed streams, silence ---------------------
