@@ -126,6 +126,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only measure and print the forward costs: ms by forward path (hf, lean), width and "
                         "context, prefill per 1k tokens")
 
+    p = sub.add_parser("eval", help="score what the editor would show against deleted text of real files",
+                       description="Completion quality: text deleted at four kinds of cursor (fresh indented "
+                                   "line, end of a partly typed line, inside a call's brackets, first line of a "
+                                   "body) in real source files, completed by the engine, post-processed as "
+                                   "specd-lsp does, scored (exact first line, edit similarity, parses, stray "
+                                   "whitespace, re-typed closers, empty), per variant side by side: token "
+                                   "healing on/off and each FIM layout the family serves.")
+    _model_flags(p)
+    p.add_argument("--corpus", metavar="DIR", help="source files (default: held-out stdlib modules)")
+    p.add_argument("--kinds", help="comma-separated: fresh_line, line_end, mid_line, body_first")
+    p.add_argument("--variants", help="comma-separated: healing, no_healing, psm, anchored, spm (default: all "
+                                      "the family serves)")
+    p.add_argument("--limit", type=int, default=10, help="cases per cursor kind (default: 10)")
+    p.add_argument("--max-tokens", type=int, default=48, help="tokens per completion")
+    p.add_argument("--seed", type=int, default=0, help="case sampling seed")
+    p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads")
+    p.add_argument("--json", action="store_true", help="print one JSON object (with every completion)")
+    p.add_argument("--plot", metavar="PNG", help="write bar charts per metric, cursor kind and variant")
+
     p = sub.add_parser("export-gguf", help="write the model pair as GGUF files for llama.cpp",
                        description="Write the configured target and draft (default: the embedded demo pair) "
                                    "as GGUF files with the same token ids, for llama.cpp / llama-server and "
@@ -183,6 +202,9 @@ def _handler(command: str) -> Callable[[argparse.Namespace, Any], int]:
     if command == "bench":
         from specd.bench.run import run_bench
         return run_bench
+    if command == "eval":
+        from specd.bench.evaluate import run_eval
+        return run_eval
     if command == "export-gguf":
         from specd.llamacpp.export import run_export_gguf
         return run_export_gguf

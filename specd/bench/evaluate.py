@@ -1,0 +1,334 @@
+"""``specd eval``: what a user would see, scored, on real source files.
+
+Speed is ``specd bench``'s; this is completion quality, which lossless decoding fixes to the
+model's except for what specd controls: the prompt (layout, windows, the token boundary at the
+cursor) and what reaches the editor (the LSP front end's post-processing). Each case is a real
+file with some text deleted at a cursor; every variant completes every case with the same
+engine and model; the completion goes through ``specd_lsp.completion.postprocess``, exactly as
+the editor would get it, and is scored against the deleted text.
+
+Cursor kinds (reported apart; each a common place to ask):
+
+- ``fresh_line``: a body line's text deleted, the cursor after its indentation: the line
+  after Enter with auto-indent;
+- ``line_end``: a body line cut at a word boundary, the rest of the line deleted: the end of a
+  partly typed line;
+- ``mid_line``: the arguments of a call deleted between its brackets, the closers still after
+  the cursor (as editors auto-insert them);
+- ``body_first``: a function's whole body deleted, the cursor after the first body line's
+  indentation: writing a body top to bottom.
+
+Metrics per case: ``exact`` (the suggestion's first line equals the deleted text's first line,
+stripped), ``edit_similarity`` (difflib's ratio of those lines, as CrossCodeEval reports it),
+``parses`` (the file with the suggestion inserted parses as Python: ``ast``; a suggestion cut
+mid-line by the token limit is judged on its whole lines), ``stray_whitespace`` (the suggestion
+starts with whitespace the deleted text did not: a doubled indentation or a space inside a
+word), ``retyped_suffix`` (the suggestion ends with the closers already after the cursor:
+accepting it doubles them), ``empty`` (nothing shown).
+
+Variants, side by side in one run on the same cases: ``healing`` / ``no_healing`` (token
+healing on/off) and the FIM layouts the family serves (``psm``, ``anchored``, ``spm``).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import logging
+import random
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from specd.bench.workloads import SourceFile, _functions, function_body_lines, load_corpus
+
+log = logging.getLogger(__name__)
+
+KINDS = ("fresh_line", "line_end", "mid_line", "body_first")
+VARIANTS = ("healing", "no_healing", "psm", "anchored", "spm")
+METRICS = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "empty")
+CALL = re.compile(r"\w\(")  # a call's opening bracket (after a name)
+NO_TIME_BUDGET_MS = 10**9
+
+
+@dataclass(frozen=True)
+class Case:
+    kind: str
+    name: str  # file:line
+    text: str  # the document with the deletion
+    offset: int  # the cursor
+    expected: str  # what was deleted (from the cursor)
+
+
+# -- cases --------------------------------------------------------------------------------
+
+def _mid_line(file: SourceFile, line) -> Case | None:
+    """The arguments of the last call on a line that ends with its closing bracket(s)."""
+    content = file.text[line.cursor:line.line_end]
+    stripped = content.rstrip(" :")
+    if not stripped.endswith(")"):
+        return None
+    depth, close = 0, len(stripped) - 1
+    for i in range(close, -1, -1):
+        depth += {")": 1, "(": -1}.get(stripped[i], 0)
+        if depth == 0:
+            if i == 0 or not CALL.match(stripped, i - 1) or close - i < 2:
+                return None
+            start = line.cursor + i + 1
+            end = line.cursor + close
+            return Case("mid_line", "", file.text[:start] + file.text[end:], start, file.text[start:end])
+    return None
+
+
+def build_cases(files: list[SourceFile], limit: int, seed: int, kinds: tuple[str, ...] = KINDS) -> list[Case]:
+    """``limit`` cases per kind (corpus permitting), drawn from ``random.Random(seed:kind)``."""
+    lines = [line for file in files for line in function_body_lines(file)]
+    body_starts = set()  # (file, offset) of each function's first body line
+    for file in files:
+        starts = [0] + [m.end() for m in re.finditer("\n", file.text)]
+        body_starts.update((file.name, starts[body - 1]) for _, _, body, _ in _functions(file))
+    out: list[Case] = []
+    for kind in kinds:
+        rng = random.Random(f"{seed}:eval:{kind}")
+        made: list[Case] = []
+        for line in rng.sample(lines, len(lines)):
+            if len(made) >= limit:
+                break
+            text, file = line.file.text, line.file
+            case = None
+            if kind == "fresh_line":
+                case = Case(kind, "", text[:line.cursor] + text[line.line_end:], line.cursor,
+                            text[line.cursor:line.line_end])
+            elif kind == "line_end":
+                words = [m.end() for m in re.finditer(r"\w+|[^\w\s]+", text[line.cursor:line.line_end])][:-1]
+                if words:
+                    cut = line.cursor + rng.choice(words)
+                    case = Case(kind, "", text[:cut] + text[line.line_end:], cut, text[cut:line.line_end])
+            elif kind == "mid_line":
+                case = _mid_line(file, line)
+            elif kind == "body_first" and (line.file.name, line.line_start) in body_starts:
+                case = Case(kind, "", text[:line.cursor] + "\n" + text[line.body_end:], line.cursor,
+                            text[line.cursor:line.body_end])
+            if case is not None and case.expected.strip():
+                number = text.count("\n", 0, line.line_start) + 1
+                made.append(replace(case, name=f"{file.name}:{number}"))
+        out += made
+    return out
+
+
+# -- scoring ------------------------------------------------------------------------------
+
+def _first_line(text: str) -> str:
+    return text.split("\n", 1)[0].strip()
+
+
+def _parses(text: str) -> bool:
+    try:
+        ast.parse(text)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def score(case: Case, raw: str, suggestion) -> dict[str, Any]:
+    """Metrics of one case: ``raw`` is the engine's text, ``suggestion`` the LSP's Suggestion
+    (None when the editor would show nothing)."""
+    shown = suggestion.insert_text if suggestion is not None else ""
+    replaced = suggestion.replace_chars if suggestion is not None else 0
+    line_end = case.text.find("\n", case.offset)
+    line_suffix = case.text[case.offset:line_end if line_end >= 0 else len(case.text)]
+    got, want = _first_line(shown), _first_line(case.expected)
+    after = case.text[case.offset + replaced:]
+    whole = shown[:shown.rfind("\n")] if "\n" in shown else shown
+    parses = bool(shown) and (_parses(case.text[:case.offset] + shown + after)
+                              or _parses(case.text[:case.offset] + whole + after))
+    closers = line_suffix.strip()
+    return {
+        "exact": bool(shown) and got == want,
+        "edit_similarity": difflib.SequenceMatcher(None, got, want).ratio() if shown else 0.0,
+        "parses": parses,
+        "stray_whitespace": shown[:1] in (" ", "\t") and case.expected[:1] not in (" ", "\t"),
+        "retyped_suffix": bool(closers) and replaced == 0 and shown.split("\n", 1)[0].rstrip().endswith(closers),
+        "empty": not shown.strip(),
+        "raw": raw,
+        "shown": shown,
+    }
+
+
+def summarize(scores: list[dict[str, Any]]) -> dict[str, Any]:
+    n = len(scores)
+    out: dict[str, Any] = {"cases": n}
+    for metric in METRICS:
+        values = [float(s[metric]) for s in scores]
+        out[metric] = round(statistics.fmean(values), 3) if values else 0.0
+    return out
+
+
+# -- running --------------------------------------------------------------------------------
+
+def variant_engines(engine, names: list[str]) -> dict[str, tuple[Any, bool]]:
+    """{variant: (engine, token healing)}: layouts on sibling engines over the same loaded pair;
+    a layout the family cannot serve is left out (with a log line)."""
+    from specd.engine.engine import Engine
+    from specd.engine.types import EngineError
+
+    out: dict[str, tuple[Any, bool]] = {}
+    for name in names:
+        if name in ("healing", "no_healing"):
+            out[name] = (engine, name == "healing")
+            continue
+        try:
+            sibling = Engine(replace(engine.options, fim_layout=name), pair=engine.pair)
+        except EngineError as err:
+            log.warning("eval: variant %s left out: %s", name, err)
+            continue
+        if sibling.prompts.layout != name:
+            log.warning("eval: variant %s left out: the %s family serves %s instead", name,
+                        sibling.template.name, sibling.prompts.layout)
+            continue
+        out[name] = (sibling, engine.options.token_healing)
+    return out
+
+
+def run_cases(engines: dict[str, tuple[Any, bool]], cases: list[Case], max_tokens: int,
+              progress=None) -> dict[str, list[dict[str, Any]]]:
+    from specd.engine.types import CompletionRequest
+    from specd_lsp.completion import context_at, postprocess
+
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+    for i, case in enumerate(cases):
+        for name, (engine, healing) in engines.items():
+            uri = f"eval/{name}/{i}"
+            result = engine.complete(CompletionRequest(
+                uri=uri, text=case.text, offset=case.offset, max_tokens=max_tokens,
+                time_budget_ms=NO_TIME_BUDGET_MS, token_healing=healing, stop_at_block_end=True))
+            engine.close_document(uri)
+            suggestion = postprocess(result.text, context_at(case.text, case.offset))
+            results[name].append({"kind": case.kind, "case": case.name, **score(case, result.text, suggestion)})
+        if progress is not None:
+            progress.update()
+    return results
+
+
+def report(results: dict[str, list[dict[str, Any]]], kinds: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, scores in results.items():
+        out[name] = {"all": summarize(scores),
+                     "by_kind": {kind: summarize([s for s in scores if s["kind"] == kind]) for kind in kinds}}
+    return out
+
+
+def format_table(data: dict[str, Any]) -> str:
+    header = f"specd eval: {data['models']['target']}, FIM family {data['fim_family']}, {data['cases']} cases, " \
+             f"up to {data['settings']['max_tokens']} tokens, corpus {data['settings']['corpus']}"
+    lines = [header, "what the editor shows (after specd-lsp's post-processing) vs the deleted text; "
+                     "fractions of cases (edit similarity: mean ratio)"]
+    columns = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "empty")
+    titles = ("exact", "edit sim", "parses", "stray ws", "re-typed", "empty")
+    for kind in ["all", *data["kinds"]]:
+        lines += ["", f"{kind}:" if kind != "all" else "all kinds:",
+                  f"  {'variant':<12}{'cases':>6}" + "".join(f"{t:>10}" for t in titles)]
+        for name, variant in data["variants"].items():
+            s = variant["all"] if kind == "all" else variant["by_kind"][kind]
+            lines.append(f"  {name:<12}{s['cases']:>6}" + "".join(
+                f"{s[c]:>10.2f}" if c == "edit_similarity" else f"{s[c] * 100:>9.0f}%" for c in columns))
+    lines += ["", f"command: {data['command']}  ({data['wall_s']:.0f} s)"]
+    return "\n".join(lines)
+
+
+def write_plot(data: dict[str, Any], path: str) -> None:
+    """One panel per metric: bars per cursor kind, one colour per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "empty")
+    kinds = data["kinds"]
+    variants = list(data["variants"])
+    fig, axes = plt.subplots(2, 3, figsize=(14, 7), squeeze=False)
+    width = 0.8 / max(1, len(variants))
+    for ax, metric in zip(axes.flat, metrics):
+        for j, name in enumerate(variants):
+            values = [data["variants"][name]["by_kind"][k][metric] for k in kinds]
+            ax.bar([i + j * width for i in range(len(kinds))], values, width, label=name)
+        ax.set_xticks([i + width * (len(variants) - 1) / 2 for i in range(len(kinds))])
+        ax.set_xticklabels(kinds, fontsize=8)
+        ax.set_title(metric)
+        ax.set_ylim(0, 1)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"specd eval: {data['models']['target']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_eval(args, cfg) -> int:
+    """The ``specd eval`` command."""
+    import json
+    import shlex
+
+    from specd.engine.engine import Engine, EngineOptions
+    from specd.engine.types import EngineError, ModelLoadError
+
+    started = time.monotonic()
+    try:
+        kinds = _names(args.kinds, KINDS, "cursor kind")
+        names = _names(args.variants, VARIANTS, "variant")
+        if args.limit < 1 or args.max_tokens < 1:
+            raise ValueError("--limit and --max-tokens must be at least 1")
+        files = load_corpus(args.corpus)
+    except ValueError as err:
+        print(f"specd eval: {err}", file=sys.stderr)
+        return 2
+    cases = build_cases(files, args.limit, args.seed, tuple(kinds))
+    if not cases:
+        print(f"specd eval: no cases in {args.corpus or 'the held-out stdlib modules'}", file=sys.stderr)
+        return 2
+    try:
+        engine = Engine(EngineOptions.from_config(cfg))
+        engine.ensure_loaded()
+    except (ModelLoadError, EngineError) as err:
+        print(f"specd eval: {err}", file=sys.stderr)
+        return 1
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    engines = variant_engines(engine, names)
+    from tqdm import tqdm
+
+    with tqdm(total=len(cases), desc="eval", unit="case", file=sys.stderr, disable=None) as bar:
+        results = run_cases(engines, cases, args.max_tokens, bar)
+    data = {
+        "command": shlex.join(["specd", "eval", *sys.argv[2:]]) if sys.argv[1:2] == ["eval"] else "specd eval",
+        "models": engine.pair.describe(),
+        "fim_family": engine.template.name,
+        "fim_layout": engine.prompts.layout,
+        "token_healing": engine.options.token_healing,
+        "settings": {"limit": args.limit, "max_tokens": args.max_tokens, "seed": args.seed,
+                     "corpus": args.corpus or "held-out stdlib modules"},
+        "kinds": kinds,
+        "cases": len(cases),
+        "variants": report(results, kinds),
+        "completions": results,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    if args.plot:
+        write_plot(data, args.plot)
+    print(json.dumps(data, indent=2) if args.json else format_table(data))
+    return 0
+
+
+def _names(value: str | None, known: tuple[str, ...], what: str) -> list[str]:
+    if not value:
+        return list(known)
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown {what} {', '.join(unknown)} (known: {', '.join(known)})")
+    return list(dict.fromkeys(names))
