@@ -10,7 +10,7 @@ end, {
   nargs = '?',
   desc = 'specd: status | toggle | enable | disable | restart | log | health',
   complete = function(lead)
-    local names = vim.tbl_keys(require('specd').actions)
+    local names = vim.tbl_keys(require('specd.commands').actions)
     table.sort(names)
     return vim.tbl_filter(function(name)
       return vim.startswith(name, lead)

@@ -107,21 +107,20 @@ function M.visible(bufnr)
   return state.renderer ~= nil and state.renderer.visible(buf(bufnr))
 end
 
---- Accepts the shown suggestion. Returns false when none is shown.
+--- Accepts the shown suggestion (all of it, its next line, its next word). Each returns false
+--- when none is shown.
 ---@param bufnr? integer
 ---@return boolean
 function M.accept(bufnr)
   return state.renderer ~= nil and state.renderer.accept(buf(bufnr), 'all')
 end
 
---- Accepts the next line of the shown suggestion.
 ---@param bufnr? integer
 ---@return boolean
 function M.accept_line(bufnr)
   return state.renderer ~= nil and state.renderer.accept(buf(bufnr), 'line')
 end
 
---- Accepts the next word of the shown suggestion.
 ---@param bufnr? integer
 ---@return boolean
 function M.accept_word(bufnr)
@@ -194,54 +193,20 @@ function M.statusline(bufnr)
   return status.format(status.get(client.id), state.enabled)
 end
 
---- :SpecdStatus: asks specd-lsp for its status and shows it.
-function M.show_status()
-  local client = util.clients(buf())[1] or util.clients()[1]
-  if not client then
-    vim.notify('specd: specd-lsp is not attached (was setup() called, is the filetype covered?)', vim.log.levels.WARN)
-    return
-  end
-  util.request(client, status.METHOD, vim.empty_dict(), function(err, result)
-    if err or type(result) ~= 'table' then
-      vim.notify('specd: status failed: ' .. (err and err.message or 'no answer'), vim.log.levels.ERROR)
-      return
-    end
-    vim.notify(table.concat(status.report(result, state.enabled), '\n'))
-  end)
-end
-
 --- Stops the specd-lsp clients and starts them again for the buffers they served.
 function M.restart()
   server.restart(state.config, state.renderer_name)
 end
 
-M.actions = {
-  status = M.show_status,
-  toggle = M.toggle,
-  enable = function()
-    M.set_enabled(true)
-  end,
-  disable = function()
-    M.set_enabled(false)
-  end,
-  restart = M.restart,
-  log = function()
-    vim.cmd.tabnew(vim.lsp.get_log_path())
-  end,
-  health = function()
-    vim.cmd.checkhealth('specd')
-  end,
-}
+--- :SpecdStatus: asks specd-lsp for its status and shows it.
+function M.show_status()
+  require('specd.commands').show_status(state.enabled)
+end
 
 --- :Specd <action>
 ---@param args string[]
 function M.command(args)
-  local action = M.actions[args[1] or 'status']
-  if not action then
-    vim.notify(('specd: unknown action %q (%s)'):format(args[1], table.concat(vim.tbl_keys(M.actions), ', ')), vim.log.levels.ERROR)
-    return
-  end
-  action()
+  require('specd.commands').run(args)
 end
 
 return M
