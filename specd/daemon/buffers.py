@@ -104,14 +104,15 @@ def apply_edits(text: str, edits: list[Any], encoding: str) -> str:
     return edit_index(TextIndex(text), edits, encoding).text
 
 
-def edit_index(index: TextIndex, edits: list[Any], encoding: str) -> TextIndex:
+def edit_index(index: TextIndex, edits: list[Any], encoding: str, first: int = 0) -> TextIndex:
     """Apply edits in order, each to the result of the one before (LSP's contentChanges).
 
     One pass: the line index is carried from edit to edit (``TextIndex.replace`` rescans only
     what an edit touched), so 400 ranged edits on a 1 MiB file cost 400 small rescans and
-    string splices, not 400 scans of the whole text."""
+    string splices, not 400 scans of the whole text. ``first`` numbers the edits in messages
+    when ``edits`` is a slice of a longer list."""
     text = index.text
-    for number, edit in enumerate(edits):
+    for number, edit in enumerate(edits, first):
         if not isinstance(edit, dict):
             raise param_error(f"edits[{number}] must be a map")
         new_text = edit.get("text")
@@ -189,6 +190,12 @@ class BufferStore:
 
     def change(self, uri: str, version: int | None, edits: list[Any] | None, text: str | None, encoding: str) -> Document:
         """Apply a full text or ranged edits atomically: on any error the document is unchanged."""
+        doc = self.changeable(uri, version)
+        index = TextIndex(text) if text is not None else edit_index(doc.index, edits or [], encoding)
+        return self.commit(doc, index, version)
+
+    def changeable(self, uri: str, version: int | None) -> Document:
+        """The open document ``uri``, when ``version`` may follow its own."""
         doc = self.get(uri)
         if version is not None and version <= doc.version:
             raise RpcError(
@@ -196,8 +203,13 @@ class BufferStore:
                 f"version {version} is not newer than the document's {doc.version}",
                 {"version": doc.version},
             )
-        index = TextIndex(text) if text is not None else edit_index(doc.index, edits or [], encoding)
-        self.check_size(index.text, uri)
+        return doc
+
+    def commit(self, doc: Document, index: TextIndex, version: int | None) -> Document:
+        """Make ``index`` (edits applied to ``doc``'s text) the document's text, if within the limit."""
+        if self.docs.get(doc.uri) is not doc:
+            raise RpcError(ErrorCode.UNKNOWN_DOCUMENT, f"document {doc.uri!r} was closed while it was being changed")
+        self.check_size(index.text, doc.uri)
         doc.text, doc._index = index.text, index
         doc.version = version if version is not None else doc.version + 1
         return doc

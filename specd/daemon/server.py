@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hmac
 import importlib
 import itertools
@@ -32,11 +33,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from specd import __version__
 from specd.daemon import systemd
-from specd.daemon.buffers import BufferStore, TextIndex, resolve_cursor
+from specd.daemon.buffers import BufferStore, TextIndex, edit_index, resolve_cursor
 from specd.daemon.engine_api import CompletionEngine, CorpusEngine
 from specd.daemon.listeners import RuntimeLock, StartupError, bind_tcp, bind_unix, peer_uid
 from specd.daemon.metrics import LatencyWindow, device_memory, process_memory
@@ -68,6 +69,10 @@ log = logging.getLogger("specd.daemon")
 ENGINE_FACTORY_ENV = "SPECD_TEST_ENGINE_FACTORY"
 
 SHUTDOWN_GRACE_S = 10.0  # beyond the time budget, how long a running completion may finish
+# A change with many ranged edits is applied in steps of about this long, the loop serving
+# other clients in between (a request takes a few loop turns to be answered, so the step must
+# be short for them: 400 edits on 1 MiB take ~0.3 s in all).
+EDIT_STEP_S = 0.005
 
 # TCP connections before their hello with the token: few, small and short-lived, so that a
 # user without the token can neither lock the owner out nor grow the daemon.
@@ -140,6 +145,9 @@ class Daemon:
         self.workspace = Workspace(WorkspaceOptions.from_config(cfg), self._corpus_sink, self.worker.wake)
         self.completions = CompletionQueue(self.worker.submit, max_queued_chars=max(self.max_frame_bytes, self.buffers.max_document_bytes))
         self.connections: dict[int, Connection] = {}
+        # One lock per document in use: a change applied in steps, and the requests after it on
+        # that document, keep their order (asyncio locks are FIFO; uncontended, they cost nothing).
+        self._document_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         # Per-connection limits, read when a connection starts (tests shorten them).
         self.partial_message_timeout_s = session_limits.PARTIAL_MESSAGE_TIMEOUT_S
         self.hello_deadline_s = HELLO_DEADLINE_S
@@ -486,12 +494,28 @@ class Daemon:
             },
         }
 
+    @contextlib.asynccontextmanager
+    async def _document(self, uri: str) -> AsyncIterator[None]:
+        """Hold ``uri`` for one request, after the requests on it that came before."""
+        lock, users = self._document_locks.get(uri) or (asyncio.Lock(), 0)
+        self._document_locks[uri] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._document_locks[uri]
+            if users == 1:
+                del self._document_locks[uri]
+            else:
+                self._document_locks[uri] = (lock, users - 1)
+
     async def open_document(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
         uri = get_uri(params)
         text = get_str(params, "text")
         version = get_int(params, "version", 0, 2**63 - 1) or 0
         language = get_str(params, "language", required=False)
-        doc = self.buffers.open(uri, text, version, conn.id, language)
+        async with self._document(uri):
+            doc = self.buffers.open(uri, text, version, conn.id, language)
         self.mirror.set(uri, doc.text)
         return {"uri": uri, "version": doc.version}
 
@@ -505,13 +529,27 @@ class Daemon:
         if edits is not None and not isinstance(edits, list):
             raise param_error("edits must be an array")
         encoding = check_encoding(params.get("encoding"))
-        doc = self.buffers.change(uri, version, edits, text, encoding)
+        async with self._document(uri):
+            doc = self.buffers.changeable(uri, version)
+            if text is not None:
+                index = TextIndex(text)
+            else:
+                index = doc.index
+                loop = asyncio.get_running_loop()
+                step_ends = loop.time() + EDIT_STEP_S
+                for number in range(len(edits)):
+                    if loop.time() > step_ends:
+                        await asyncio.sleep(0)  # other clients are served between steps
+                        step_ends = loop.time() + EDIT_STEP_S
+                    index = edit_index(index, edits[number:number + 1], encoding, number)
+            doc = self.buffers.commit(doc, index, version)
         self.mirror.set(uri, doc.text)
         return {"uri": uri, "version": doc.version}
 
     async def close_document(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
         uri = get_uri(params)
-        closed = self.buffers.close(uri, conn.id)
+        async with self._document(uri):
+            closed = self.buffers.close(uri, conn.id)
         if closed:
             self.mirror.close(uri)
             job = self.jobs_by_uri.get(uri)
@@ -557,7 +595,12 @@ class Daemon:
         return request, version
 
     async def complete(self, conn: Connection, params: dict[str, Any], request: Request | None) -> dict[str, Any]:
-        req, version = self._completion_request(params)
+        uri = params.get("uri")
+        if isinstance(uri, str) and params.get("text") is None:  # the open document, after changes before it
+            async with self._document(get_uri(params)):
+                req, version = self._completion_request(params)
+        else:
+            req, version = self._completion_request(params)
         if (failure := self._load_failure()) is not None:
             raise failure
         received = time.monotonic()
