@@ -73,7 +73,8 @@ class LlamaServer:
 
         def up():
             if self.proc.poll() is not None:
-                raise AssertionError(f"llama_cpp.server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+                raise AssertionError(f"llama_cpp.server exited with {self.proc.returncode}:\n"
+                                     f"{self.log.read_text()[-3000:]}")
             try:
                 return self.get("/v1/models")
             except OSError:
@@ -411,7 +412,7 @@ def test_specd_lsp_completes_through_the_remote_backend(daemon, source, tmp_path
 
 
 @pytest.mark.slow
-def test_neovim_shows_and_accepts_a_suggestion_from_the_remote_backend(nvim, daemon, server, tmp_path):
+def test_neovim_shows_and_accepts_a_suggestion_from_the_remote_backend(nvim, daemon, server, tmp_path):  # noqa: F811
     """Headless Neovim 0.12 (vim.lsp.inline_completion) through specd-lsp and the daemon to the
     server: the ghost text is the server's completion for specd's prompt ids, post-processed."""
     from test_lsp_nvim import CANDIDATE_LINES, DOC, NVIM_DIR, _expected
@@ -444,7 +445,8 @@ def test_neovim_shows_and_accepts_a_suggestion_from_the_remote_backend(nvim, dae
                                              **LLAMA_CPP_GREEDY})["choices"][0]["text"]
     assert postprocess(got["text"], context_at(DOC, offset)).insert_text == expected.insert_text
     assert served.startswith(got["text"])  # the daemon may cut it sooner (end of the block)
-    assert result["buffer"] == (DOC[:offset] + expected.insert_text + DOC[offset + expected.replace_chars:]).removesuffix("\n")
+    accepted = DOC[:offset] + expected.insert_text + DOC[offset + expected.replace_chars:]
+    assert result["buffer"] == accepted.removesuffix("\n")
 
 
 # -- against a scripted server: the token-id path, malformed streams, silence ---------------------

@@ -42,7 +42,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 from urllib.parse import urlsplit
 
 from specd.engine.context import ContextSelector
@@ -51,6 +51,9 @@ from specd.engine.prompt import FimTemplate, Prompt, PromptBuilder, detect_famil
 from specd.engine.stops import StopRules
 from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError
 
+if TYPE_CHECKING:
+    from specd.engine.engine import EngineOptions  # imported where used: that module loads torch
+
 log = logging.getLogger(__name__)
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -58,7 +61,8 @@ MODELS_PATH = "/v1/models"
 LATENCY_WINDOW = 100  # requests the latency figures cover
 CANCEL_POLL_S = 0.01  # how often a running request looks at its cancel flag and deadline
 ERROR_DETAIL_CHARS = 200  # of a server's error message, in the one line the user sees
-ERROR_BODY_BYTES = 64 * 1024  # of an error response, read to find that message
+# Of an error response, read to find its message (a validation error may quote the whole prompt).
+ERROR_BODY_BYTES = 4 * 1024 * 1024
 ANONYMOUS = "<anonymous>"
 
 
@@ -238,8 +242,8 @@ class RemoteClient:
                 if self.interrupted:
                     raise self._interrupted() from None
                 if isinstance(err, socket.timeout):  # connected, request sent, no status line in time
-                    raise RemoteError(f"remote backend: {self.where} sent nothing for {self.options.read_timeout_s:g} s "
-                                      "(model.remote_read_timeout_ms)") from None
+                    raise RemoteError(f"remote backend: {self.where} sent nothing for "
+                                      f"{self.options.read_timeout_s:g} s (model.remote_read_timeout_ms)") from None
                 raise self._connection_error(err) from None
         if response.status >= 400:
             detail = _error_detail(response.read(ERROR_BODY_BYTES))
@@ -424,18 +428,10 @@ class _Latency:
         return {"first_token_ms": self._summary(self.first_token), "total_ms": self._summary(self.total)}
 
 
-@dataclass
-class _Sent:
-    """What one request sent: the ids specd chose and the ids the server sees."""
-
-    prompt_ids: list[int]
-    as_text: bool
-
-
 class RemoteEngine:
     """A ``CompletionEngine`` whose completions come from a remote server (module docstring)."""
 
-    def __init__(self, options: "EngineOptionsLike", remote: RemoteOptions, tokenizer_source: str = ""):
+    def __init__(self, options: EngineOptions, remote: RemoteOptions, tokenizer_source: str = ""):
         self.options = options
         self.remote = remote
         self.client = RemoteClient(remote)
@@ -549,7 +545,8 @@ class RemoteEngine:
             "stream": True,
             "stop": self.stop_texts,
             "stop_token_ids": self.stop_ids,  # vLLM: special tokens are not in its text, so strings miss them
-            "repeat_penalty": 1.0,  # llama.cpp servers: the model's own distribution (llama-cpp-python's default is 1.1)
+            # llama.cpp servers: the model's own distribution (llama-cpp-python's default is 1.1)
+            "repeat_penalty": 1.0,
         }
         if self._model_name:
             body["model"] = self._model_name
@@ -600,7 +597,7 @@ class RemoteEngine:
         max_tokens = max(1, self.options.max_tokens if req.max_tokens is None else req.max_tokens)
         stops = TextStops(self.stop_texts, req.single_line, prompt.indent if req.stop_at_block_end else None)
         with _Watch(self.client, cancel, started + budget_s) as watch:
-            sent, stream = self._open(req, prompt.ids, max_tokens, watch)
+            prompt_ids, stream = self._open(req, prompt.ids, max_tokens, watch)
             finish = stop_reason = first_token_s = None
             lost: BaseException | None = None
             try:
@@ -630,14 +627,16 @@ class RemoteEngine:
         return CompletionResult(
             text=stops.text(),
             token_ids=self.prompts.encode(stops.streamed),  # the server streams text: re-tokenized here
-            prompt_ids=sent.prompt_ids,
+            prompt_ids=prompt_ids,
             stop_reason=stop_reason,
             first_token_ms=(first_token_s or total_s) * 1000,
             total_ms=total_s * 1000,
         )
 
-    def _open(self, req: CompletionRequest, ids: list[int], max_tokens: int, watch: _Watch) -> tuple[_Sent, _Stream]:
-        """Send the prompt (ids, or text when the server takes only strings) and return the stream."""
+    def _open(self, req: CompletionRequest, ids: list[int], max_tokens: int,
+              watch: _Watch) -> tuple[list[int], _Stream]:
+        """Send the prompt (ids, or text when the server takes only strings); the ids the server
+        sees (text: what the same tokenizer makes of it) and the response's stream."""
         try:
             if not self._model_checked:
                 self._model_name, self._model_checked = self._first_model(), True
@@ -646,14 +645,14 @@ class RemoteEngine:
             raise
         while True:
             if self._as_text:
-                prompt_text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-                sent = _Sent(self.prompts.encode(prompt_text), True)  # what the server's same tokenizer makes of it
-                prompt: list[int] | str = prompt_text
+                prompt: list[int] | str = self.tokenizer.decode(ids, skip_special_tokens=False,
+                                                                clean_up_tokenization_spaces=False)
+                seen = self.prompts.encode(prompt)
             else:
-                sent, prompt = _Sent(list(ids), False), list(ids)
+                prompt, seen = list(ids), list(ids)
             try:
                 response = self.client.request("POST", self.client.path, self._body(req, prompt, max_tokens))
-                return sent, _Stream(response)
+                return seen, _Stream(response)
             except RemoteError as err:
                 self._raise_if_watched(watch)
                 if self._as_text or self.remote.prompt != "auto" or not _refused_ids(err):
@@ -786,5 +785,3 @@ def _demo_target() -> str:
                              "served model's tokenizer (a local folder or hub id)")
     return str(paths[0])
 
-
-EngineOptionsLike = Any  # specd.engine.engine.EngineOptions (imported lazily: it loads torch)
