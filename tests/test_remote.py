@@ -206,6 +206,7 @@ def test_the_prompt_is_the_local_engines_prompt(daemon, source):
     assert got["prompt_ids"] == builder.build(source, offset, heal=False).ids
 
 
+@pytest.mark.slow
 def test_status_and_doctor_name_the_remote_backend_and_its_latency(daemon, server):
     with daemon.client() as client:
         client.complete(text="def f():\n    return ", cursor={"offset": 20}, options=GREEDY)
@@ -299,6 +300,7 @@ def test_cancel_mid_stream_closes_it_and_the_server_serves_on(server, source, mo
 # -- failures -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_refused_connection_a_killed_server_and_its_return(gguf, tmp_path):
     server = LlamaServer(gguf, tmp_path / "server.log")
     daemon = real_daemon(tmp_path / "daemon", remote_config(server.url, **{"model.remote_read_timeout_ms": 30_000}))
@@ -359,6 +361,7 @@ def test_a_server_killed_mid_stream_is_one_line_and_the_next_request_reconnects(
         server.stop()
 
 
+@pytest.mark.slow
 def test_a_wrong_api_key_is_one_line_through_the_daemon_and_specd_lsp(server, tmp_path):
     daemon = real_daemon(tmp_path / "daemon", remote_config(server.url, api_key="not-the-key"))
     daemon.start(timeout=120)
