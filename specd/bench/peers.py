@@ -88,11 +88,14 @@ class Run:
 
 class PromptIds(list):
     """Prompt token ids, and the text before the cursor that token healing cut from them: every
-    method's output re-types it first (HF peers under ``prefix_allowed_tokens_fn``)."""
+    method's output re-types it first (HF peers under ``prefix_allowed_tokens_fn``). ``chunks``
+    and ``path``: the repo-level context the prompt holds (specd methods ask with the same)."""
 
-    def __init__(self, ids=(), healed: str = ""):
+    def __init__(self, ids=(), healed: str = "", chunks=(), path: str | None = None):
         super().__init__(ids)
         self.healed = healed
+        self.chunks = list(chunks)
+        self.path = path
 
 
 class Method(Protocol):
@@ -262,6 +265,7 @@ class SpecdMethod:
             uri=self._uri(item.doc), text=item.text, offset=item.offset, max_tokens=self.max_tokens,
             stop_at_block_end=False, time_budget_ms=NO_TIME_BUDGET_MS, use_draft_model=self.use_draft,
             use_lookup=self.use_lookup, kv_reuse=self.kv_reuse,
+            extra_context=list(getattr(prompt_ids, "chunks", [])), path=getattr(prompt_ids, "path", None),
         )
         sync_workspace(self.engine, dict(item.workspace) if self.use_workspace else {})
         started = time.perf_counter()

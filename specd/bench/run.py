@@ -149,8 +149,24 @@ def _prompt_ids(engine, item: Completion) -> PromptIds:
     anchored layout a prompt also depends on the document's previous request (where its anchor
     sits): the engine answers under a key of the bench's own, which sees the same sequence of
     requests as each specd method's document."""
-    prompt = engine.build_prompt(PROMPT_KEY.format(doc=item.doc), item.text, item.offset)
-    return PromptIds(prompt.ids, healed=prompt.healed)
+    chunks, path = context_chunks(engine, item)
+    prompt = engine.build_prompt(PROMPT_KEY.format(doc=item.doc), item.text, item.offset, chunks, path)
+    return PromptIds(prompt.ids, healed=prompt.healed, chunks=chunks, path=path)
+
+
+def context_chunks(engine, item: Completion) -> tuple[list, str | None]:
+    """Repo-level context for ``item`` as the daemon gives it: chunks of the workspace's files
+    most like the code around the cursor (``ContextSelector.choose`` over the workspace files,
+    within the prompt's context budget), and the file's path for the prompt; none without a
+    workspace. Every method's prompt holds them, so outputs stay comparable."""
+    if not item.workspace:
+        return [], None
+    from specd.engine.context import WORKSPACE_WEIGHT, Candidate, ContextSelector
+
+    path = item.doc.split("/", 1)[-1].split(":", 1)[0]
+    candidates = [Candidate(name, text, WORKSPACE_WEIGHT) for name, text in item.workspace]
+    selector = ContextSelector(engine.prompts.extra_tokens)
+    return selector.choose(item.text, item.offset, path, candidates, engine.prompts.encode), path
 
 
 def _close(engine, methods: list[Method], doc: str) -> None:
