@@ -127,17 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "context, prefill per 1k tokens")
 
     p = sub.add_parser("eval", help="score what the editor would show against deleted text of real files",
-                       description="Completion quality: text deleted at four kinds of cursor (fresh indented "
+                       description="Completion quality: text deleted at five kinds of cursor (fresh indented "
                                    "line, end of a partly typed line, inside a call's brackets, first line of a "
-                                   "body) in real source files, completed by the engine, post-processed as "
-                                   "specd-lsp does, scored (exact first line, edit similarity, parses, stray "
-                                   "whitespace, re-typed closers, empty), per variant side by side: token "
-                                   "healing on/off and each FIM layout the family serves.")
+                                   "body, the same with a twin in the workspace) in real source files, "
+                                   "completed by the engine, post-processed as specd-lsp does, scored (exact "
+                                   "first line, edit similarity, parses, stray whitespace, re-typed closers, "
+                                   "empty), per variant side by side: token healing on/off, each FIM layout the "
+                                   "family serves, repo context on/off.")
     _model_flags(p)
     p.add_argument("--corpus", metavar="DIR", help="source files (default: held-out stdlib modules)")
-    p.add_argument("--kinds", help="comma-separated: fresh_line, line_end, mid_line, body_first")
-    p.add_argument("--variants", help="comma-separated: healing, no_healing, psm, anchored, spm (default: all "
-                                      "the family serves)")
+    p.add_argument("--kinds", help="comma-separated: fresh_line, line_end, mid_line, body_first, multi_file")
+    p.add_argument("--variants", help="comma-separated: healing, no_healing, psm, anchored, spm, context, "
+                                      "no_context (default: all the family serves)")
     p.add_argument("--limit", type=int, default=10, help="cases per cursor kind (default: 10)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per completion")
     p.add_argument("--seed", type=int, default=0, help="case sampling seed")

@@ -23,9 +23,12 @@ def test_every_kind_is_cut_from_the_file_it_names(files):
     cases = build_cases(files, 4, seed=1)
     assert {c.kind for c in cases} == set(KINDS)
     by_name = {f.name: f.text for f in files}
+    twins = [c for c in cases if c.kind == "multi_file"]
+    assert twins and all(c.expected.split("\n")[0].strip() in dict(c.workspace)[c.workspace[i][0]]
+                         for i, c in enumerate(twins))
     for case in cases:
         original = by_name[case.name.split(":")[0]]
-        extra = 1 if case.kind == "body_first" else 0  # the emptied body keeps its line open
+        extra = 1 if case.kind in ("body_first", "multi_file") else 0  # the emptied body keeps its line open
         assert case.text[:case.offset] + case.expected + case.text[case.offset + extra:] == original, case
         assert case.expected.strip()
     mid = [c for c in cases if c.kind == "mid_line"]
@@ -74,11 +77,11 @@ def test_eval_cli_on_a_tiny_pair(tiny_pairs, sample_source, tmp_path):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["eval", "--model", str(target), "--draft-model", str(draft), "--device", "cpu",
                      "--corpus", str(corpus), "--limit", "2", "--max-tokens", "8", "--threads", "1",
-                     "--variants", "healing,no_healing,psm,spm", "--json", "--plot", str(plot)])
+                     "--variants", "healing,no_healing,psm,spm,context,no_context", "--json", "--plot", str(plot)])
     assert code == 0, err.getvalue()
     data = json.loads(out.getvalue())
     # The tiny pair's Qwen tokens have no suffix-first layout: spm is left out, said in the log.
-    assert list(data["variants"]) == ["healing", "no_healing", "psm"]
+    assert list(data["variants"]) == ["healing", "no_healing", "psm", "context", "no_context"]
     assert "variant spm left out" in err.getvalue()
     assert data["kinds"] == list(KINDS)
     for variant in data["variants"].values():

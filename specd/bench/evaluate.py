@@ -16,7 +16,9 @@ Cursor kinds (reported apart; each a common place to ask):
 - ``mid_line``: the arguments of a call deleted between its brackets, the closers still after
   the cursor (as editors auto-insert them);
 - ``body_first``: a function's whole body deleted, the cursor after the first body line's
-  indentation: writing a body top to bottom.
+  indentation: writing a body top to bottom;
+- ``multi_file``: the same, while a near-twin of the function sits in a workspace file that is
+  not open (the bench's ``multi_file`` workload): what repo-level context can bring.
 
 Metrics per case: ``exact`` (the suggestion's first line equals the deleted text's first line,
 stripped), ``edit_similarity`` (difflib's ratio of those lines, as CrossCodeEval reports it),
@@ -27,7 +29,9 @@ word), ``retyped_suffix`` (the suggestion ends with the closers already after th
 accepting it doubles them), ``empty`` (nothing shown).
 
 Variants, side by side in one run on the same cases: ``healing`` / ``no_healing`` (token
-healing on/off) and the FIM layouts the family serves (``psm``, ``anchored``, ``spm``).
+healing on/off), the FIM layouts the family serves (``psm``, ``anchored``, ``spm``), and
+``context`` / ``no_context`` (the workspace's chunks most like the code at the cursor in the
+prompt, as the daemon puts them, or none; only ``multi_file`` cases have a workspace).
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ from specd.bench.workloads import SourceFile, _functions, function_body_lines, l
 
 log = logging.getLogger(__name__)
 
-KINDS = ("fresh_line", "line_end", "mid_line", "body_first")
-VARIANTS = ("healing", "no_healing", "psm", "anchored", "spm")
+KINDS = ("fresh_line", "line_end", "mid_line", "body_first", "multi_file")
+VARIANTS = ("healing", "no_healing", "psm", "anchored", "spm", "context", "no_context")
 METRICS = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "empty")
 CALL = re.compile(r"\w\(")  # a call's opening bracket (after a name)
 NO_TIME_BUDGET_MS = 10**9
@@ -61,6 +65,7 @@ class Case:
     text: str  # the document with the deletion
     offset: int  # the cursor
     expected: str  # what was deleted (from the cursor)
+    workspace: tuple[tuple[str, str], ...] = ()  # (path, text) of workspace files not open
 
 
 # -- cases --------------------------------------------------------------------------------
@@ -92,6 +97,12 @@ def build_cases(files: list[SourceFile], limit: int, seed: int, kinds: tuple[str
         body_starts.update((file.name, starts[body - 1]) for _, _, body, _ in _functions(file))
     out: list[Case] = []
     for kind in kinds:
+        if kind == "multi_file":
+            from specd.bench.workloads import multi_file_workload
+
+            out += [Case(kind, item.label.split("/", 1)[-1], item.text, item.offset, item.expected, item.workspace)
+                    for item in multi_file_workload(files, limit, seed) if item.expected.strip()]
+            continue
         rng = random.Random(f"{seed}:eval:{kind}")
         made: list[Case] = []
         for line in rng.sample(lines, len(lines)):
@@ -180,6 +191,9 @@ def variant_engines(engine, names: list[str]) -> dict[str, tuple[Any, bool]]:
         if name in ("healing", "no_healing"):
             out[name] = (engine, name == "healing")
             continue
+        if name in ("context", "no_context"):
+            out[name] = (engine, engine.options.token_healing)
+            continue
         try:
             sibling = Engine(replace(engine.options, fim_layout=name), pair=engine.pair)
         except EngineError as err:
@@ -193,6 +207,19 @@ def variant_engines(engine, names: list[str]) -> dict[str, tuple[Any, bool]]:
     return out
 
 
+def context_for(engine, case: Case) -> tuple[list, str | None]:
+    """The case's workspace chunks most like the code at the cursor, within the prompt's
+    context budget (the daemon's choice, ``ContextSelector.choose``), and the case's path."""
+    if not case.workspace:
+        return [], None
+    from specd.engine.context import WORKSPACE_WEIGHT, Candidate, ContextSelector
+
+    path = case.name.split(":", 1)[0]
+    candidates = [Candidate(name, text, WORKSPACE_WEIGHT) for name, text in case.workspace]
+    return ContextSelector(engine.prompts.extra_tokens).choose(case.text, case.offset, path, candidates,
+                                                               engine.prompts.encode), path
+
+
 def run_cases(engines: dict[str, tuple[Any, bool]], cases: list[Case], max_tokens: int,
               progress=None) -> dict[str, list[dict[str, Any]]]:
     from specd.engine.types import CompletionRequest
@@ -202,9 +229,11 @@ def run_cases(engines: dict[str, tuple[Any, bool]], cases: list[Case], max_token
     for i, case in enumerate(cases):
         for name, (engine, healing) in engines.items():
             uri = f"eval/{name}/{i}"
+            chunks, path = context_for(engine, case) if name == "context" else ([], None)
             result = engine.complete(CompletionRequest(
                 uri=uri, text=case.text, offset=case.offset, max_tokens=max_tokens,
-                time_budget_ms=NO_TIME_BUDGET_MS, token_healing=healing, stop_at_block_end=True))
+                time_budget_ms=NO_TIME_BUDGET_MS, token_healing=healing, stop_at_block_end=True,
+                extra_context=chunks, path=path))
             engine.close_document(uri)
             suggestion = postprocess(result.text, context_at(case.text, case.offset))
             results[name].append({"kind": case.kind, "case": case.name, **score(case, result.text, suggestion)})
