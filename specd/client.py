@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import os
 import socket
 import subprocess
@@ -31,8 +30,6 @@ from specd.protocol.framing import READ_CHUNK
 from specd.protocol.messages import Notification
 from specd.protocol.methods import ERROR_NOTIFICATION, Method
 from specd.protocol.session import Session
-
-log = logging.getLogger("specd.client")
 
 # Replies can carry long completions plus stats; the client side allows more than a request.
 CLIENT_MAX_FRAME = 64 * 1024 * 1024

@@ -452,7 +452,7 @@ class Daemon:
         self._last_auth_failure = now
         # Guessing costs time: each recent failure doubles the wait before the next answer,
         # and the waiting connection keeps one of the few pre-auth slots.
-        await asyncio.sleep(min(AUTH_BACKOFF_MAX_S, AUTH_BACKOFF_BASE_S * 2 ** (self._auth_failures - 1)))
+        await asyncio.sleep(min(AUTH_BACKOFF_MAX_S, AUTH_BACKOFF_BASE_S * 2 ** min(self._auth_failures - 1, 16)))
         self._close_soon(conn)  # one try per connection
         raise RpcError(ErrorCode.UNAUTHORIZED, "missing or wrong token")
 
