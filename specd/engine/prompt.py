@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import bisect
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +36,7 @@ LAYOUTS = ("psm", "spm", "anchored")
 ANCHOR_MAX_LINES = 8  # the anchor moves to the cursor's line once the typed span is longer ...
 ANCHOR_MAX_CHARS = 640  # ... in lines or characters (FIM middles of this size are common in training)
 ANCHOR_RESERVE_TOKENS = 192  # of the prefix budget, kept for the forced middle (at most a quarter)
+ENCODE_MEMO = 64  # texts whose ids PromptBuilder.encode remembers
 CHARS_PER_TOKEN_CAP = 12  # no tokenizer packs more chars than this into a token, on average
 
 
@@ -160,6 +163,8 @@ class PromptBuilder:
         self.extra_tokens = extra_tokens
         self.layout = resolve_layout(template, layout)
         self.healing = None  # a healing.HealingVocabulary turns token healing on (the engine sets it)
+        self._memo: OrderedDict[str, list[int]] = OrderedDict()  # text -> ids, see encode
+        self._memo_lock = threading.Lock()  # the daemon's request and idle work may both build prompts
 
     @property
     def suffix_first(self) -> bool:
@@ -170,7 +175,21 @@ class PromptBuilder:
         return self.layout == "anchored"
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        """Token ids of ``text``; the last ``ENCODE_MEMO`` texts are remembered (successive
+        keystrokes re-encode the same suffix window, the same context chunks)."""
+        if not text:
+            return []
+        with self._memo_lock:
+            ids = self._memo.get(text)
+            if ids is not None:
+                self._memo.move_to_end(text)
+                return list(ids)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        with self._memo_lock:
+            self._memo[text] = ids
+            if len(self._memo) > ENCODE_MEMO:
+                self._memo.popitem(last=False)
+        return list(ids)
 
     def special(self, token: str) -> list[int]:
         token_id = self.tokenizer.convert_tokens_to_ids(token)
@@ -209,14 +228,14 @@ class PromptBuilder:
             # One encode with offsets estimates every start's token count; then exact encodes
             # from the first start estimated to fit (usually one).
             first = grid_starts[0]
-            spans = self.tokenizer(text[first:offset], add_special_tokens=False,
-                                   return_offsets_mapping=True)["offset_mapping"]
-            starts = [s for s, _ in spans]
+            encoded = self.tokenizer(text[first:offset], add_special_tokens=False, return_offsets_mapping=True)
+            starts = [s for s, _ in encoded["offset_mapping"]]
             for i, start in enumerate(grid_starts):
                 estimate = len(starts) - bisect.bisect_left(starts, start - first)
                 if estimate > budget + 2:
                     continue
-                ids = self.encode(text[start:offset])
+                # The first start's ids are the ones just computed (the same text).
+                ids = list(encoded["input_ids"]) if start == first else self.encode(text[start:offset])
                 if len(ids) <= budget:
                     return start, ids
         # The last grid stretch alone is over budget: take the tokens nearest the cursor.
