@@ -87,7 +87,7 @@ def test_eval_cli_on_a_tiny_pair(tiny_pairs, sample_source, tmp_path):
     for variant in data["variants"].values():
         assert variant["all"]["cases"] == data["cases"] == len(data["completions"]["healing"])
         assert set(variant["by_kind"]) == set(KINDS)
-        assert 0 <= variant["all"]["edit_similarity"] <= 1
+        assert 0 <= variant["all"]["edit_similarity"] <= 1 and variant["all"]["tokens_per_forward"] > 0
     assert plot.stat().st_size > 10_000
 
     code = main(["eval", "--kinds", "fresh_line,nowhere"])

@@ -26,7 +26,8 @@ stripped), ``edit_similarity`` (difflib's ratio of those lines, as CrossCodeEval
 mid-line by the token limit is judged on its whole lines), ``stray_whitespace`` (the suggestion
 starts with whitespace the deleted text did not: a doubled indentation or a space inside a
 word), ``retyped_suffix`` (the suggestion ends with the closers already after the cursor:
-accepting it doubles them), ``empty`` (nothing shown).
+accepting it doubles them), ``empty`` (nothing shown); and, for speed's side of the same cases,
+``tokens_per_forward`` (tokens over target forwards: what drafting from the prompt buys).
 
 Variants, side by side in one run on the same cases: ``healing`` / ``no_healing`` (token
 healing on/off), the FIM layouts the family serves (``psm``, ``anchored``, ``spm``), and
@@ -175,6 +176,9 @@ def summarize(scores: list[dict[str, Any]]) -> dict[str, Any]:
     for metric in METRICS:
         values = [float(s[metric]) for s in scores]
         out[metric] = round(statistics.fmean(values), 3) if values else 0.0
+    forwards = sum(s.get("target_forwards", 0) for s in scores)
+    # Speed's side of the same cases: tokens per target forward (what drafting from the prompt buys).
+    out["tokens_per_forward"] = round(sum(s.get("tokens", 0) for s in scores) / forwards, 3) if forwards else 0.0
     return out
 
 
@@ -236,7 +240,9 @@ def run_cases(engines: dict[str, tuple[Any, bool]], cases: list[Case], max_token
                 extra_context=chunks, path=path))
             engine.close_document(uri)
             suggestion = postprocess(result.text, context_at(case.text, case.offset))
-            results[name].append({"kind": case.kind, "case": case.name, **score(case, result.text, suggestion)})
+            results[name].append({"kind": case.kind, "case": case.name, "tokens": len(result.token_ids),
+                                  "target_forwards": result.target_forwards, "prompt_tokens": len(result.prompt_ids),
+                                  **score(case, result.text, suggestion)})
         if progress is not None:
             progress.update()
     return results
@@ -255,15 +261,17 @@ def format_table(data: dict[str, Any]) -> str:
              f"up to {data['settings']['max_tokens']} tokens, corpus {data['settings']['corpus']}"
     lines = [header, "what the editor shows (after specd-lsp's post-processing) vs the deleted text; "
                      "fractions of cases (edit similarity: mean ratio)"]
-    columns = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "empty")
-    titles = ("exact", "edit sim", "parses", "stray ws", "re-typed", "empty")
+    columns = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "empty",
+               "tokens_per_forward")
+    titles = ("exact", "edit sim", "parses", "stray ws", "re-typed", "empty", "tok/fwd")
     for kind in ["all", *data["kinds"]]:
         lines += ["", f"{kind}:" if kind != "all" else "all kinds:",
                   f"  {'variant':<12}{'cases':>6}" + "".join(f"{t:>10}" for t in titles)]
         for name, variant in data["variants"].items():
             s = variant["all"] if kind == "all" else variant["by_kind"][kind]
             lines.append(f"  {name:<12}{s['cases']:>6}" + "".join(
-                f"{s[c]:>10.2f}" if c == "edit_similarity" else f"{s[c] * 100:>9.0f}%" for c in columns))
+                f"{s[c]:>10.2f}" if c in ("edit_similarity", "tokens_per_forward") else f"{s[c] * 100:>9.0f}%"
+                for c in columns))
     lines += ["", f"command: {data['command']}  ({data['wall_s']:.0f} s)"]
     return "\n".join(lines)
 
