@@ -1,0 +1,238 @@
+"""The VS Code extension inside VS Code: code-server in headless Chromium, driven with Playwright.
+
+The packaged .vsix is installed into code-server (a VS Code build that runs in a browser, and a
+remote window as far as VS Code's settings are concerned), with ``specd.serverPath`` in the User
+settings. A person's steps: open a Python file of a workspace, type in a function body, wait for
+the inline ghost text, accept with Tab, accept a word (Ctrl+Right), dismiss one (Escape), read
+the status bar item, and kill the daemon (kill -9) and see suggestions come back. specd-lsp
+starts the daemon with the shipped demo pair in private directories. A failing step leaves a
+screenshot beside the test's temporary files (its path is in the failure message).
+
+What it needs is installed once by ``editor-plugins/vscode/e2e/install.sh`` into
+``~/.cache/specd-test/vscode-e2e`` (Node 24, code-server, Playwright; Debian's chromium through
+apt): about 7 minutes and 800 MB the first time, nothing later. When that cannot be set up the
+test fails; it never skips.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon_helpers import REPO
+from specd.client import Client, DaemonUnavailable
+from specd.protocol import RpcError
+from tools import BIN, find_tool
+
+pytestmark = pytest.mark.slow
+
+VSCODE = REPO / "editor-plugins" / "vscode"
+CACHE = Path.home() / ".cache" / "specd-test" / "vscode-e2e"
+INSTALL_TIMEOUT_S = 1800
+READY_S = 180  # code-server up, the extension active, specd-lsp spawning the daemon (demo pair)
+GHOST_S = 60
+EDIT_S = 15
+SOURCE = "def add(a, b):\n    return a + b\n\n\ndef scale(values, factor):\n"
+GHOST = ".monaco-editor .ghost-text-decoration, .monaco-editor .ghost-text"
+
+
+@pytest.fixture(scope="module")
+def tools() -> dict[str, str]:
+    """install.sh's paths (it installs on the first run)."""
+    done = subprocess.run(["bash", str(VSCODE / "e2e" / "install.sh"), str(CACHE)], capture_output=True, text=True,
+                          timeout=INSTALL_TIMEOUT_S, env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 0, f"the VS Code e2e tools could not be installed:\n{done.stderr[-4000:]}"
+    paths = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    for key in ("NODE", "CODE_SERVER", "PLAYWRIGHT_PATH", "CHROMIUM"):
+        assert paths.get(key) and Path(paths[key]).exists(), f"{key} missing after install: {done.stdout}"
+    return paths
+
+
+@pytest.fixture(scope="module")
+def vsix() -> Path:
+    npm = find_tool("npm")
+    env = {**os.environ, "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")])}
+    if not (VSCODE / "node_modules").is_dir():
+        subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=VSCODE, env=env, check=True, timeout=600,
+                       capture_output=True)
+    subprocess.run([npm, "run", "build"], cwd=VSCODE, env=env, check=True, timeout=300, capture_output=True)
+    subprocess.run([npm, "run", "package"], cwd=VSCODE, env=env, check=True, timeout=300, capture_output=True)
+    return VSCODE / "specd.vsix"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _daemon_pid(socket_path: Path) -> int | None:
+    """The daemon's pid once its models are loaded; None before."""
+    try:
+        with Client.connect_unix(socket_path, timeout=2) as client:
+            status = client.status()
+    except (DaemonUnavailable, OSError, RpcError):
+        return None
+    return status.get("pid") if status.get("state") == "ready" else None
+
+
+def _wait(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_the_extension_in_code_server(tools, vsix, tmp_path):
+    sys.path.insert(0, tools["PLAYWRIGHT_PATH"])
+    from playwright.sync_api import sync_playwright
+
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECD_")}
+    for var, sub in (("XDG_RUNTIME_DIR", "run"), ("XDG_STATE_HOME", "state"), ("XDG_CONFIG_HOME", "config"),
+                     ("XDG_CACHE_HOME", "cache"), ("XDG_DATA_HOME", "data")):
+        (home / sub).mkdir(parents=True, mode=0o700)
+        env[var] = str(home / sub)
+    env["PATH"] = os.pathsep.join([str(Path(tools["NODE"]).parent), env.get("PATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    socket_path = home / "run" / "specd" / "specd.sock"
+    user_data, extensions, workspace = tmp_path / "user-data", tmp_path / "extensions", tmp_path / "project"
+    (user_data / "User").mkdir(parents=True)
+    workspace.mkdir()
+    (workspace / "mod.py").write_text(SOURCE)
+    # User settings, as a person sets them: in code-server (a remote window) they must reach the extension.
+    (user_data / "User" / "settings.json").write_text(json.dumps({
+        "specd.serverPath": str(BIN / "specd-lsp"),
+        "editor.quickSuggestions": {"other": "off", "comments": "off", "strings": "off"},  # no word popup
+        "workbench.startupEditor": "none",
+        "workbench.secondarySideBar.defaultVisibility": "hidden",
+        "chat.disableAIFeatures": True,
+        "security.workspace.trust.enabled": False,
+        "telemetry.telemetryLevel": "off",
+        "extensions.autoCheckUpdates": False,
+        "files.autoSave": "off",
+    }))
+    code_server = [tools["NODE"], tools["CODE_SERVER"], "--user-data-dir", str(user_data),
+                   "--extensions-dir", str(extensions)]
+    installed = subprocess.run([*code_server, "--install-extension", str(vsix)], env=env, capture_output=True,
+                               text=True, timeout=120)
+    assert installed.returncode == 0 and "successfully installed" in installed.stdout, installed.stdout + installed.stderr
+
+    port = _free_port()
+    log = (tmp_path / "code-server.log").open("w")
+    server = subprocess.Popen([*code_server, "--auth", "none", "--bind-addr", f"127.0.0.1:{port}", "--disable-telemetry",
+                               "--disable-workspace-trust", str(workspace)], env=env, stdout=log,
+                              stderr=subprocess.STDOUT)
+    shot = tmp_path / "failure.png"
+    timings: dict[str, float] = {}
+    try:
+        def listening() -> bool:
+            if server.poll() is not None:
+                pytest.fail(f"code-server exited: {(tmp_path / 'code-server.log').read_text()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                return True
+            except OSError:
+                return False
+
+        _wait(listening, 60, "code-server")
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=tools["CHROMIUM"], headless=True,
+                                                 args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            try:
+                started = time.monotonic()
+                page.goto(f"http://127.0.0.1:{port}/?folder={workspace}")
+                page.wait_for_selector(".monaco-workbench", timeout=READY_S * 1000)
+                page.click(".explorer-folders-view >> text=mod.py", timeout=READY_S * 1000)
+                page.wait_for_selector(".monaco-editor .view-lines", timeout=EDIT_S * 1000)
+                # The extension is active and specd-lsp has its daemon (spawned, demo pair loaded).
+                _wait(lambda: _daemon_pid(socket_path), READY_S, "the daemon specd-lsp spawns")
+                timings["ready_s"] = time.monotonic() - started
+
+                def type_for_ghost(text: str, what: str) -> float:
+                    page.keyboard.type(text, delay=60)
+                    sent = time.monotonic()
+                    page.wait_for_selector(GHOST, timeout=GHOST_S * 1000)
+                    return time.monotonic() - sent
+
+                def saved() -> str:
+                    """The document's text as VS Code holds it: saved, then read from disk."""
+                    page.keyboard.press("Control+S")
+                    page.wait_for_selector(".tab.dirty", state="detached", timeout=EDIT_S * 1000)
+                    return (workspace / "mod.py").read_text()
+
+                page.click(".monaco-editor .view-lines")
+                page.keyboard.press("Control+End")
+                # A function body: Enter after the `def` line (VS Code indents), then a word.
+                timings["first_ghost_s"] = type_for_ghost("    result = ", "a suggestion in the function body")
+                page.keyboard.press("Tab")
+                typed = SOURCE + "    result = "
+                text = _wait(lambda: (t := saved()) != typed and t, EDIT_S, "the accepted suggestion in the file")
+                assert text.startswith(typed) and len(text) > len(typed), text
+
+                # Accept one word of the next suggestion: a few characters, no new line.
+                page.keyboard.press("End")
+                page.keyboard.press("Enter")
+                type_for_ghost("return ", "a suggestion after `return `")
+                before = saved()
+                page.keyboard.press("Control+ArrowRight")  # editor.action.inlineSuggest.acceptNextWord
+                after = _wait(lambda: (t := saved()) != before and t, EDIT_S, "one word accepted")
+                assert after.count("\n") == before.count("\n") and 0 < len(after) - len(before) < 40, (before, after)
+
+                # Dismiss: Escape hides the ghost text and leaves the file as it was.
+                page.keyboard.press("End")
+                page.keyboard.press("Enter")
+                type_for_ghost("print(", "a suggestion after `print(`")
+                page.keyboard.press("Escape")
+                page.wait_for_selector(GHOST, state="detached", timeout=EDIT_S * 1000)
+
+                status = page.inner_text(".statusbar")
+                assert "specd" in status, status
+
+                # kill -9 of the daemon: specd-lsp starts another; suggestions come back as one types on.
+                pid = _daemon_pid(socket_path)
+                os.kill(pid, signal.SIGKILL)
+                killed = time.monotonic()
+                page.keyboard.press("End")
+                page.keyboard.press("Enter")
+                page.keyboard.type("total", delay=60)
+                for letter in "_value = sum(values) * factor":
+                    page.keyboard.type(letter)
+                    if page.query_selector(GHOST) and (_daemon_pid(socket_path) or pid) != pid:
+                        break
+                    time.sleep(0.5)
+                _wait(lambda: (new := _daemon_pid(socket_path)) and new != pid, READY_S, "a new daemon")
+                page.keyboard.type(" ")
+                page.wait_for_selector(GHOST, timeout=GHOST_S * 1000)
+                timings["recovery_s"] = time.monotonic() - killed
+            except Exception as err:
+                page.screenshot(path=str(shot))
+                raise AssertionError(f"{err}\nscreenshot: {shot}\ncode-server log: {tmp_path / 'code-server.log'}") from err
+            finally:
+                browser.close()
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+        try:
+            with Client.connect_unix(socket_path, timeout=2) as client:
+                client.shutdown()
+        except (DaemonUnavailable, OSError):
+            pass
+    print(json.dumps({key: round(value, 1) for key, value in timings.items()}))
