@@ -1,8 +1,8 @@
 """The VS Code extension inside VS Code: code-server in headless Chromium, driven with Playwright.
 
-The packaged .vsix is installed into code-server (a VS Code build that runs in a browser, and a
-remote window as far as VS Code's settings are concerned), with ``specd.serverPath`` in the User
-settings. A person's steps: open a Python file of a workspace, type in a function body, wait for
+The packaged .vsix is installed into code-server (VS Code's workbench served to a browser, its
+extensions running on the server like a remote window's), with ``specd.serverPath`` in the User
+settings and no ``specd-lsp`` on PATH, so the setting must reach the extension. A person's steps: open a Python file of a workspace, type in a function body, wait for
 the inline ghost text, accept with Tab, accept a word (Ctrl+Right), dismiss one (Escape), read
 the status bar item, and kill the daemon (kill -9) and see suggestions come back. specd-lsp
 starts the daemon with the shipped demo pair in private directories. A failing step leaves a
@@ -105,7 +105,9 @@ def test_the_extension_in_code_server(tools, vsix, tmp_path):
                      ("XDG_CACHE_HOME", "cache"), ("XDG_DATA_HOME", "data")):
         (home / sub).mkdir(parents=True, mode=0o700)
         env[var] = str(home / sub)
-    env["PATH"] = os.pathsep.join([str(Path(tools["NODE"]).parent), env.get("PATH", "")])
+    # specd-lsp only through specd.serverPath: no folder on PATH holds one.
+    path = [d for d in env.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "specd-lsp").exists()]
+    env["PATH"] = os.pathsep.join([str(Path(tools["NODE"]).parent), *path])
     env["OMP_NUM_THREADS"] = "1"
     socket_path = home / "run" / "specd" / "specd.sock"
     user_data, extensions, workspace = tmp_path / "user-data", tmp_path / "extensions", tmp_path / "project"
