@@ -162,7 +162,6 @@ def test_four_hundred_ranged_edits_on_a_mebibyte_do_not_stall():
     result = edit_index(TextIndex(text), edits, "utf-16")
     elapsed = time.perf_counter() - started
     assert elapsed < 3.0, f"{elapsed:.2f} s for 400 edits"
-    assert result.text == _naive_apply(text, edits[:40]) or len(edits) > 40  # spot check below
     assert apply_edits(text, edits[:40], "utf-16") == _naive_apply(text, edits[:40])
     assert result.line_starts == SharedTextIndex(result.text).line_starts
 
@@ -408,7 +407,6 @@ def test_pre_auth_messages_are_small_and_hello_has_a_deadline(tmp_path):
         assert replies(data)[-1][2][0]["code"] == "unauthorized" and "within 0.5 s" in replies(data)[-1][2][0]["message"]
         with Client.connect_tcp("127.0.0.1", port, token="s3cret") as c:  # a large message once authenticated
             assert c.request("status", {"pad": "x" * (server.PREAUTH_MAX_FRAME_BYTES * 2)})["state"] == "ready"
-        assert d.daemon.connections is not None
 
 
 def test_wrong_tokens_back_off(tmp_path, monkeypatch):
