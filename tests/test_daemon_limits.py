@@ -737,3 +737,35 @@ def test_an_edit_storm_is_applied_in_steps_and_in_order(tmp_path):
         assert d.on_loop(lambda: len(d.daemon._document_locks)) == 0
     print(f"edit storm: another client's slowest status {worst * 1000:.0f} ms")
     assert worst < 1.0
+
+
+def test_a_large_text_is_indexed_in_steps(monkeypatch):
+    from specd.daemon import buffers
+    from specd.daemon.buffers import index_in_steps
+
+    monkeypatch.setattr(buffers, "STEPWISE_INDEX_CHARS", 10)
+    monkeypatch.setattr(buffers, "INDEX_STEP_CHARS", 7)
+    rng = random.Random(5)
+    for _ in range(1000):
+        text = "".join(rng.choice(["a", "\r", "\n", "\r\n", "é"]) for _ in range(rng.randint(0, 60)))
+        assert asyncio.run(index_in_steps(text)).line_starts == TextIndex(text).line_starts
+
+
+def test_opening_a_large_document_does_not_stall_other_clients(tmp_path):
+    line = "value = compute(alpha)  # é\n"
+    text = line * (3 * MiB // len(line))
+    lines = text.count("\n")
+    with LocalDaemon(tmp_path) as d, Client.connect_unix(d.socket_path) as c, Client.connect_unix(d.socket_path) as other:
+        opened = c.send_request("open", {"uri": "file:///large.py", "text": text})[1]
+        completed = c.send_request("complete", {"uri": "file:///large.py", "cursor": {"line": lines - 1, "character": 5}})[1]
+        worst = 0.0
+        while not completed.done():
+            started = time.monotonic()
+            other.status()
+            worst = max(worst, time.monotonic() - started)
+        opened.result(10)
+        offset = len(text) - len(line) + 5
+        assert completed.result(10)["offset"] == offset
+        assert completed.result()["text"] == "[" + text[offset - 12:offset] + "]"
+    print(f"large open: another client's slowest status {worst * 1000:.0f} ms")
+    assert worst < 1.0

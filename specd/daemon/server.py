@@ -37,7 +37,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from specd import __version__
 from specd.daemon import systemd
-from specd.daemon.buffers import BufferStore, TextIndex, edit_index, resolve_cursor
+from specd.daemon.buffers import BufferStore, TextIndex, edit_index, index_in_steps, resolve_cursor
 from specd.daemon.engine_api import CompletionEngine, CorpusEngine
 from specd.daemon.listeners import RuntimeLock, StartupError, bind_tcp, bind_unix, peer_uid
 from specd.daemon.metrics import LatencyWindow, device_memory, process_memory
@@ -515,7 +515,10 @@ class Daemon:
         version = get_int(params, "version", 0, 2**63 - 1) or 0
         language = get_str(params, "language", required=False)
         async with self._document(uri):
+            self.buffers.check_size(text, uri)
+            index = await index_in_steps(text)  # a large text's line index, built without stalling the loop
             doc = self.buffers.open(uri, text, version, conn.id, language)
+            doc._index = index
         self.mirror.set(uri, doc.text)
         return {"uri": uri, "version": doc.version}
 
@@ -532,7 +535,8 @@ class Daemon:
         async with self._document(uri):
             doc = self.buffers.changeable(uri, version)
             if text is not None:
-                index = TextIndex(text)
+                self.buffers.check_size(text, uri)
+                index = await index_in_steps(text)
             else:
                 index = doc.index
                 loop = asyncio.get_running_loop()
@@ -557,7 +561,7 @@ class Daemon:
                 job.request_cancel("the document was closed")
         return {"uri": uri, "closed": closed}
 
-    def _completion_request(self, params: dict[str, Any]) -> tuple[Any, int | None]:
+    async def _completion_request(self, params: dict[str, Any]) -> tuple[Any, int | None]:
         from specd.engine.types import CompletionRequest, ContextChunk
 
         uri = get_uri(params, required=False)
@@ -570,7 +574,9 @@ class Daemon:
             text, version, index = doc.text, doc.version, doc.index
         else:
             self.buffers.check_size(text, "text")
-            index = TextIndex(text)
+            cursor = params.get("cursor")
+            needs_lines = isinstance(cursor, dict) and "line" in cursor
+            index = await index_in_steps(text) if needs_lines else TextIndex(text)
         if "cursor" not in params:
             raise param_error("complete needs a cursor")
         offset = resolve_cursor(index, params["cursor"], params.get("encoding"))
@@ -598,9 +604,9 @@ class Daemon:
         uri = params.get("uri")
         if isinstance(uri, str) and params.get("text") is None:  # the open document, after changes before it
             async with self._document(get_uri(params)):
-                req, version = self._completion_request(params)
+                req, version = await self._completion_request(params)
         else:
-            req, version = self._completion_request(params)
+            req, version = await self._completion_request(params)
         if (failure := self._load_failure()) is not None:
             raise failure
         received = time.monotonic()

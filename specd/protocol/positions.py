@@ -100,10 +100,13 @@ class TextIndex:
 
     def _build(self) -> None:
         if self._blocks is None:
-            flat = [0] + [match.end() for match in LINE_BREAK.finditer(self.text)]
-            self._set([flat[at:at + LINES_PER_BLOCK] for at in range(0, len(flat), LINES_PER_BLOCK)],
-                      [0] * ((len(flat) + LINES_PER_BLOCK - 1) // LINES_PER_BLOCK))
-            self._flat = flat
+            self.set_line_starts([0] + [match.end() for match in LINE_BREAK.finditer(self.text)])
+
+    def set_line_starts(self, flat: list[int]) -> None:
+        """Take line starts computed elsewhere (``scan_line_starts``, in steps) for this text."""
+        self._set([flat[at:at + LINES_PER_BLOCK] for at in range(0, len(flat), LINES_PER_BLOCK)],
+                  [0] * ((len(flat) + LINES_PER_BLOCK - 1) // LINES_PER_BLOCK))
+        self._flat = flat
 
     def _set(self, blocks: list[list[int]], shifts: list[int]) -> None:
         self._blocks, self._shifts = blocks, shifts
@@ -206,6 +209,17 @@ class TextIndex:
         # An offset between \r and \n belongs to the end of the line's content.
         column_text = self.text[start:min(offset, self.line_end(line))]
         return line, units(column_text, encoding)
+
+
+def scan_line_starts(text: str, begin: int, chunk: int) -> tuple[list[int], int]:
+    """Line starts after ``begin`` in about ``chunk`` characters of ``text``, and where to go on.
+
+    Ends just after a "\n" (or at the end), so a "\r\n" is never cut in two: callers can build
+    an index of a huge text in short steps, yielding between them."""
+    stop = text.find("\n", begin + chunk) + 1 if begin + chunk < len(text) else len(text)
+    if stop <= 0:
+        stop = len(text)
+    return [match.end() for match in LINE_BREAK.finditer(text, begin, stop)], stop
 
 
 def offset_at(text: str, line: int, character: int, encoding: str = DEFAULT_ENCODING) -> int:
