@@ -141,3 +141,24 @@ def test_a_lookup_switched_off_by_a_bad_stretch_is_tried_again():
         steps += 1
         assert steps < 500, "never tried again"
     assert steps > 10  # not at once: a stretch of plain steps first
+
+
+def test_widths_follow_the_single_token_cost_when_the_machine_slows_or_speeds_up():
+    costs = ForwardCosts(target=dict(CPU))
+    costs.record_target(1, 20.0)  # the machine got busy: one sample at twice the cost
+    scale = costs.target[1] / CPU[1]
+    assert scale > 1
+    assert costs.target[8] == pytest.approx(CPU[8] * scale) and costs.target[32] == pytest.approx(CPU[32] * scale)
+    costs.record_target(8, 15.0)  # a width's own sample moves only that width
+    assert costs.target[1] == pytest.approx(CPU[1] * scale)
+
+
+def test_a_lookup_match_passed_over_is_probed_now_and_then():
+    """Priced out (a stale cost table, a pessimistic estimate), a match is still tried, short,
+    every PROBE_EVERY steps: its acceptance and the verify's cost get measured again."""
+    steep = {1: 10.0, 2: 14.0, 4: 22.0, 8: 38.0, 16: 70.0}
+    planner = DraftPlanner(memory(steep, alphas={"lookup/short": 0.05}), lookup=FixedLookup(list(range(16)), ngram=2))
+    drafts = [planner.propose([1, 2, 3], 40) for _ in range(2 * PROBE_EVERY)]
+    assert [len(d) for d in drafts].count(0) == 2 * PROBE_EVERY - 2
+    assert [i for i, d in enumerate(drafts) if d.tokens] == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]
+    assert all(len(d) == 4 for d in drafts if d.tokens)

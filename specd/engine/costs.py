@@ -105,6 +105,14 @@ class ForwardCosts:
     def record_target(self, width: int, ms: float) -> None:
         old = self.target.get(width)
         self.target[width] = ms if old is None else (1 - EMA) * old + EMA * ms
+        if width == 1 and old:
+            # A slower or faster machine (another process, a thermal limit) moves every width
+            # alike: widths the planner has stopped using follow the one it always uses, so a
+            # busy moment at calibration does not price drafting out for good.
+            scale = self.target[1] / old
+            for other in self.target:
+                if other != 1:
+                    self.target[other] *= scale
 
     def record_draft(self, catch_up: int, steps: int, ms: float) -> None:
         if steps <= 0:

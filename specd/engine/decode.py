@@ -22,6 +22,7 @@ from specd.engine.types import Cancelled, SourceStats
 
 PROBE_EVERY = 24  # steps without the draft model after which it is tried once, so its estimate can recover
 PROBE_CATCH_UP = 64  # ... if catching it up costs at most this many tokens
+PROBE_LENGTH = 4  # tokens of a lookup match tried after PROBE_EVERY steps of passing matches over
 TRUSTED_NGRAM = 3  # lookup matches this long are their own kind of draft (they stand far more often)
 
 PRIORS = {  # per-token acceptance before anything is measured
@@ -46,6 +47,7 @@ class PlannerMemory:
     costs: ForwardCosts = field(default_factory=ForwardCosts)
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
     steps_since_model: int = 0
+    steps_since_lookup: int = 0  # steps a lookup match was found and not drafted
 
     def of(self, kind: str) -> Acceptance:
         if kind not in self.acceptance:
@@ -95,6 +97,7 @@ class DraftPlanner:
         if self.lookup is not None:
             candidates.append(self.lookup.propose(seq, min(room, self.lookup_max)))
         unchosen = []
+        probe = None
         for draft in candidates:
             if draft.tokens:
                 kind = draft_kind(draft)
@@ -102,6 +105,17 @@ class DraftPlanner:
                 unchosen.append(kind)
                 if rate > best_rate:
                     best, best_rate = Draft(draft.tokens[:k], draft.source, None, draft.ngram), rate
+                elif probe is None:
+                    probe = Draft(draft.tokens[:PROBE_LENGTH], draft.source, None, draft.ngram)
+        if best.tokens:
+            self.memory.steps_since_lookup = 0
+        elif probe is not None:
+            # Matches keep being passed over: try one short one now and then, so its acceptance
+            # and the cost of a verify that wide are measured again (both may be stale).
+            self.memory.steps_since_lookup += 1
+            if self.memory.steps_since_lookup >= PROBE_EVERY:
+                self.memory.steps_since_lookup = 0
+                best = probe
         if self.model is not None:
             catch_up = len(seq) - common_prefix(self.model.state.ids, seq)
             k = self._model_length(catch_up, room, best_rate)
