@@ -304,6 +304,8 @@ class DaemonLink:
         code = getattr(err, "code", "")
         if code in (ErrorCode.CONNECTION_LOST.value, ErrorCode.SHUTTING_DOWN.value):
             return  # the replay after reconnecting puts it right
+        if method == Method.CLOSE and code == ErrorCode.UNKNOWN_DOCUMENT.value:
+            return  # closing what the daemon does not hold (a document kept out) is what we wanted
         log.warning("daemon refused %s%s: %s", method.value, f" of {doc.uri}" if doc else "", err)
         current = self.documents.get(doc.uri) if doc is not None else None
         if method == Method.CHANGE and current is doc and code != ErrorCode.DOCUMENT_TOO_LARGE.value:
