@@ -93,13 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
                    description="Send `shutdown` to the daemon on the socket: in-flight requests get their "
                                "answers, then it exits and removes the socket file.")
 
-    p = sub.add_parser("bench", help="measure specd against HF generate, assisted generation and prompt lookup",
+    p = sub.add_parser("bench", help="measure specd against HF generate, assisted generation, prompt lookup and "
+                                     "llama.cpp",
                        description="Run workloads from real source files through plain HF generate() (cold, and "
                                    "with a per-document prefix cache as llama.cpp's cache_prompt), HF assisted "
                                    "generation (transformers' defaults: up to 20 draft tokens per step, constant "
-                                   "schedule, drafting stops below 0.4 draft confidence), HF prompt lookup and "
-                                   "specd (with ablations), side by side on the same models and prompts; print "
-                                   "ratios.")
+                                   "schedule, drafting stops below 0.4 draft confidence), HF prompt lookup, "
+                                   "llama.cpp on a GGUF of the same weights (llamacpp, llamacpp_lookup; with "
+                                   "llama-cpp-python installed) and specd (on torch, on llama.cpp's forward, and "
+                                   "ablations), side by side on the same models and prompts; print ratios.")
     _model_flags(p)
     p.add_argument("--fim-layout", choices=("auto", "psm", "spm", "anchored"),
                    help="force the engine's FIM prompt layout (model.fim_layout); the report records the "
