@@ -769,3 +769,18 @@ def test_opening_a_large_document_does_not_stall_other_clients(tmp_path):
         assert completed.result()["text"] == "[" + text[offset - 12:offset] + "]"
     print(f"large open: another client's slowest status {worst * 1000:.0f} ms")
     assert worst < 1.0
+
+
+def test_the_partial_message_clock_restarts_with_each_message(tmp_path):
+    """A client that keeps sending whole messages, each read ending mid-message, is not cut."""
+    frame = pack([0, 1, "status", [{}]])
+    with LocalDaemon(tmp_path, partial_message_timeout_s=0.5) as d:
+        with raw_connect(d.socket_path) as sock:
+            sock.sendall(frame[:5])
+            for _ in range(15):  # 1.5 s of traffic, never an empty buffer between reads
+                time.sleep(0.1)
+                sock.sendall(frame[5:] + frame[:5])
+            sock.sendall(frame[5:])
+            sock.shutdown(socket.SHUT_WR)
+            got = replies(read_all(sock, timeout=10))
+        assert [message[0] for message in got] == [1] * 16, got[-1]  # 16 answers, no timeout

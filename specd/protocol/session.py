@@ -219,6 +219,8 @@ class Session:
                     if not data:
                         break
                     objects = self._decoder.feed(data)
+                    if objects:  # what is pending now belongs to a newer message: its own clock
+                        self._partial_since = None
                 except (ConnectionError, OSError):
                     break
                 except FrameError as err:
