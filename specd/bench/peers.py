@@ -18,7 +18,7 @@ building the prompt.
 - ``hf_lookup``: ``generate(prompt_lookup_num_tokens=10)``: HF's prompt-lookup decoding (n-grams
   of up to ``max_matching_ngram_size=2`` tokens matched in the prompt and output so far).
 - ``llamacpp``: llama.cpp (llama-cpp-python) on a GGUF file written from the same weights
-  (f32 on CPU; :mod:`specd.llamacpp.export`), greedy, with one slot whose KV cache persists
+  (f32 weights and K/V on CPU; :mod:`specd.llamacpp.export`), greedy, with one slot whose KV cache persists
   between requests and is re-used up to the longest common token prefix, as llama-server's
   ``cache_prompt`` does for a client: what a llama.vim / llama.vscode user runs.
 - ``llamacpp_lookup``: the same with llama-cpp-python's prompt-lookup drafter
@@ -214,8 +214,10 @@ class LlamaCppMethod:
         self.max_tokens = max_tokens
         self.stop_ids = set(engine.stop_ids)
         window = context_window(engine.pair) or 4096
+        # K/V in the weights' precision, as specd_llamacpp keeps them: llama-server's f16 K/V moves
+        # logits enough to flip near-ties, and the bench compares outputs token for token.
         self.slot = LlamaSlot(gguf_path, n_ctx=window + max_tokens + LOOKUP_TOKENS + 64, threads=threads,
-                              lookup=lookup)
+                              lookup=lookup, kv_f32=engine.pair.dtype == torch.float32)
 
     def _constraint(self, healed: str):
         """Token healing's constraint on the first tokens, as every other method gets it."""

@@ -57,11 +57,13 @@ def available() -> bool:
     return True
 
 
-def load_llama(path: str | Path, n_ctx: int = 4096, threads: int = 1, n_batch: int = 512):
-    """A quiet ``llama_cpp.Llama`` on the CPU (no GPU layers), ``threads`` for decode and batch."""
+def load_llama(path: str | Path, n_ctx: int = 4096, threads: int = 1, n_batch: int = 512, kv_f32: bool = False):
+    """A quiet ``llama_cpp.Llama`` on the CPU (no GPU layers), ``threads`` for decode and batch;
+    K/V in f32 with ``kv_f32`` (llama.cpp's default is f16)."""
     llama_cpp = import_llama_cpp()
+    kv = {"type_k": 0, "type_v": 0} if kv_f32 else {}  # ggml type 0 = f32
     return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
-                           n_threads_batch=threads, n_gpu_layers=0, logits_all=False, verbose=False)
+                           n_threads_batch=threads, n_gpu_layers=0, logits_all=False, verbose=False, **kv)
 
 
 @dataclass
@@ -80,8 +82,9 @@ class Generation:
 class LlamaSlot:
     """One llama.cpp context used as one llama-server slot: the KV cache of the last request."""
 
-    def __init__(self, path: str | Path, *, n_ctx: int = 4096, threads: int = 1, lookup: bool = False):
-        self.llama = load_llama(path, n_ctx=n_ctx, threads=threads)
+    def __init__(self, path: str | Path, *, n_ctx: int = 4096, threads: int = 1, lookup: bool = False,
+                 kv_f32: bool = False):
+        self.llama = load_llama(path, n_ctx=n_ctx, threads=threads, kv_f32=kv_f32)
         self.n_vocab = self.llama.n_vocab()
         self.lookup = None
         if lookup:
