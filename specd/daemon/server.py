@@ -419,7 +419,9 @@ class Daemon:
         if not conn.authenticated and request.method != Method.HELLO:
             raise RpcError(ErrorCode.UNAUTHORIZED, "send hello with the token first (TCP connections need daemon.tcp_token)")
         if self.shutting_down and request.method not in (Method.STATUS, Method.HELLO):
-            raise RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
+            # Stopping because the models failed to load: say why (the client that spawned it
+            # asked exactly once, and "shutting down" would hide the cause).
+            raise self._load_failure() or RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
         return await handler(conn, request.params, request)
 
     async def _notification(self, conn: Connection, note: Notification) -> None:
