@@ -140,6 +140,13 @@ class DaemonProcess:
         raise AssertionError("no VmRSS")
 
 
+def free_port() -> int:
+    """A loopback TCP port nobody listens on (for a daemon's or a server's listener)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def raw_connect(path: Path, timeout: float = 5.0) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)

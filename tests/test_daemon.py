@@ -24,7 +24,7 @@ import pytest
 
 from tools import find_tool
 
-from daemon_helpers import DaemonProcess, raw_connect, read_all, wait_for
+from daemon_helpers import DaemonProcess, free_port, raw_connect, read_all, wait_for
 from specd.client import AsyncClient, Client, DaemonUnavailable, complete_via_daemon, ensure_daemon
 from specd.protocol import ErrorCode, RpcError, pack
 
@@ -717,14 +717,8 @@ def test_another_uid_is_refused_for_real(tmp_path):
     assert replies == [[2, "specd/error", [{"code": "unauthorized", "message": "uid 65534 may not use this daemon"}]]]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_tcp_listener_needs_the_token(tmp_path):
-    port = _free_port()
+    port = free_port()
     d = DaemonProcess(tmp_path / "d", config={"daemon.tcp_token": "s3cret"}, args=("--tcp", f"127.0.0.1:{port}")).start()
     try:
         sock = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -749,7 +743,7 @@ def test_tcp_listener_needs_the_token(tmp_path):
     ("127.0.0.1:{port}", {}, "needs a token"),
 ])
 def test_tcp_misconfiguration_refuses_to_start(tmp_path, spec, config, message):
-    d = DaemonProcess(tmp_path / "d", config=config, args=("--tcp", spec.format(port=_free_port())))
+    d = DaemonProcess(tmp_path / "d", config=config, args=("--tcp", spec.format(port=free_port())))
     d.start(wait=False)
     assert d.proc.wait(30) == 1
     assert message in d.stderr()

@@ -24,7 +24,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from daemon_helpers import DaemonProcess, raw_connect, read_all, wait_for
+from daemon_helpers import DaemonProcess, free_port, raw_connect, read_all, wait_for
 from specd.client import Client
 from specd.daemon import scheduler as scheduler_module
 from specd.daemon.buffers import TextIndex, apply_edits, edit_index, resolve_cursor
@@ -367,16 +367,10 @@ def test_long_uris_are_refused(tmp_path):
 # -- TCP before authentication ----------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_unauthenticated_tcp_cannot_lock_the_owner_out(tmp_path):
     from specd.daemon import server
 
-    port = _free_port()
+    port = free_port()
     with LocalDaemon(tmp_path, tcp=f"127.0.0.1:{port}", token="s3cret") as d:
         idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(server.MAX_PREAUTH_CONNECTIONS)]
         try:
@@ -394,7 +388,7 @@ def test_unauthenticated_tcp_cannot_lock_the_owner_out(tmp_path):
 def test_pre_auth_messages_are_small_and_hello_has_a_deadline(tmp_path):
     from specd.daemon import server
 
-    port = _free_port()
+    port = free_port()
     with LocalDaemon(tmp_path, tcp=f"127.0.0.1:{port}", token="s3cret", hello_deadline_s=0.5) as d:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
             sock.sendall(pack([0, 1, "hello", [{"client": "x" * (server.PREAUTH_MAX_FRAME_BYTES + 10)}]]))
@@ -413,7 +407,7 @@ def test_wrong_tokens_back_off(tmp_path, monkeypatch):
     from specd.daemon import server
 
     monkeypatch.setattr(server, "AUTH_BACKOFF_BASE_S", 0.2)
-    port = _free_port()
+    port = free_port()
     with LocalDaemon(tmp_path, tcp=f"127.0.0.1:{port}", token="s3cret"):
         waits = []
         for _ in range(3):

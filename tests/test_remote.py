@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_helpers import REPO, DaemonProcess, wait_for
+from daemon_helpers import REPO, DaemonProcess, free_port, wait_for
 from lsp_helpers import daemon_options, link_options, lsp_session, server_env
 from test_lsp_nvim import nvim  # noqa: F401  (the fixture: a Neovim with vim.lsp.inline_completion)
 from specd.client import Client
@@ -43,12 +42,6 @@ URI = "file:///work/remote_sample.py"
 MAX_TOKENS = 24
 GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "stop_at_block_end": False, "time_budget_ms": 60_000}
 LLAMA_CPP_GREEDY = {"temperature": 0.0, "repeat_penalty": 1.0, "top_k": 0}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LlamaServer:

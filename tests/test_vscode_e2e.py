@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon_helpers import REPO
+from daemon_helpers import REPO, free_port
 from specd.client import Client, DaemonUnavailable
 from specd.protocol import RpcError
 from tools import BIN, find_tool
@@ -66,12 +66,6 @@ def vsix() -> Path:
     subprocess.run([npm, "run", "build"], cwd=VSCODE, env=env, check=True, timeout=300, capture_output=True)
     subprocess.run([npm, "run", "package"], cwd=VSCODE, env=env, check=True, timeout=300, capture_output=True)
     return VSCODE / "specd.vsix"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _daemon_pid(socket_path: Path) -> int | None:
@@ -132,7 +126,7 @@ def test_the_extension_in_code_server(tools, vsix, tmp_path):
                                text=True, timeout=120)
     assert installed.returncode == 0 and "successfully installed" in installed.stdout, installed.stdout + installed.stderr
 
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "code-server.log").open("w")
     server = subprocess.Popen([*code_server, "--auth", "none", "--bind-addr", f"127.0.0.1:{port}", "--disable-telemetry",
                                "--disable-workspace-trust", str(workspace)], env=env, stdout=log,

@@ -216,12 +216,10 @@ def context_for(engine, case: Case) -> tuple[list, str | None]:
     context budget (the daemon's choice, ``ContextSelector.choose``), and the case's path."""
     if not case.workspace:
         return [], None
-    from specd.engine.context import WORKSPACE_WEIGHT, Candidate, ContextSelector
+    from specd.bench.run import workspace_chunks
 
     path = case.name.split(":", 1)[0]
-    candidates = [Candidate(name, text, WORKSPACE_WEIGHT) for name, text in case.workspace]
-    return ContextSelector(engine.prompts.extra_tokens).choose(case.text, case.offset, path, candidates,
-                                                               engine.prompts.encode), path
+    return workspace_chunks(engine, case.text, case.offset, path, case.workspace), path
 
 
 def run_cases(engines: dict[str, tuple[Any, bool]], cases: list[Case], max_tokens: int,
@@ -309,13 +307,14 @@ def run_eval(args, cfg) -> int:
     import json
     import shlex
 
+    from specd.bench.run import names_of
     from specd.engine.engine import Engine, EngineOptions
     from specd.engine.types import EngineError, ModelLoadError
 
     started = time.monotonic()
     try:
-        kinds = _names(args.kinds, KINDS, "cursor kind")
-        names = _names(args.variants, VARIANTS, "variant")
+        kinds = names_of(args.kinds, KINDS, "cursor kind")
+        names = names_of(args.variants, VARIANTS, "variant")
         if args.limit < 1 or args.max_tokens < 1:
             raise ValueError("--limit and --max-tokens must be at least 1")
         files = load_corpus(args.corpus)
@@ -360,12 +359,3 @@ def run_eval(args, cfg) -> int:
     print(json.dumps(data, indent=2) if args.json else format_table(data))
     return 0
 
-
-def _names(value: str | None, known: tuple[str, ...], what: str) -> list[str]:
-    if not value:
-        return list(known)
-    names = [n.strip() for n in value.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown {what} {', '.join(unknown)} (known: {', '.join(known)})")
-    return list(dict.fromkeys(names))

@@ -34,7 +34,7 @@ PROMPT_KEY = "bench/prompts/{doc}"  # the engine document key the HF peers' prom
 WORKLOAD_METADATA = ("settings", "hf_settings", "reference")  # left out of a --forward-costs-only report
 
 
-def _names(value: str | None, known: tuple[str, ...], what: str) -> list[str]:
+def names_of(value: str | None, known: tuple[str, ...], what: str) -> list[str]:
     if not value:
         return list(known)
     names = [n.strip() for n in value.split(",") if n.strip()]
@@ -161,12 +161,17 @@ def context_chunks(engine, item: Completion) -> tuple[list, str | None]:
     workspace. Every method's prompt holds them, so outputs stay comparable."""
     if not item.workspace:
         return [], None
+    path = item.doc.split("/", 1)[-1].split(":", 1)[0]
+    return workspace_chunks(engine, item.text, item.offset, path, item.workspace), path
+
+
+def workspace_chunks(engine, text: str, offset: int, path: str, workspace) -> list:
+    """The ``workspace`` files' (path, text) chunks most like the code at ``offset``, within the
+    prompt's context budget: the daemon's choice (``ContextSelector.choose``)."""
     from specd.engine.context import WORKSPACE_WEIGHT, Candidate, ContextSelector
 
-    path = item.doc.split("/", 1)[-1].split(":", 1)[0]
-    candidates = [Candidate(name, text, WORKSPACE_WEIGHT) for name, text in item.workspace]
-    selector = ContextSelector(engine.prompts.extra_tokens)
-    return selector.choose(item.text, item.offset, path, candidates, engine.prompts.encode), path
+    candidates = [Candidate(name, body, WORKSPACE_WEIGHT) for name, body in workspace]
+    return ContextSelector(engine.prompts.extra_tokens).choose(text, offset, path, candidates, engine.prompts.encode)
 
 
 def _close(engine, methods: list[Method], doc: str) -> None:
@@ -299,8 +304,8 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
     try:
         if costs_only and getattr(args, "no_forward_costs", False):
             raise ValueError("--forward-costs-only and --no-forward-costs exclude each other")
-        workload_names = _names(args.workloads, WORKLOADS, "workload")
-        method_names = _names(args.methods, ALL_METHODS, "method")
+        workload_names = names_of(args.workloads, WORKLOADS, "workload")
+        method_names = names_of(args.methods, ALL_METHODS, "method")
         if args.limit < 1 or args.max_tokens < 1:
             raise ValueError("--limit and --max-tokens must be at least 1")
         files = [] if costs_only else load_corpus(args.corpus)

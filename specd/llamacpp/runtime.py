@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -76,7 +76,6 @@ class Generation:
     drafted: int = 0
     accepted: int = 0
     ms: float = 0.0
-    log: list[str] = field(default_factory=list)
 
 
 class LlamaSlot:
@@ -138,7 +137,7 @@ class LlamaSlot:
                 break
             reused += 1
         llama.n_tokens = reused
-        allowed = (lambda out: constraint(out)) if constraint else (lambda out: None)
+        allowed = constraint or (lambda out: None)
 
         logits = self._decode(prompt[reused:], 1)
         out: list[int] = []
@@ -152,9 +151,9 @@ class LlamaSlot:
             if len(out) >= max_tokens:
                 break
             draft: list[int] = []
-            if self.lookup is not None:
-                context = np.asarray(self.held + [token], dtype=np.intc)
-                draft = self.lookup(context).astype(int).tolist()[: max_tokens - len(out)]
+            if self.lookup is not None:  # over the held ids and the pending token, in place
+                llama.input_ids[llama.n_tokens] = token
+                draft = self.lookup(llama.input_ids[:llama.n_tokens + 1]).astype(int).tolist()[: max_tokens - len(out)]
             rows = self._decode([token, *draft], len(draft) + 1)
             gen.forwards += 1
             gen.drafted += len(draft)
