@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from daemon_helpers import wait_for
+from conftest import SHARED_DAEMON_CONFIG
+from daemon_helpers import DaemonProcess, wait_for
 from specd.daemon.workspace import Workspace, WorkspaceOptions
 from specd.protocol import ErrorCode, RpcError
+from tiny import make_tiny_pair
 
 REFLECTED_WITHIN_S = 1.0  # the issue's bound: disk to index
 
@@ -252,11 +254,24 @@ def client(daemon):
         yield c
 
 
-def test_lookup_drafts_from_a_workspace_file_and_reports_it_apart(daemon, tmp_path, sample_source):
+@pytest.fixture
+def fresh_daemon(tmp_path_factory, tiny_root):
+    """A daemon of its own: the shared one's planner has learned from every earlier test (a
+    session of random-weight drafts rejected) and may rightly pass a lookup match over; this
+    test asks what a fresh pair does with a match, so its answer must not depend on test order."""
+    target, draft = make_tiny_pair(tiny_root / "llama", "llama")
+    config = {**SHARED_DAEMON_CONFIG, "model.target": target, "model.draft": draft, "model.device": "cpu"}
+    proc = DaemonProcess(tmp_path_factory.mktemp("workspace-daemon"), engine="real", config=config)
+    proc.start(timeout=120)
+    yield proc
+    proc.stop()
+
+
+def test_lookup_drafts_from_a_workspace_file_and_reports_it_apart(fresh_daemon, tmp_path, sample_source):
     """The continuation exists only in a workspace file (not open): lookup proposes it, it is
     accepted, the output is still the target's own, and the source is lookup:workspace."""
     plain = {"max_tokens": 16, "stop_at_block_end": False, "use_draft_model": False}
-    with daemon.client() as client:
+    with fresh_daemon.client() as client:
         for cut in (3000, 2500, 2000, 3500, 1500):  # a cursor where the tiny model says something
             text = sample_source[:cut]
             reference = client.complete(text=text, cursor=cut, options={**plain, "use_lookup": False})
@@ -276,7 +291,7 @@ def test_lookup_drafts_from_a_workspace_file_and_reports_it_apart(daemon, tmp_pa
         wait_for(indexed, 10, message="the engine to index the workspace file")
         result = client.complete(text=text, cursor=len(text), options=plain)
         assert result["token_ids"] == reference["token_ids"]  # lossless: the target's own output
-        assert result["sources"]["lookup:workspace"]["accepted"] > 0
+        assert result["sources"].get("lookup:workspace", {}).get("accepted", 0) > 0, result["sources"]
         assert "lookup:workspace" in client.status()["acceptance"]
         client.workspace([])
         wait_for(lambda: client.status()["workspace"]["index"]["files"] == 0, 5, message="the folder to be dropped")
