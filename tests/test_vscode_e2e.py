@@ -3,7 +3,10 @@
 The packaged .vsix is installed into code-server (VS Code's workbench served to a browser, its
 extensions running on the server like a remote window's), with ``specd.serverPath`` in the User
 settings and no ``specd-lsp`` on PATH, so the setting must reach the extension. A person's steps: open a Python file of a workspace, type in a function body, wait for
-the inline ghost text, accept with Tab, accept a word (Ctrl+Right), dismiss one (Escape), read
+the inline ghost text, accept with Tab and undo it (the suggestion goes in one step, the typing
+stays), accept a word (Ctrl+Right) and undo it, dismiss one (Escape), open the suggest widget
+(Ctrl+Space) on a word of the file and see the suggestion computed as if its selected item were
+inserted (first Tab: the item, the same suggestion stays; second Tab: the suggestion), read
 the status bar item, and kill the daemon (kill -9) and see suggestions come back. specd-lsp
 starts the daemon with the shipped demo pair in private directories. A failing step leaves a
 screenshot beside the test's temporary files (its path is in the failure message).
@@ -41,6 +44,9 @@ READY_S = 180  # code-server up, the extension active, specd-lsp spawning the da
 GHOST_S = 60
 EDIT_S = 15
 SOURCE = "def add(a, b):\n    return a + b\n\n\ndef scale(values, factor):\n"
+SUGGEST = ".suggest-widget.visible .monaco-list-row.focused"
+GHOST_LINE_JS = """() => [...document.querySelectorAll('.monaco-editor.focused .view-lines [class*=ghost-text-decoration]')]
+    .map(e => e.textContent).join('').replace(/\\u00a0/g, ' ')"""
 GHOST = ".monaco-editor .ghost-text-decoration, .monaco-editor .ghost-text"
 
 
@@ -170,31 +176,77 @@ def test_the_extension_in_code_server(tools, vsix, tmp_path):
                     page.wait_for_selector(".tab.dirty", state="detached", timeout=EDIT_S * 1000)
                     return (workspace / "mod.py").read_text()
 
+                def ghost_line() -> str:
+                    """The ghost text on the cursor's line, as drawn (the rest of a selected popup item, then the suggestion)."""
+                    return page.evaluate(GHOST_LINE_JS)
+
+                def changed(old: str, what: str) -> str:
+                    """The saved text once it differs from `old`. A save is an undo stop: call this only
+                    after the edit whose undo is checked, never between the typing and the accept."""
+                    return _wait(lambda: (t := saved()) != old and t, EDIT_S, what)
+
                 page.click(".monaco-editor .view-lines")
                 page.keyboard.press("Control+End")
                 # A function body: Enter after the `def` line (VS Code indents), then a word.
                 timings["first_ghost_s"] = type_for_ghost("    result = ", "a suggestion in the function body")
                 page.keyboard.press("Tab")
                 typed = SOURCE + "    result = "
-                text = _wait(lambda: (t := saved()) != typed and t, EDIT_S, "the accepted suggestion in the file")
+                text = changed(typed, "the accepted suggestion in the file")
                 assert text.startswith(typed) and len(text) > len(typed), text
+                # Undo takes the accepted suggestion out in one step and leaves the typing; redo puts it back.
+                page.keyboard.press("Control+Z")
+                assert changed(text, "undo of the accept") == typed
+                page.keyboard.press("Control+Shift+Z")
+                assert changed(typed, "redo of the accept") == text
 
                 # Accept one word of the next suggestion: a few characters, no new line.
-                page.keyboard.press("End")
+                page.keyboard.press("Control+End")
                 page.keyboard.press("Enter")
+                base = saved()  # the cursor is at the end of the file
                 type_for_ghost("return ", "a suggestion after `return `")
-                before = saved()
+                before = base + "return "
+                shown = ghost_line()
                 page.keyboard.press("Control+ArrowRight")  # editor.action.inlineSuggest.acceptNextWord
-                after = _wait(lambda: (t := saved()) != before and t, EDIT_S, "one word accepted")
-                assert after.count("\n") == before.count("\n") and 0 < len(after) - len(before) < 40, (before, after)
+                _wait(lambda: ghost_line() != shown, EDIT_S, "the word leaving the ghost text")
+                after = changed(before, "one word accepted")
+                word = after[len(before):]
+                assert after.startswith(before) and "\n" not in word and 0 < len(word) < 40, (before, after)
+                assert shown.startswith(word), (shown, word)
+                # Undo takes back the word only, not the typing before it (no save came between them).
+                page.keyboard.press("Control+Z")
+                assert changed(after, "undo of the word") == before
+                page.keyboard.press("Control+Shift+Z")
+                assert changed(before, "redo of the word") == after
 
                 # Dismiss: Escape hides the ghost text and leaves the file as it was.
-                page.keyboard.press("End")
+                page.keyboard.press("Control+End")
                 page.keyboard.press("Enter")
                 type_for_ghost("print(", "a suggestion after `print(`")
                 page.keyboard.press("Escape")
                 page.wait_for_selector(GHOST, state="detached", timeout=EDIT_S * 1000)
 
+                # VS Code's suggest widget open on a word of the file: the suggestion is computed as if
+                # the selected item were inserted, and shown after its rest; the first Tab takes the
+                # item, the same suggestion stays, the second Tab takes it.
+                page.keyboard.press("End")
+                page.keyboard.press("Enter")
+                page.keyboard.type("total = val", delay=60)
+                page.keyboard.press("Control+Space")  # editor.action.triggerSuggest: words of the file
+                selected = page.inner_text(f"{SUGGEST} .label-name", timeout=EDIT_S * 1000).strip()
+                assert selected == "values", selected  # the one word of the file that starts with `val`
+                rest = selected[len("val"):]
+                with_popup = _wait(lambda: (g := ghost_line()).startswith(rest) and len(g) > len(rest) and g, GHOST_S,
+                                   "a suggestion extending the selected item while the popup is open")
+                page.keyboard.press("Tab")
+                page.wait_for_selector(SUGGEST, state="detached", timeout=EDIT_S * 1000)
+                after_item = _wait(lambda: ghost_line(), GHOST_S, "the suggestion after the item went in")
+                assert after_item == with_popup[len(rest):], (with_popup, after_item)
+                taken = changed(after, "the selected item in the file")
+                assert taken.endswith("total = values"), taken[-80:]
+                page.keyboard.press("Tab")
+                accepted = changed(taken, "the suggestion after the item")
+                line = next(l for l in accepted.split("\n") if "total = values" in l)
+                assert accepted.startswith(taken) and line.endswith("total = values" + after_item), (line, after_item)
                 status = page.inner_text(".statusbar")
                 assert "specd" in status, status
 
