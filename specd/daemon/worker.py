@@ -6,7 +6,8 @@ only submits jobs and awaits their futures, so it never blocks on the model.
 
 Between jobs the worker gives the engine idle time in short slices (``BACKGROUND_SLICE_S``):
 ``prefill_pending`` prefills the cache of the document just edited (where the edit ended),
-``index_pending_corpus`` tokenizes workspace files, ``warm_context`` prefills a document's cache
+``index_pending_buffers`` re-tokenizes the edited parts of open buffers for lookup (a completion
+never does that for a large one), ``index_pending_corpus`` tokenizes workspace files, ``warm_context`` prefills a document's cache
 with a new set of context chunks. A job that arrives waits one slice at most; ``wake`` (the
 workspace watcher fed the engine) starts the slices without a job.
 
@@ -38,7 +39,7 @@ STOPPED = "stopped"
 EngineFactory = Callable[[], Any]
 
 BACKGROUND_SLICE_S = 0.02  # idle work per slice: the longest a new job waits for it
-BACKGROUND_WORK = ("prefill_pending", "index_pending_corpus", "warm_context")  # engine methods, in priority order
+BACKGROUND_WORK = ("prefill_pending", "index_pending_buffers", "index_pending_corpus", "warm_context")  # engine methods, in priority order
 
 
 @dataclass(eq=False)

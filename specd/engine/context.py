@@ -21,7 +21,8 @@ only when the cursor's coarse region (``REGION_LINES`` lines) moves or the candi
 changes (a buffer edited, opened or closed, a workspace file changed). When the new set differs,
 ``warm_step`` (the engine's idle work) prefills a fresh KV state with it, in slices, and only
 then swaps it in: requests meanwhile use the old set and its still-valid cache, so no keystroke
-waits for a new context.
+waits for a new context. Choosing itself is sliced too: the candidates' windows are computed a
+few files per idle slice (and cached) before a proposal is made.
 """
 
 from __future__ import annotations
@@ -219,6 +220,10 @@ class ContextSelector:
             key, doc, pool = found
             text, offset, path = doc.snapshot
             candidates = self._candidates(key, path, open_docs, corpus.texts)
+            for candidate in candidates:  # cut into windows a few files per slice (large buffers cost ~40 ms each)
+                self._windows_of(candidate)
+                if time.monotonic() >= deadline:
+                    return True  # the same proposal resumes next slice, its files' windows cached
             chunks = self.choose(text, offset, path, candidates, encode)
             with self._lock:
                 self.proposals += 1

@@ -1,4 +1,4 @@
-"""The workspace corpus: files that are not open, tokenized in idle time into a few lookup indexes.
+"""Lookup indexes of other files, tokenized in idle time: the workspace corpus and open buffers.
 
 Prompt lookup searches the current document, then open buffers, then this corpus. A workspace
 holds thousands of files, so it is neither tokenized on a keystroke's critical path nor searched
@@ -12,10 +12,14 @@ file by file:
   a lookup step searches a few segments, not every file, and a changed or deleted file costs a
   rebuild of its segment only. A segment keeps answering from its previous index until the new
   one is complete, so lookups never see a half-built index.
+
+Open buffers (``OpenBuffers``) are few but large and edited while the user types, so a
+completion must not re-tokenize them either: see that class.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from array import array
@@ -206,3 +210,246 @@ class Corpus:
     def _dirty(segment: _Segment) -> None:
         segment.dirty = True
         segment.building, segment.queue, segment.position = None, [], 0  # restart any rebuild
+
+
+# -- open buffers ----------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Piece:
+    start: int  # offsets in the buffer's current text; a piece starts at 0 or after a newline
+    end: int
+    tokens: array  # array("i")
+
+
+@dataclass(eq=False)
+class _Buffer:
+    text: str
+    stamp: int  # recency: higher was opened or edited later
+    version: int = 0  # bumped by every edit
+    pieces: list[_Piece] = field(default_factory=list)  # sorted, disjoint; gaps are untokenized
+    index: NgramIndex | None = None
+    indexed_version: int = -1  # the version whose tokens the index holds entirely
+    target: array | None = None  # the tokens the index is being brought to, while syncing
+    target_version: int = -1
+    keep: int = 0  # tokens the index shares with ``target`` (found once per sync)
+
+
+class OpenBuffers:
+    """Lookup indexes of the open buffers, kept current in idle time and incrementally.
+
+    Lookup searches the ``searched`` most recently edited buffers other than the one being
+    completed, so only the ``searched + 1`` most recent hold tokens; the others are dropped
+    and redone if they come back.
+
+    - ``set(uri, text)`` (any thread) only stores the text. Tokens are kept in *pieces* of about
+      ``SLICE_CHARS`` characters, cut after a newline; an edit keeps every piece that lies in the
+      text the edit left alone (the common prefix, or the common suffix, shifted), so a keystroke
+      in a 1 MiB buffer re-tokenizes one piece, not the buffer.
+    - ``index_pending(encode, budget_s)`` (the model worker, when idle) tokenizes the gaps a slice
+      at a time, then brings the buffer's ``NgramIndex`` to the new tokens: truncate at the first
+      token that differs, extend with the rest, ``SLICE_TOKENS`` at a time.
+    - ``indexes(exclude, encode)`` (a request) returns what is built. It finishes inline only
+      buffers small enough to cost at most ``INLINE_CHARS`` characters of tokenizing in all, so a
+      completion never waits on another buffer's re-tokenization beyond that.
+
+    An index may lag its buffer (or hold a prefix of its new tokens) until idle time catches up:
+    that only changes what lookup proposes; the target verifies every draft, so never the output.
+    """
+
+    INLINE_CHARS = SLICE_CHARS  # per request, for buffers that can be finished at once
+
+    def __init__(self, searched: int):
+        self.searched = searched
+        self._lock = threading.Lock()
+        self._buffers: dict[str, _Buffer] = {}
+        self._stamp = 0
+
+    # -- any thread ------------------------------------------------------------------------
+
+    def set(self, uri: str, text: str) -> None:
+        """Open or update one buffer. Cheap: pieces the edit did not touch keep their tokens."""
+        with self._lock:
+            buffer = self._buffers.get(uri)
+            if buffer is not None and buffer.text == text:
+                return
+            self._stamp += 1
+            if buffer is None:
+                self._buffers[uri] = _Buffer(text, self._stamp)
+                return
+            old = buffer.text
+            prefix, suffix = common_affixes(old, text)
+            delta = len(text) - len(old)
+            kept = []
+            for piece in buffer.pieces:
+                if piece.end <= prefix:
+                    kept.append(piece)
+                elif piece.start > len(old) - suffix:  # strictly: the newline before it is unchanged too
+                    kept.append(_Piece(piece.start + delta, piece.end + delta, piece.tokens))
+            buffer.text, buffer.stamp, buffer.pieces = text, self._stamp, kept
+            buffer.version += 1
+
+    def remove(self, uri: str) -> None:
+        with self._lock:
+            self._buffers.pop(uri, None)
+
+    def forget_indexes(self) -> None:
+        """Drop every token (the engine released its models); idle work redoes them."""
+        with self._lock:
+            for uri, buffer in self._buffers.items():
+                self._buffers[uri] = _Buffer(buffer.text, buffer.stamp, buffer.version)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            ranked = self._ranked()
+            kept = ranked[:self.searched + 1]
+            return {
+                "buffers": len(ranked),
+                "indexed": sum(1 for b in kept if b.indexed_version == b.version),
+                "stale": sum(1 for b in kept if b.indexed_version != b.version),
+                "indexed_tokens": sum(len(b.index) for b in kept if b.index is not None),
+            }
+
+    # -- the model worker ------------------------------------------------------------------
+
+    def indexes(self, exclude: str | None, encode: Encode) -> list[NgramIndex]:
+        """The indexes of the ``searched`` most recently edited buffers but ``exclude``, most
+        recent first, as built so far (buffers never indexed yet are left out)."""
+        with self._lock:
+            chosen = [b for uri, b in self._ranked_items() if uri != exclude][:self.searched]
+        allowance = self.INLINE_CHARS
+        out = []
+        for buffer in chosen:
+            small = len(buffer.text) <= allowance and (buffer.index is None or len(buffer.index) <= allowance)
+            if buffer.indexed_version != buffer.version and small:
+                allowance -= len(buffer.text)
+                while self._step(buffer, encode):  # small: finish it now, a few steps at most
+                    pass
+            if buffer.index is not None and len(buffer.index):
+                out.append(buffer.index)
+        return out
+
+    def index_pending(self, encode: Encode, budget_s: float) -> bool:
+        """Tokenize and index the most recently edited buffers for about ``budget_s`` seconds;
+        True while work remains."""
+        deadline = time.monotonic() + budget_s
+        while True:
+            with self._lock:
+                ranked = self._ranked()
+                for buffer in ranked[self.searched + 1:]:  # no longer searched: free its tokens
+                    if buffer.pieces or buffer.index is not None:
+                        buffer.pieces, buffer.index, buffer.target = [], None, None
+                        buffer.indexed_version = -1
+                stale = [b for b in ranked[:self.searched + 1] if b.indexed_version != b.version]
+            if not stale:
+                return False
+            self._step(stale[0], encode)
+            if time.monotonic() >= deadline:
+                return True
+
+    def _step(self, buffer: _Buffer, encode: Encode) -> bool:
+        """One slice of work on ``buffer``: tokenize part of its first gap, or move its index a
+        slice toward its tokens. False once the index holds the current text (or it was closed)."""
+        with self._lock:
+            if buffer.indexed_version == buffer.version:
+                return False
+            version, text = buffer.version, buffer.text
+            gap = _first_gap(buffer.pieces, len(text))
+            if gap is None and buffer.target_version != version:
+                buffer.target = array("i")
+                for piece in buffer.pieces:
+                    buffer.target.extend(piece.tokens)
+                buffer.target_version = version
+                buffer.keep = -1
+            target = buffer.target
+        if gap is not None:
+            start, stop = gap
+            end = stop
+            if stop - start > SLICE_CHARS:  # cut after a newline, as the corpus does
+                newline = text.rfind("\n", start, start + SLICE_CHARS)
+                end = newline + 1 if newline >= start else start + SLICE_CHARS
+            tokens = array("i", encode(text[start:end]))
+            with self._lock:
+                if buffer.version == version or _still_uncovered(buffer, text[start:end], start, end):
+                    bisect.insort(buffer.pieces, _Piece(start, end, tokens), key=lambda p: p.start)
+            return True
+        # Bring the index to ``target``: only this thread touches indexes, so no lock. Lookups
+        # in between see a consistent index of a prefix of the old or the new tokens.
+        if buffer.index is None:
+            buffer.index = NgramIndex()
+        index = buffer.index
+        if buffer.keep < 0:
+            buffer.keep = common_prefix_length(index.tokens, target)
+        held = len(index)
+        if held > buffer.keep:
+            index.truncate(max(buffer.keep, held - SLICE_TOKENS))
+        elif held < len(target):
+            index.extend(target[held:held + SLICE_TOKENS].tolist())
+            buffer.keep = len(index)  # what it holds now agrees with the target
+        else:
+            with self._lock:
+                if buffer.version == version:
+                    buffer.indexed_version, buffer.target = version, None
+        return True
+
+    # -- under the lock ------------------------------------------------------------------
+
+    def _ranked_items(self) -> list[tuple[str, _Buffer]]:
+        return sorted(self._buffers.items(), key=lambda item: -item[1].stamp)
+
+    def _ranked(self) -> list[_Buffer]:
+        return [buffer for _uri, buffer in self._ranked_items()]
+
+
+def _still_uncovered(buffer: _Buffer, piece_text: str, start: int, end: int) -> bool:
+    """Whether a piece tokenized from an older version still fits the buffer as it is now (an
+    edit elsewhere came meanwhile): same text at the same place, after a newline, in a gap."""
+    text, pieces = buffer.text, buffer.pieces
+    if text[start:end] != piece_text or (start > 0 and text[start - 1] != "\n"):
+        return False
+    at = bisect.bisect_left(pieces, start, key=lambda p: p.start)
+    return (at == 0 or pieces[at - 1].end <= start) and (at == len(pieces) or pieces[at].start >= end)
+
+
+def _first_gap(pieces: list[_Piece], length: int) -> tuple[int, int] | None:
+    """The first stretch of ``[0, length)`` no piece covers, as (start, stop)."""
+    position = 0
+    for piece in pieces:
+        if piece.start > position:
+            return position, piece.start
+        position = piece.end
+    return (position, length) if position < length else None
+
+
+def common_affixes(old: str, new: str) -> tuple[int, int]:
+    """(prefix, suffix): the lengths of the common prefix and of the common suffix after it,
+    found by binary search over slice comparisons (C speed)."""
+    limit = min(len(old), len(new))
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if old[:mid] == new[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    prefix = lo
+    lo, hi = 0, limit - prefix
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if old[len(old) - mid:] == new[len(new) - mid:]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return prefix, lo
+
+
+def common_prefix_length(a: array, b: array) -> int:
+    """How many leading items two arrays of one type share (binary search; compares are memcmp)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -18,7 +18,7 @@ import torch
 
 from specd.engine import compat
 from specd.engine.context import ContextSelector
-from specd.engine.corpus import Corpus
+from specd.engine.corpus import Corpus, OpenBuffers
 from specd.engine.costs import calibrate
 from specd.engine.decode import DraftPlanner, PlannerMemory, speculative_decode
 from specd.engine.healing import HealingVocabulary
@@ -77,8 +77,6 @@ class _Document:
     text: str
     version: int = 0
     updated: float = field(default_factory=time.monotonic)
-    index: NgramIndex | None = None  # tokens of the whole text, built on first use
-    index_version: int = -1
 
 
 class Engine:
@@ -88,6 +86,7 @@ class Engine:
         self._loader = loader or _load_from_options
         self._docs: dict[str, _Document] = {}
         self._corpus = Corpus()  # workspace files: tokenized and indexed in idle time
+        self._buffers = OpenBuffers(MAX_OTHER_BUFFERS)  # open buffers' lookup indexes: idle time too
         self._edited: OrderedDict[str, int] = OrderedDict()  # uri -> where its last edit ended
         self._anchors: dict[str, int] = {}  # uri -> where its last anchored prompt's prefix ended
         self.context = ContextSelector(options.context_tokens)
@@ -166,9 +165,7 @@ class Engine:
         """Drop models and caches (idle policy); documents stay. ``ensure_loaded`` reloads."""
         self.caches.clear()
         self.pair = None
-        with self._lock:
-            for doc in self._docs.values():
-                doc.index, doc.index_version = None, -1
+        self._buffers.forget_indexes()
         self._corpus.forget_indexes()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -178,6 +175,7 @@ class Engine:
     def open_document(self, uri: str, text: str) -> None:
         with self._lock:
             self._docs[uri] = _Document(text)
+        self._buffers.set(uri, text)
 
     def update_document(self, uri: str, text: str) -> None:
         with self._lock:
@@ -189,12 +187,14 @@ class Engine:
                 self._edited[uri] = edit_end(doc.text, text)
                 self._edited.move_to_end(uri)
                 doc.text, doc.version, doc.updated = text, doc.version + 1, time.monotonic()
+        self._buffers.set(uri, text)
 
     def close_document(self, uri: str) -> None:
         with self._lock:
             self._docs.pop(uri, None)
             self._edited.pop(uri, None)
             self._anchors.pop(uri, None)
+        self._buffers.remove(uri)
         self.context.forget(uri)
         self.caches.drop(uri)
 
@@ -208,6 +208,13 @@ class Engine:
         if self.pair is None:
             return False
         return self._corpus.index_pending(self.prompts.encode, budget_s)
+
+    def index_pending_buffers(self, budget_s: float) -> bool:
+        """Idle work: tokenize and index edited open buffers for about ``budget_s``; True while
+        more remains. A request only finishes small ones (``OpenBuffers.indexes``)."""
+        if self.pair is None:
+            return False
+        return self._buffers.index_pending(self.prompts.encode, budget_s)
 
     def prefill_pending(self, budget_s: float) -> bool:
         """Idle work: prefill the KV caches (target and draft) of the most recently edited
@@ -263,16 +270,8 @@ class Engine:
             doc = self._docs.get(uri)
             return doc.text if doc else None
 
-    def _index_of(self, doc: _Document) -> NgramIndex:
-        if doc.index is None or doc.index_version != doc.version:
-            doc.index = NgramIndex(self.prompts.encode(doc.text))
-            doc.index_version = doc.version
-        return doc.index
-
     def _lookup_sources(self, current: str | None) -> list[tuple[str, NgramIndex]]:
-        with self._lock:
-            others = sorted((d for u, d in self._docs.items() if u != current), key=lambda d: -d.updated)
-        sources = [("lookup:open", self._index_of(d)) for d in others[:MAX_OTHER_BUFFERS]]
+        sources = [("lookup:open", index) for index in self._buffers.indexes(current, self.prompts.encode)]
         return sources + [("lookup:workspace", index) for index in self._corpus.indexes()]
 
     # -- prompts ---------------------------------------------------------------------------
@@ -451,6 +450,7 @@ class Engine:
             "models": info,
             "fim_family": self.template.name if self.template else None,
             "documents": documents,
+            "open_buffers": self._buffers.stats(),
             "corpus_files": corpus,
             "workspace": self._corpus.stats(),
             "context": self.context.stats(),

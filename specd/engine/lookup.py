@@ -28,7 +28,7 @@ class Match:
 class NgramIndex:
     def __init__(self, tokens: Iterable[int] = ()):
         self.max_n = MAX_N
-        self.tokens = array("l")
+        self.tokens = array("i")  # token ids fit 32 bits; compared by memcmp (corpus.common_prefix_length)
         self._ends: dict[tuple[int, int], array] = {}
         self.extend(tokens)
 
