@@ -111,6 +111,12 @@ case('units: next line/word, status text, options', function()
   assert_eq(resolved.keymaps.accept_line, '<M-l>', 'other keymaps kept')
   assert_eq(vim.json.encode(config.init_options({})), '{}', 'empty settings go out as an object')
   assert_eq(vim.json.decode(vim.json.encode(config.init_options(resolved.settings))), { maxTokens = 32 }, 'settings as given')
+  assert_eq(resolved.debounce_ms, 0, 'the plugin renderer asks at each keystroke; specd-lsp debounces')
+  assert_eq(config.init_options({ maxTokens = 32 }, 'plugin'), { maxTokens = 32 }, 'plugin renderer: specd-lsp debounces')
+  assert_eq(config.init_options({ maxTokens = 32 }, 'native'), { maxTokens = 32, debounceMs = 0 },
+    "native renderer: Neovim's typing pause is the debounce")
+  assert_eq(config.init_options({ debounceMs = 50 }, 'native'), { debounceMs = 50 }, 'a debounceMs set by the user stays')
+  assert_eq(resolved.settings, { maxTokens = 32 }, 'the settings themselves untouched')
 end)
 
 case('setup registers specd-lsp, commands and keymaps; is idempotent; validates options', function()

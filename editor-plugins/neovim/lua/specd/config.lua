@@ -18,7 +18,7 @@ local M = {}
 ---@field root_markers string[] Files that mark a project root (one specd-lsp per root; cwd otherwise)
 ---@field settings table<string, any> specd-lsp settings, sent once as init_options (see docs/lsp.md)
 ---@field renderer 'auto'|'native'|'plugin' Ghost text by Neovim 0.12's vim.lsp.inline_completion ('native') or by this plugin ('plugin'); 'auto' picks native where available
----@field debounce_ms integer Plugin renderer: typing pause before asking (specd-lsp debounces too)
+---@field debounce_ms integer Plugin renderer: typing pause before asking; 0: ask at each keystroke and let specd-lsp's debounce (`debounceMs`, after its type-through cache) decide
 ---@field keymaps specd.Keymaps
 ---@field health_timeout_ms integer Longest `:checkhealth specd` waits for an answer
 
@@ -41,7 +41,7 @@ M.defaults = {
   root_markers = { '.git' },
   settings = {},
   renderer = 'auto',
-  debounce_ms = 30,
+  debounce_ms = 0,
   keymaps = {
     accept = '<Tab>',
     accept_word = '<M-w>',
@@ -121,9 +121,17 @@ function M.resolve(opts)
 end
 
 --- init_options as JSON wants them: an empty table must go out as {} (an object), not [].
+--- Neovim's own inline completion waits for a 200 ms typing pause before it asks, so specd-lsp's
+--- debounce (which only drops a request that a newer one follows within `debounceMs`) could
+--- never drop one there and would only add its 75 ms: with the native renderer it is 0 unless
+--- the user set it.
 ---@param settings table
+---@param renderer_name? 'native'|'plugin'
 ---@return table
-function M.init_options(settings)
+function M.init_options(settings, renderer_name)
+  if renderer_name == 'native' and settings.debounceMs == nil then
+    settings = vim.tbl_extend('force', settings, { debounceMs = 0 })
+  end
   return next(settings) == nil and vim.empty_dict() or settings
 end
 

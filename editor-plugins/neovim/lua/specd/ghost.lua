@@ -25,7 +25,7 @@ local TRIGGER_AUTOMATIC = 2
 ---@type table<integer, specd.GhostState>
 local buffers = {}
 
-local debounce_ms = 30 -- typing pause before asking; setup() sets it from the config
+local debounce_ms = 0 -- typing pause before asking; setup() sets it from the config
 
 ---@param config specd.Config
 function M.setup(config)

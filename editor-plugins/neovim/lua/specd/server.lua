@@ -25,7 +25,7 @@ local function client_config(config, renderer_name)
   local server = {
     cmd = config.cmd,
     filetypes = config.filetypes,
-    init_options = require('specd.config').init_options(config.settings),
+    init_options = require('specd.config').init_options(config.settings, renderer_name),
     handlers = { [status.METHOD] = status.on_notification },
   }
   if renderer_name == 'plugin' then
