@@ -105,6 +105,9 @@ class Person:
     def __init__(self, nvim: Nvim):
         self.nvim = nvim
         self.latencies_ms: list[float] = []
+        self.cached_ms: list[float] = []  # pauses answered by specd-lsp's type-through cache
+        self.overhead_ms: list[float] = []  # the others, less the daemon's own time (queue + engine)
+        self._seen: dict = {}
 
     def type(self, text: str) -> float:
         """Types `text` one key at a time; returns when the last key went."""
@@ -116,8 +119,25 @@ class Person:
 
     def ghost_after(self, sent: float, what: str) -> str:
         at, ghost = self.nvim.wait_screen(_ghost, GHOST_S, what, since=sent)
-        self.latencies_ms.append((at - sent) * 1000)
+        latency_ms = (at - sent) * 1000
+        self.latencies_ms.append(latency_ms)
+        self._split(latency_ms)
         return ghost
+
+    def _split(self, latency_ms: float) -> None:
+        """Files a pause's latency by what answered it, from specd-lsp's counters (read after the
+        ghost text is on screen, outside the measured time)."""
+        stats = self.nvim.lua("local c = vim.lsp.get_clients({ name = 'specd' })[1]"
+                              " return c and require('specd.status').fetch(c, 5000) or vim.empty_dict()")
+        seen, self._seen = self._seen, stats
+        if not seen or not stats:
+            return
+        grew = {key: (stats.get(key) or 0) - (seen.get(key) or 0) for key in ("daemonRequests", "cacheHits")}
+        engine_ms = stats.get("lastLatencyMs")
+        if grew["cacheHits"] and not grew["daemonRequests"]:
+            self.cached_ms.append(latency_ms)
+        elif grew["daemonRequests"] and engine_ms and latency_ms > engine_ms:  # not a stale item still drawn
+            self.overhead_ms.append(latency_ms - engine_ms)
 
     def line(self) -> str:
         return self.nvim.lua("return vim.api.nvim_get_current_line()")
@@ -228,6 +248,9 @@ def test_a_person_typing_in_neovim(home, renderer, tmp_path):
     figures = {"renderer": renderer, "pauses": len(latencies), "p50_ms": round(p50), "p95_ms": round(p95),
                "max_ms": round(latencies[-1]), "recovery_s": round(recovery_s, 1),
                "latencies_ms": [round(x) for x in person.latencies_ms],
+               "cached_ms": [round(x) for x in person.cached_ms],
+               "overhead_ms": [round(x) for x in person.overhead_ms],
+               "overhead_p50_ms": round(statistics.median(person.overhead_ms)) if person.overhead_ms else None,
                "server": {key: server.get(key) for key in ("requests", "daemonRequests", "cacheHits", "cancelled",
                                                            "shown", "accepted", "acceptedPartial")},
                "daemon_latency_ms": server["daemon"].get("latencyMs")}
