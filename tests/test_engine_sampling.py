@@ -97,7 +97,7 @@ class FixedPlanner:
         self.cut += len(draft) < asked
         return draft
 
-    def record(self, draft: Draft, accepted: int, ms: float | None = None) -> None:
+    def record(self, draft: Draft, accepted: int, ms: float | None = None, head_row_ms: float = 0.0) -> None:
         if draft.tokens:
             stats = self.stats.setdefault(draft.source, SourceStats())
             stats.proposed += len(draft)

@@ -17,7 +17,11 @@ from transformers import (
 )
 
 from specd.engine import compat
+from specd.engine.decode import verify, verify_greedy
+from specd.engine.drafters import Draft
 from specd.engine.fastpath import LeanForward, StaticCache, unsupported_reason
+from specd.engine.kvcache import KVState, LazyRows
+from specd.engine.sampling import SamplingParams
 from tiny import make_model
 
 VOCAB = 512
@@ -142,6 +146,34 @@ def test_rollback_by_length_then_extend_equals_a_fresh_run():
     fresh = lean.new_cache()
     lean.forward(torch.cat([seq, draft[:, :3]], dim=1), fresh)
     assert torch.allclose(after_rollback, lean.forward(extension, fresh), atol=ATOL, rtol=0)
+
+
+def test_greedy_verification_computes_only_the_rows_it_reads():
+    """On a CPU the lean path hands verification its logits row by row (LazyRows): each row is
+    the forward's own row, a 7-token draft whose first 2 tokens stand reads 3 rows, and the
+    verdict equals verification over every row at once."""
+    model = tiny("llama")
+    prompt = ids(30, seed=4)[0].tolist()
+    lazy, dense = KVState(model, LeanForward(model)), KVState(model, LeanForward(model))
+    for state in (lazy, dense):
+        state.extend(prompt[:-1])
+    expected = dense.extend(prompt[-1:]).argmax(-1).tolist()  # the target's own next token
+    dense.rollback(len(prompt) - 1)
+    greedy = expected + [int(dense.logits_after(prompt + expected).argmax())]
+    draft = Draft(greedy[:2] + ids(5, seed=5)[0].tolist(), "lookup:current")
+    if draft.tokens[2] == int(dense.logits_after(prompt + greedy).argmax()):
+        draft.tokens[2] = (draft.tokens[2] + 1) % VOCAB  # make the third token a rejection
+    dense.rollback(len(prompt) - 1)
+
+    rows = lazy.extend_rows([prompt[-1], *draft.tokens])
+    assert isinstance(rows, LazyRows) and rows.computed == 0
+    n, own = verify_greedy(rows, draft, [])
+    assert rows.computed == n + 1 == 3
+    logits = dense.extend([prompt[-1], *draft.tokens])
+    assert (n, own) == verify(logits, draft, SamplingParams(0.0), None)
+    for i in range(len(draft) + 1):
+        assert torch.allclose(rows.row(i), logits[i], atol=ATOL, rtol=0)
+    assert rows.computed == len(draft) + 1 and rows.head_ms > 0
 
 
 def test_capacity_doubles_and_keeps_what_it_holds():

@@ -4,7 +4,10 @@ The planner (``decode.DraftPlanner``) chooses each step's draft to maximise expe
 millisecond, so it needs two things per loaded pair:
 
 - ``ForwardCosts``: milliseconds of a target forward by width (how many tokens it verifies),
-  of one draft-model step, and of the draft model catching up on tokens it has not seen. Seeded
+  of each row of logits read when the forward path computes rows on demand (the lean path on a
+  CPU, ``kvcache.LazyRows``: a step pays for the rows verification reads, 1 + accepted, not for
+  all k + 1), of one draft-model step, and of the draft model catching up on tokens it has not
+  seen. Seeded
   by ``calibrate`` at load (a few forwards of each width, off the request path) and kept current
   by every step the engine runs (exponential moving averages).
 - ``Acceptance``: per kind of draft, the probability that each drafted token stands, as a
@@ -72,7 +75,8 @@ class Acceptance:
 class ForwardCosts:
     """Milliseconds per forward: the target by width, the draft model per step and per catch-up token."""
 
-    target: dict[int, float] = field(default_factory=dict)  # width -> ms
+    target: dict[int, float] = field(default_factory=dict)  # width -> ms (without on-demand rows)
+    head_row: float = 0.0  # ms per row of logits computed on demand (0: rows come with the forward)
     draft_step: float | None = None  # one draft token after a synced cache
     draft_per_token: float | None = None  # draft catch-up (prefill) per token, beyond one step
 
@@ -114,6 +118,13 @@ class ForwardCosts:
                 if other != 1:
                     self.target[other] *= scale
 
+    def step_ms(self, width: int, rows: float) -> float:
+        """A target step of ``width`` tokens that reads ``rows`` rows of logits (expected)."""
+        return self.target_ms(width) + self.head_row * rows
+
+    def record_head_row(self, ms: float) -> None:
+        self.head_row = ms if not self.head_row else (1 - EMA) * self.head_row + EMA * ms
+
     def record_draft(self, catch_up: int, steps: int, ms: float) -> None:
         if steps <= 0:
             return
@@ -127,6 +138,7 @@ class ForwardCosts:
 
     def describe(self) -> dict:
         return {"target_ms_by_width": {w: round(ms, 3) for w, ms in sorted(self.target.items())},
+                "head_row_ms": round(self.head_row, 3),
                 "draft_step_ms": None if self.draft_step is None else round(self.draft_step, 3),
                 "draft_catch_up_ms_per_token": None if self.draft_per_token is None else round(self.draft_per_token, 4)}
 
@@ -152,15 +164,21 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
     costs = ForwardCosts()
     state = target_state_factory()
     state.extend(context, last_only=True)
+    head_ms: list[float] = []
     for width in (w for w in CALIBRATION_WIDTHS if w <= max_width):
         tokens = context[:width]
 
         def verify_step():
-            state.extend(tokens)
+            rows = state.extend_rows(tokens)
+            rows.row(0)  # at least one row is always read (on demand: timed apart, head_ms)
+            head_ms.append(rows.head_ms)
             state.rollback(len(context))
 
         verify_step()  # warm-up: first calls of a shape allocate
-        costs.target[width] = _median_ms(verify_step, CALIBRATION_REPEATS, synchronize)
+        del head_ms[:]
+        step = _median_ms(verify_step, CALIBRATION_REPEATS, synchronize)
+        costs.head_row = sorted(head_ms)[len(head_ms) // 2]
+        costs.target[width] = max(step - costs.head_row, 1e-3)
     if draft_state_factory is not None:
         draft = draft_state_factory()
         draft.extend(context, last_only=True)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
 from specd.engine.costs import Acceptance, ForwardCosts
 from specd.engine.drafters import EMPTY, ContinuationDrafter, Draft, LookupDrafter, ModelDrafter
-from specd.engine.kvcache import KVState, common_prefix
+from specd.engine.kvcache import KVState, Rows, common_prefix
 from specd.engine.sampling import SamplingParams, probabilities
 from specd.engine.types import Cancelled, SourceStats
 
@@ -60,8 +60,9 @@ class DraftPlanner:
     """Per step, the draft that maximises expected tokens per millisecond: none, the rest of the
     previous suggestion, a lookup match, or a draft-model chain, each cut to its best length.
 
-    rate(draft of k tokens) = (1 + E[accepted | k]) / (target_ms(k + 1) + drafting ms); a plain
-    step is rate 1 / target_ms(1). The draft model's catch-up (tokens its cache lacks) is spread
+    rate(draft of k tokens) = (1 + E[accepted | k]) / (step_ms(k + 1) + drafting ms), where a
+    step pays for the rows of logits it reads (1 + accepted) when they are computed on demand;
+    a plain step is rate 1 / step_ms(1). The draft model's catch-up (tokens its cache lacks) is spread
     over the steps the rest of the completion should take. Counts proposals and acceptances per
     source for reporting.
     """
@@ -78,7 +79,8 @@ class DraftPlanner:
         acceptance, costs = self.memory.of(kind), self.memory.costs
         best_k, best_rate = 0, 0.0
         for k in range(1, available + 1):
-            rate = (1.0 + acceptance.expected(k)) / (costs.target_ms(k + 1) + extra_ms(k))
+            tokens = 1.0 + acceptance.expected(k)  # also the rows verification reads
+            rate = tokens / (costs.step_ms(k + 1, tokens) + extra_ms(k))
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -86,7 +88,7 @@ class DraftPlanner:
     def propose(self, seq: Sequence[int], room: int) -> Draft:
         if room <= 0:
             return EMPTY
-        best, best_rate = EMPTY, 1.0 / self.memory.costs.target_ms(1)
+        best, best_rate = EMPTY, 1.0 / self.memory.costs.step_ms(1, 1)
         candidates: list[Draft] = []
         if self.continuation is not None:
             draft = self.continuation.propose(seq, room)
@@ -153,11 +155,14 @@ class DraftPlanner:
             return min(2, room)
         return 0
 
-    def record(self, draft: Draft, accepted: int, ms: float | None = None) -> None:
+    def record(self, draft: Draft, accepted: int, ms: float | None = None, head_row_ms: float = 0.0) -> None:
         """After verification: ``accepted`` of the draft's tokens stood; the target forward (and
-        verification) took ``ms``."""
+        verification) took ``ms`` besides the rows of logits computed on demand, ``head_row_ms``
+        each (0: the rows came with the forward)."""
         if ms is not None:
             self.memory.costs.record_target(len(draft) + 1, ms)
+        if head_row_ms > 0:
+            self.memory.costs.record_head_row(head_row_ms)
         if not draft.tokens:
             return
         stats = self.stats.setdefault(draft.source, SourceStats())
@@ -165,6 +170,31 @@ class DraftPlanner:
         stats.accepted += accepted
         stats.steps += 1
         self.memory.of(draft_kind(draft)).record(len(draft), accepted)
+
+
+class Constraint(Protocol):
+    """Masks the target's logits (token healing): ``rows`` for a forward's rows [k + 1, V]
+    after ``before`` + draft[:i], ``row`` for one row [V] after ``before``."""
+
+    def rows(self, logits: torch.Tensor, before: Sequence[int], draft: Sequence[int]) -> torch.Tensor: ...
+    def row(self, logits: torch.Tensor, before: Sequence[int]) -> torch.Tensor: ...
+
+
+def verify_greedy(rows: Rows, draft: Draft, out: Sequence[int],
+                  constraint: Constraint | None = None) -> tuple[int, int]:
+    """Greedy verification reading rows only as far as the draft stands: a draft token stands
+    iff it is the target's argmax (under the constraint); the first mismatch is replaced by the
+    argmax, and if all stand the last row gives a bonus token. Rows past the first mismatch are
+    never computed (``LazyRows``)."""
+    n, k = 0, len(draft)
+    while True:
+        logits = rows.row(n)
+        if constraint is not None:
+            logits = constraint.row(logits, [*out, *draft.tokens[:n]])
+        choice = int(logits.argmax())
+        if n == k or choice != draft.tokens[n]:
+            return n, choice
+        n += 1
 
 
 def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
@@ -220,13 +250,13 @@ def speculative_decode(
     deadline: float,
     cancel: threading.Event | None = None,
     generator: torch.Generator | None = None,
-    constrain: Callable[[torch.Tensor, list[int], list[int]], torch.Tensor] | None = None,
+    constraint: Constraint | None = None,
 ) -> DecodeOutcome:
     """Generate after ``seq`` (whose last token is pending; the target holds ``seq[:-1]``).
 
     ``stop(token)`` sees each new token in order and returns a reason to stop, or None.
-    ``constrain(logits, out, draft)``, if given, returns the verify logits with disallowed
-    tokens masked (token healing): drafts and the target's own tokens obey it alike.
+    ``constraint``, if given, masks disallowed tokens in the verify logits (token healing):
+    drafts and the target's own tokens obey it alike.
     """
     start = time.monotonic()
     first_token_s = 0.0
@@ -240,12 +270,17 @@ def speculative_decode(
         room = max_tokens - len(out) - 1  # one token of each step is the target's own
         draft = planner.propose(seq, room)
         step_started = time.perf_counter()
-        logits = target.extend([seq[-1], *draft.tokens])  # [k + 1, V], one forward
+        rows = target.extend_rows([seq[-1], *draft.tokens])  # k + 1 rows of logits, one forward
         forwards += 1
-        if constrain is not None:
-            logits = constrain(logits, out, draft.tokens)
-        accepted, own = verify(logits, draft, sampling, generator)  # reads the logits: a device sync
-        planner.record(draft, accepted, (time.perf_counter() - step_started) * 1000)
+        if sampling.greedy:
+            accepted, own = verify_greedy(rows, draft, out, constraint)
+        else:
+            logits = rows.dense()
+            if constraint is not None:
+                logits = constraint.rows(logits, out, draft.tokens)
+            accepted, own = verify(logits, draft, sampling, generator)  # reads the logits: a device sync
+        step_ms = (time.perf_counter() - step_started) * 1000
+        planner.record(draft, accepted, step_ms - rows.head_ms, rows.head_ms / max(rows.computed, 1))
         target.rollback(len(seq) + accepted)  # keep seq[-1] and the accepted drafts
         new = [*draft.tokens[:accepted], own]
         if not out:

@@ -21,7 +21,7 @@ from specd.engine.context import ContextSelector
 from specd.engine.corpus import Corpus, OpenBuffers
 from specd.engine.costs import calibrate
 from specd.engine.decode import DraftPlanner, PlannerMemory, speculative_decode
-from specd.engine.healing import HealingVocabulary
+from specd.engine.healing import HealingConstraint, HealingVocabulary
 from specd.engine.drafters import ContinuationDrafter, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
@@ -385,13 +385,11 @@ class Engine:
         planner = self._planner(state, settings, req, text, offset, prompt)
         stop = StopRules(self.pair.tokenizer, self.stop_ids, req.single_line,
                          prompt.indent if req.stop_at_block_end else None, healed=prompt.healed)
-        constrain = None
-        if prompt.healed:
-            constrain = lambda logits, out, draft: self.healing.mask(logits, prompt.healed, out, draft)  # noqa: E731
+        constraint = HealingConstraint(self.healing, prompt.healed) if prompt.healed else None
         draft_forwards_before = state.draft.forwards if state.draft else 0
         outcome = speculative_decode(state.target, list(prompt.ids), planner, settings.sampling,
                                      settings.max_tokens, stop, deadline=started + settings.budget_s,
-                                     cancel=cancel, generator=settings.generator, constrain=constrain)
+                                     cancel=cancel, generator=settings.generator, constraint=constraint)
         completion = stop.text()
         state.last_prefix, state.last_completion = text[:offset], completion
         if settings.kv_reuse:

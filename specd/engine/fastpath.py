@@ -244,6 +244,12 @@ class LeanForward:
 
     # ---- the interface KVState drives ---------------------------------------------------
 
+    @property
+    def lazy_head(self) -> bool:
+        """Verification reads logits row by row (``kvcache.LazyRows``) on a CPU; on a GPU one
+        kernel for every row costs about one row, and each row read would be a device sync."""
+        return self.embed.weight.device.type == "cpu"
+
     def new_cache(self, capacity: int = INITIAL_CAPACITY) -> StaticCache:
         weight = self.embed.weight
         shape = (2, self.kv_heads, min(capacity, self.max_positions), self.head_dim)
@@ -271,11 +277,14 @@ class LeanForward:
         return cache.length == length  # a failed forward never moves the length
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cache: StaticCache, last_only: bool = False) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: StaticCache, last_only: bool = False,
+                head: bool = True) -> torch.Tensor:
         """Run ``input_ids`` [1, T] at positions cache.length .. cache.length + T - 1; return
         float32 logits [T, V] ([1, V] when last_only; on CPU with 4+ rows a transposed view, see
-        ``_lm_head``). ``cache.length`` moves only when the whole forward succeeded: a failure
-        anywhere leaves it where it was (the slots it wrote lie past the length, harmless)."""
+        ``_lm_head``), or with ``head=False`` the final hidden states [T, D] for ``self.head``
+        to turn into logits row by row (``lazy_head``). ``cache.length`` moves only when the
+        whole forward succeeded: a failure anywhere leaves it where it was (the slots it wrote
+        lie past the length, harmless)."""
         start = cache.length
         width = input_ids.shape[1]
         if input_ids.shape[0] != 1 or width == 0:
@@ -291,9 +300,18 @@ class LeanForward:
             x = self._decoder_layer(layer, x, kv, cos, sin, start, end, masks[layer.window])
         if last_only:
             x = x[-1:]
-        logits = self._lm_head(_apply_norm(x, self.final_norm))
+        x = _apply_norm(x, self.final_norm)
+        if not head:
+            cache.length = end
+            return x
+        logits = self._lm_head(x)
         cache.length = end
         return logits.float()
+
+    @torch.inference_mode()
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits [T, V] of final hidden states ``x`` [T, D] (``forward(head=False)``)."""
+        return self._lm_head(x).float()
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [T, V]. On CPU, a few rows against a vocabulary-sized weight run about 1.5x

@@ -17,6 +17,7 @@ so SentencePiece's leading-space marker counts), never from a list of families.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -99,6 +100,17 @@ class HealingVocabulary:
                 rest = self.remaining(rest, draft[i:i + 1])
         return logits if out is None else out
 
+    def mask_row(self, row: torch.Tensor, healed: str, before: Sequence[int]) -> torch.Tensor:
+        """One row of logits [V] for the token after ``before``, constrained like ``mask``'s rows
+        (a copy when constrained): what greedy verification reads one row at a time."""
+        rest = self.remaining(healed, before)
+        if not rest:  # done re-typing (""), or already broken (None: that token is never accepted)
+            return row
+        out = torch.full_like(row, float("-inf"))
+        keep = self.allowed(rest).to(row.device)
+        out[keep] = row[keep]
+        return out
+
     def prefix_allowed_fn(self, healed: str, prompt_length: int):
         """The same constraint for ``generate(prefix_allowed_tokens_fn=...)`` (tests, bench peers)."""
         everything = torch.arange(self.vocab_size)  # a tensor: transformers indexes its mask with it, cheaply
@@ -110,3 +122,17 @@ class HealingVocabulary:
             return self.allowed(rest) if rest else everything
 
         return allowed
+
+
+@dataclass(frozen=True)
+class HealingConstraint:
+    """The constraint of one healed prompt, as the decode loop applies it (``decode.Constraint``)."""
+
+    vocabulary: HealingVocabulary
+    healed: str
+
+    def rows(self, logits: torch.Tensor, before: Sequence[int], draft: Sequence[int]) -> torch.Tensor:
+        return self.vocabulary.mask(logits, self.healed, before, draft)
+
+    def row(self, logits: torch.Tensor, before: Sequence[int]) -> torch.Tensor:
+        return self.vocabulary.mask_row(logits, self.healed, before)

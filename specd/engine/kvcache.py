@@ -11,7 +11,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -43,6 +43,70 @@ class ForwardPath(Protocol):
     def crop(self, cache: Any, length: int) -> None: ...
     def consistent(self, cache: Any, length: int) -> bool: ...
     def nbytes(self, cache: Any) -> int: ...
+
+
+class Rows(Protocol):
+    """A forward's next-token logits, one row per input position, read row by row."""
+
+    head_ms: float  # time spent computing rows on demand (0 when they came with the forward)
+    computed: int  # rows computed on demand so far
+
+    def __len__(self) -> int: ...
+    def row(self, i: int) -> torch.Tensor: ...  # float32 [V]
+    def dense(self) -> torch.Tensor: ...  # float32 [T, V]
+
+
+class DenseRows:
+    """Rows that came with the forward (every path on GPU, transformers', llama.cpp's)."""
+
+    head_ms = 0.0
+    computed = 0
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+
+    def __len__(self) -> int:
+        return self.logits.shape[0]
+
+    def row(self, i: int) -> torch.Tensor:
+        return self.logits[i]
+
+    def dense(self) -> torch.Tensor:
+        return self.logits
+
+
+class LazyRows:
+    """Rows computed when first read, from the final hidden states and the LM head.
+
+    Why: greedy verification of a k-token draft reads rows 0 .. n (n = accepted tokens), and on
+    a CPU the LM head over a whole vocabulary is a large share of a narrow forward (the demo
+    target: a quarter of its weights). MKL's few-row matrix products also cost 2-4x a one-row
+    product each row here, so k + 1 rows at once cost far more than the 1 + n rows read one at a
+    time. A row is the one-row product a plain decode step computes."""
+
+    def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]):
+        self.hidden = hidden  # [T, D], after the final norm
+        self.head = head  # [1, D] -> float32 [1, V]
+        self.rows: dict[int, torch.Tensor] = {}
+        self.head_ms = 0.0
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+    @property
+    def computed(self) -> int:
+        return len(self.rows)
+
+    def row(self, i: int) -> torch.Tensor:
+        row = self.rows.get(i)
+        if row is None:
+            started = time.perf_counter()
+            row = self.rows[i] = self.head(self.hidden[i:i + 1])[0]
+            self.head_ms += (time.perf_counter() - started) * 1000
+        return row
+
+    def dense(self) -> torch.Tensor:
+        return torch.stack([self.row(i) for i in range(len(self))])
 
 
 class KVState:
@@ -80,6 +144,21 @@ class KVState:
         self.ids.extend(new_ids)
         self.forwards += 1
         return logits
+
+    def extend_rows(self, new_ids: Sequence[int]) -> Rows:
+        """``extend`` for verification: the logits as ``Rows``, computed on demand where the
+        forward path can (``lazy_head``: the lean path on CPU), else all at once."""
+        if not getattr(self.path, "lazy_head", False):
+            return DenseRows(self.extend(new_ids))
+        input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
+        try:
+            hidden = self.path.forward(input_ids, self.cache, head=False)
+        except BaseException:
+            self._restore(len(self.ids))
+            raise
+        self.ids.extend(new_ids)
+        self.forwards += 1
+        return LazyRows(hidden, self.path.head)
 
     def _restore(self, length: int) -> None:
         """Every layer back to ``length`` positions after a failed forward; an empty state if
