@@ -31,6 +31,7 @@ from specd_lsp.daemon_link import READY, UNAVAILABLE, DaemonLink, LinkEvent
 from specd_lsp.documents import Document, DocumentStore
 from specd_lsp.options import Settings, parse_settings, problems_message, to_dict
 from specd_lsp.positions import DEFAULT_ENCODING, TextIndex
+from specd_lsp.stdio import READ_TIMEOUT_S, run_stdio
 
 log = logging.getLogger("specd_lsp")
 
@@ -366,11 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stdio", action="store_true", help="talk LSP on stdin/stdout (the default and only transport)")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-file", default="", help="also log to this file (logs never go to stdout)")
+    parser.add_argument("--read-timeout", type=float, default=READ_TIMEOUT_S, metavar="SECONDS",
+                        help="a message that stops arriving for this long is a framing error: specd-lsp exits "
+                             "(status 1) so that the editor restarts it (default %(default)g)")
     parser.add_argument("--version", action="version", version=f"specd-lsp {__version__}")
     args = parser.parse_args(argv)
     configure_logging(args.log_level, args.log_file)
-    server.start_io()
-    return 0
+    return run_stdio(server, read_timeout=args.read_timeout)
 
 
 if __name__ == "__main__":
