@@ -163,15 +163,45 @@ class _Layer:
     """References to one decoder layer's parameters (the HF module's own tensors)."""
 
     attn_norm: _Norm
-    q: nn.Linear
-    k: nn.Linear
-    v: nn.Linear
+    qkv: _Fused  # q, k and v projections in one product
     o: nn.Linear
     mlp_norm: _Norm
-    gate: nn.Linear | None  # gated MLP (Llama, Qwen2, Mistral): down(act(gate(x)) * up(x))
-    up: nn.Linear  # ... or plain (StarCoder2): up = c_fc, down = c_proj: down(act(up(x)))
+    gate_up: _Fused | None  # gated MLP (Llama, Qwen2, Mistral): down(act(gate(x)) * up(x)) ...
+    up: nn.Linear | None  # ... or plain (StarCoder2): up = c_fc, down = c_proj: down(act(up(x)))
     down: nn.Linear
     window: int | None  # sliding window in tokens, None for full attention
+
+
+@dataclass(frozen=True)
+class _Fused:
+    """Linear layers that read the same input, as one product: one matrix multiply per forward
+    instead of several (on a CPU each costs dispatch comparable to its arithmetic here; on a
+    GPU, a kernel launch). The modules' own parameters become views of the fused tensors, so
+    the weights are held once and transformers' forward still uses them."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    sizes: tuple[int, ...]  # output features of each part, in order
+
+    @classmethod
+    def of(cls, linears: list[nn.Linear]) -> "_Fused":
+        biases = [linear.bias for linear in linears]
+        if any(b is None for b in biases) and not all(b is None for b in biases):
+            raise ValueError("fusing linears where only some have a bias")
+        with torch.no_grad():
+            weight = torch.cat([linear.weight for linear in linears])
+            bias = None if biases[0] is None else torch.cat(biases)
+            start = 0
+            for linear in linears:
+                end = start + linear.out_features
+                linear.weight.data = weight[start:end]
+                if bias is not None:
+                    linear.bias.data = bias[start:end]
+                start = end
+        return cls(weight, bias, tuple(linear.out_features for linear in linears))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
 
 
 def _norm(module: nn.Module) -> _Norm:
@@ -234,10 +264,10 @@ class LeanForward:
         attn, mlp = layer.self_attn, layer.mlp
         gated = hasattr(mlp, "gate_proj")
         return _Layer(
-            attn_norm=_norm(layer.input_layernorm), q=attn.q_proj, k=attn.k_proj, v=attn.v_proj, o=attn.o_proj,
-            mlp_norm=_norm(layer.post_attention_layernorm),
-            gate=mlp.gate_proj if gated else None,
-            up=mlp.up_proj if gated else mlp.c_fc,
+            attn_norm=_norm(layer.input_layernorm), qkv=_Fused.of([attn.q_proj, attn.k_proj, attn.v_proj]),
+            o=attn.o_proj, mlp_norm=_norm(layer.post_attention_layernorm),
+            gate_up=_Fused.of([mlp.gate_proj, mlp.up_proj]) if gated else None,
+            up=None if gated else mlp.c_fc,
             down=mlp.down_proj if gated else mlp.c_proj,
             window=_sliding_window(config, attn),
         )
@@ -329,18 +359,17 @@ class LeanForward:
         """x: [T, hidden] -> [T, hidden] (updated in place: x is this forward's own activation)."""
         width, heads, dim = x.shape[0], self.heads, self.head_dim
         h = _apply_norm(x, layer.attn_norm)
-        q = F.linear(h, layer.q.weight, layer.q.bias).view(width, heads, dim)
-        k = F.linear(h, layer.k.weight, layer.k.bias).view(width, self.kv_heads, dim)
-        v = F.linear(h, layer.v.weight, layer.v.bias).view(width, self.kv_heads, dim)
-        qk = _rotate(torch.cat((q, k), dim=1), cos, sin)  # qk: [T, H + KV, D], one rotation for both
+        qkv = layer.qkv(h).view(width, heads + 2 * self.kv_heads, dim)  # [T, H + KV + KV, D]
+        qk = _rotate(qkv[:, :heads + self.kv_heads], cos, sin)  # qk: [T, H + KV, D], one rotation for both
         kv[0, :, start:end] = qk[:, heads:].transpose(0, 1)
-        kv[1, :, start:end] = v.transpose(0, 1)
+        kv[1, :, start:end] = qkv[:, heads + self.kv_heads:].transpose(0, 1)
         out = self._attend(qk[:, :heads], kv, end, mask)  # out: [T, H * D]
         x.add_(F.linear(out, layer.o.weight, layer.o.bias))
         h = _apply_norm(x, layer.mlp_norm)
-        if layer.gate is not None:
-            gate = self.act(F.linear(h, layer.gate.weight, layer.gate.bias))
-            h = gate.mul_(F.linear(h, layer.up.weight, layer.up.bias))
+        if layer.gate_up is not None:
+            gate_up = layer.gate_up(h)
+            size = layer.gate_up.sizes[0]
+            h = self.act(gate_up[:, :size]).mul_(gate_up[:, size:])
         else:
             h = self.act(F.linear(h, layer.up.weight, layer.up.bias))
         return x.add_(F.linear(h, layer.down.weight, layer.down.bias))
