@@ -3,8 +3,9 @@
 The LSP handlers convert positions and types; this module decides what to ask the daemon and
 what to show: per-document debounce and supersession, the type-through cache, one greedy
 item for automatic triggers and sampled alternatives for invoked ones, selected-completion
-info, accept bookkeeping and prefetch after an accept. It knows documents and offsets, not
-LSP types, so a test can drive it with a fake link.
+info, accept bookkeeping and prefetch after an accept, and which failures the user hears of
+(``FailureNotices``). It knows documents and offsets, not LSP types, so a test can drive it
+with a fake link.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ AUTOMATIC = "automatic"
 INVOKED = "invoked"
 SHOWN_KEPT = 256  # proposals remembered for their accept command
 SEED_BASE = 1  # sampled alternatives use seeds 1, 2, ... so a repeated request repeats them
+
+# Completion errors the user is not told of: the request was moot (cancelled, superseded), the
+# link mends it by itself (a document the daemon lost is sent again; busy), or the link's own
+# state already says it, once per outage (unavailable, connection lost, shutting down).
+QUIET_ERRORS = frozenset(code.value for code in (
+    ErrorCode.CANCELLED, ErrorCode.UNKNOWN_DOCUMENT, ErrorCode.BUSY, ErrorCode.DAEMON_UNAVAILABLE,
+    ErrorCode.CONNECTION_LOST, ErrorCode.SHUTTING_DOWN))
+# Reported in ``lastError`` but not shown: a slow answer on a busy machine, or a file kept out
+# (it would come back each time the user returns to that file).
+UNSHOWN_ERRORS = frozenset(code.value for code in (ErrorCode.TIMEOUT, ErrorCode.DOCUMENT_TOO_LARGE))
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,7 @@ class Stats:
     failed: int = 0
     last_latency_ms: float | None = None
     last_stop_reason: str | None = None
+    last_error: str | None = None  # the last failed completion's error, until one succeeds
     acceptance: dict[str, dict[str, int]] = field(default_factory=dict)  # per drafting source
 
     def add_sources(self, sources: Any) -> None:
@@ -97,17 +109,38 @@ class Stats:
             "accepted": self.accepted, "acceptedPartial": self.accepted_partial, "acceptedChars": self.accepted_chars, "cacheHits": self.cache_hits,
             "prefetches": self.prefetches, "cancelled": self.cancelled, "failed": self.failed,
             "lastLatencyMs": self.last_latency_ms, "lastStopReason": self.last_stop_reason,
+            "lastError": self.last_error,
             "acceptance": acceptance,
         }
 
 
+class FailureNotices:
+    """Which completion failures to show: each distinct message once, and again only after a
+    completion succeeded in between (a broken model must not pop up on every keystroke)."""
+
+    def __init__(self) -> None:
+        self._shown: set[str] = set()
+
+    def failed(self, message: str) -> bool:
+        """True when ``message`` should be shown now."""
+        if message in self._shown:
+            return False
+        self._shown.add(message)
+        return True
+
+    def succeeded(self) -> None:
+        self._shown.clear()
+
+
 class Completer:
     def __init__(self, documents: DocumentStore, link: Any, settings: Callable[[], Settings],
-                 on_result: Callable[[], None] | None = None):
+                 on_result: Callable[[], None] | None = None, on_failure: Callable[[str], None] | None = None):
         self.documents = documents
         self.link = link
         self._settings = settings
         self._on_result = on_result
+        self._on_failure = on_failure  # called with a failure's message when the user should see it
+        self.notices = FailureNotices()
         self.cache = TypeThroughCache(settings().cache.size)
         self.stats = Stats()
         self._ids = itertools.count(1)
@@ -218,6 +251,7 @@ class Completer:
             else:
                 self.stats.failed += 1
                 log.info("completion failed: %s", err)
+                self._failed(err)
             return None
         except asyncio.CancelledError:
             self.stats.cancelled += 1
@@ -231,9 +265,18 @@ class Completer:
         self.stats.last_latency_ms = round(result.get("latency_ms") or (time.monotonic() - started) * 1000, 1)
         self.stats.last_stop_reason = result.get("stop_reason")
         self.stats.add_sources(result.get("sources"))
+        self.stats.last_error = None
+        self.notices.succeeded()
         if self._on_result is not None:
             self._on_result()
         return result
+
+    def _failed(self, err: RpcError) -> None:
+        if err.code in QUIET_ERRORS:
+            return
+        self.stats.last_error = f"{err.code}: {err.message}"
+        if err.code not in UNSHOWN_ERRORS and self.notices.failed(self.stats.last_error) and self._on_failure:
+            self._on_failure(self.stats.last_error)
 
     def _proposals(self, query: CompletionQuery, doc_text: str, text: str, offset: int, raws: list[str],
                    cached: bool) -> list[Proposal]:

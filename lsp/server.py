@@ -71,7 +71,8 @@ class SpecdLanguageServer(LanguageServer):
         self.encoding = DEFAULT_ENCODING
         self.documents = DocumentStore()
         self.link = DaemonLink(self.documents, lambda: self.settings.daemon, self._link_changed)
-        self.completer = Completer(self.documents, self.link, lambda: self.settings, self._completed)
+        self.completer = Completer(self.documents, self.link, lambda: self.settings, self._completed,
+                                   self._completion_failed)
         self._pending_problems: list[str] = []
         self._told_unavailable = False
         self._last_status_sent = 0.0
@@ -141,6 +142,12 @@ class SpecdLanguageServer(LanguageServer):
     def _completed(self) -> None:
         if time.monotonic() - self._last_status_sent >= STATUS_NOTIFY_INTERVAL_S:
             self.notify_status()
+
+    def _completion_failed(self, message: str) -> None:
+        """A completion failed in a way the user should hear of (the completer says when: once
+        per distinct message until a completion works again)."""
+        self.window_show_message(types.ShowMessageParams(types.MessageType.Error, f"specd: completion failed: {message}"))
+        self.notify_status()  # carries lastError
 
     # -- conversions -----------------------------------------------------------------------
 
