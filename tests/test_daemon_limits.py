@@ -733,6 +733,54 @@ def test_an_edit_storm_is_applied_in_steps_and_in_order(tmp_path):
     assert worst < 1.0
 
 
+def _percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def test_another_clients_p95_under_edit_storms(tmp_path):
+    """Issue 17's goal: a polite client's p95 stays near its idle value while another client
+    sends 400-edit changes on 1 MiB. A real daemon process, so the two clients do not share a
+    GIL with it. Before the steps got short and the loop got turns and pauses between them, a
+    status took 40-70 ms during a storm against 1 ms idle."""
+    line = "x = compute(alpha, beta)  # é\n"
+    text = line * (MiB // len(line))
+    edits = [{"range": {"start": {"line": n * 50, "character": 0}, "end": {"line": n * 50, "character": 1}},
+              "text": "y"} for n in range(400)]
+    d = DaemonProcess(tmp_path, config={"daemon.max_frame_bytes": 4 * MiB, "daemon.max_document_bytes": 4 * MiB,
+                                        "log.level": "warning"}).start()
+    try:
+        with d.client() as storm, d.client() as polite:
+            storm.open_document("file:///storm.py", text, version=1)
+            for _ in range(20):  # warm up both ends
+                polite.status()
+            idle = []
+            for _ in range(300):
+                started = time.monotonic()
+                polite.status()
+                idle.append(time.monotonic() - started)
+            during, changes = [], []
+            for version in range(2, 10):
+                started_change = time.monotonic()
+                change = storm.send_request("change", {"uri": "file:///storm.py", "version": version, "edits": edits,
+                                                       "encoding": "utf-16"})[1]
+                while not change.done():
+                    started = time.monotonic()
+                    polite.status()
+                    during.append(time.monotonic() - started)
+                assert change.result(30)["version"] == version
+                changes.append(time.monotonic() - started_change)
+    finally:
+        d.stop()
+    idle_p95, storm_p95 = _percentile(idle, 0.95), _percentile(during, 0.95)
+    print(f"\nstatus idle: p50 {_percentile(idle, 0.5) * 1000:.1f} ms, p95 {idle_p95 * 1000:.1f} ms, "
+          f"max {max(idle) * 1000:.1f} ms; during 8 storms ({len(during)} samples): "
+          f"p50 {_percentile(during, 0.5) * 1000:.1f} ms, p95 {storm_p95 * 1000:.1f} ms, max {max(during) * 1000:.1f} ms "
+          f"({storm_p95 / idle_p95:.1f}x idle p95); each change {sorted(changes)[len(changes) // 2] * 1000:.0f} ms (median)")
+    assert len(during) >= 40  # the polite client was served throughout, not once per change
+    assert storm_p95 < 3 * idle_p95 + 0.015  # 2x is the goal; the slack is for a loaded 2-core machine
+
+
 def test_a_large_text_is_indexed_in_steps(monkeypatch):
     from specd.daemon import buffers
     from specd.daemon.buffers import index_in_steps
