@@ -271,14 +271,20 @@ class OpenBuffers:
         """Open or update one buffer. Cheap: pieces the edit did not touch keep their tokens."""
         with self._lock:
             buffer = self._buffers.get(uri)
+            old = buffer.text if buffer is not None else None
+        # Compared outside the lock (~10 ms for 1 MiB): requests and idle work go on meanwhile.
+        affixes = common_affixes(old, text) if old is not None and old != text else None
+        with self._lock:
+            buffer = self._buffers.get(uri)
             if buffer is not None and buffer.text == text:
                 return
             self._stamp += 1
             if buffer is None:
                 self._buffers[uri] = _Buffer(text, self._stamp)
                 return
-            old = buffer.text
-            prefix, suffix = common_affixes(old, text)
+            if buffer.text is not old:  # another set() came in between (callers are one thread: rare)
+                old, affixes = buffer.text, common_affixes(buffer.text, text)
+            prefix, suffix = affixes
             delta = len(text) - len(old)
             kept = []
             for piece in buffer.pieces:
