@@ -232,7 +232,13 @@ class LlamaCppMethod:
         return allowed
 
     def run(self, item: Completion, prompt_ids: list[int]) -> Run:
+        text = self.engine.pair.tokenizer.decode(list(prompt_ids), skip_special_tokens=False).encode()
         started = time.perf_counter()
+        # llama-server receives text (llama.vim's input_prefix/input_suffix/input_extra) and
+        # tokenizes it on every request: that is part of its time, as building the prompt is
+        # part of specd's. Generation then runs on the given ids, so outputs stay comparable.
+        self.slot.llama.tokenize(text, add_bos=False, special=True)
+        tokenize_ms = (time.perf_counter() - started) * 1000
         gen = self.slot.generate(list(prompt_ids), self.max_tokens, self.stop_ids,
                                  self._constraint(getattr(prompt_ids, "healed", "")))
         ms = (time.perf_counter() - started) * 1000
@@ -240,8 +246,8 @@ class LlamaCppMethod:
         if self.slot.lookup is not None:
             sources["llamacpp_lookup"] = SourceStats(proposed=gen.drafted, accepted=gen.accepted,
                                                      steps=gen.forwards - 1)
-        return Run(gen.tokens, ms, gen.forwards, gen.first_token_ms, gen.prefill_computed, gen.prefill_reused,
-                   sources)
+        return Run(gen.tokens, ms, gen.forwards, tokenize_ms + gen.first_token_ms, gen.prefill_computed,
+                   gen.prefill_reused, sources)
 
     def close_document(self, doc: str) -> None:
         pass  # one slot for every document, as one llama-server slot per client
