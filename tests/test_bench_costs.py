@@ -62,11 +62,17 @@ def test_forward_costs_of_both_paths_for_a_llama_pair(llama_costs):
             lean, hf = (target["paths"][p]["forward_ms"][context][width] for p in ("lean", "hf"))
             assert ratio == pytest.approx(lean / hf, rel=1e-2, abs=1e-3)
     assert ratios["prefill_ms_per_1k"] > 0
+    # On a CPU the lean path computes logits as verification reads them: one row's verify figures.
+    one_row = target["paths"]["lean"]["verify_one_row_ms"]
+    assert list(one_row) == ["512", "2048"] and all(list(row) == WIDTHS for row in one_row.values())
+    assert all(ms > 0 for row in one_row.values() for ms in row.values())
+    assert "verify_one_row_ms" not in target["paths"]["hf"]  # transformers' forward: every row at once
 
     draft = costs["draft"]
     assert draft["engine_path"] == "lean" and draft["widths"] == [1] and draft["contexts"] == [512]
     _assert_figures(draft, ["512"], ["1"], {"hf", "lean", "llamacpp"})
     assert draft["lean_over_hf"]["forward_ms"]["512"]["1"] > 0
+    assert all("verify_one_row_ms" not in figures for figures in draft["paths"].values())  # draft steps verify nothing
 
 
 def test_gpt2_has_only_the_hf_path(tiny_pairs):

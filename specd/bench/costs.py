@@ -109,6 +109,8 @@ def measure_path(model, path, ids: Sequence[int], contexts: Sequence[int], width
 
     state = KVState(model, path)
     forward_ms: dict[str, dict[str, float]] = {}
+    lazy = not last_only and getattr(path, "lazy_head", False)
+    verify_ms: dict[str, dict[str, float]] = {}
     for context in sorted(contexts):
         state.prefill(list(ids[:context]))  # keeps the shorter context already held, runs the rest
         row = forward_ms.setdefault(str(context), {})
@@ -116,12 +118,18 @@ def measure_path(model, path, ids: Sequence[int], contexts: Sequence[int], width
             new = list(ids[context:context + width])
             row[str(width)] = round(_median_ms(lambda: state.extend(new, last_only=last_only),
                                                lambda: state.rollback(context), repeats, synchronize), 3)
+            if lazy:  # what verification pays when the first drafted token is rejected
+                verify_ms.setdefault(str(context), {})[str(width)] = round(_median_ms(
+                    lambda: state.extend_rows(new).row(0), lambda: state.rollback(context), repeats, synchronize), 3)
     prompt = list(ids[:prefill_tokens])
     prefill_ms = _median_ms(lambda: state.extend(prompt, last_only=True), lambda: state.rollback(0),
                             repeats, synchronize)
     state.reset()
-    return {"forward_ms": forward_ms, "prefill_ms": round(prefill_ms, 3),
-            "prefill_ms_per_1k": round(prefill_ms * 1000 / prefill_tokens, 3)}
+    out = {"forward_ms": forward_ms, "prefill_ms": round(prefill_ms, 3),
+           "prefill_ms_per_1k": round(prefill_ms * 1000 / prefill_tokens, 3)}
+    if verify_ms:
+        out["verify_one_row_ms"] = verify_ms
+    return out
 
 
 def lean_over_hf(paths: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -251,6 +259,8 @@ def _role_lines(role_name: str, role: dict[str, Any], step_only: bool) -> list[s
              "from empty)",
              f"    {'path':<10}{'context':>8}" + "".join(f"{h:>{cell}}" for h in headers) + f"{'prefill ms/1k':>15}"]
     rows = [(name, figures, _ms) for name, figures in role["paths"].items()]
+    rows += [(f"{name}:1row", {"forward_ms": figures["verify_one_row_ms"], "prefill_ms_per_1k": None}, _ms)
+             for name, figures in role["paths"].items() if figures.get("verify_one_row_ms")]
     if role.get("lean_over_hf"):
         rows.append(("lean/hf", role["lean_over_hf"], lambda r: "-" if r is None else f"{r:.2f}x"))
     for name, figures, fmt in rows:
@@ -268,7 +278,9 @@ def format_forward_costs(costs: dict[str, Any]) -> str:
     cap = costs.get("cap")
     limit = f"; contexts at most {cap} tokens (window {costs.get('window')} less {WINDOW_MARGIN})" if cap else ""
     lines = [f"forward costs: median ms of {costs['repeats']} forwards after a warm-up; prefill ms per 1k "
-             f"tokens{limit}; lean/hf = lean ms / hf ms (<1: lean is faster)"]
+             f"tokens{limit}; lean/hf = lean ms / hf ms (<1: lean is faster); lean:1row = what a "
+             "verify costs on a CPU when its first drafted token is rejected (the forward, then one row "
+             "of logits: the engine computes rows as verification reads them)"]
     lines += _role_lines("target", costs["target"], step_only=False)
     if costs.get("draft"):
         lines += _role_lines("draft", costs["draft"], step_only=True)
