@@ -106,6 +106,28 @@ def test_a_large_buffer_is_searched_once_idle_time_has_indexed_it(llama_pair, sa
     assert engine.stats()["open_buffers"]["indexed"] == 1
 
 
+def test_a_buffer_dropped_from_the_searched_ones_is_indexed_again_when_it_comes_back():
+    buffers = OpenBuffers(searched=1)
+    texts = {"a": "a = 1\n" * 5, "b": "", "c": "c = 3\n" * 5}
+    for name, text in texts.items():
+        buffers.set(name, text)
+    while buffers.index_pending(_char_encode, 0.05):
+        pass
+    for _round in range(3):  # each comes back to the top in turn, the others drop
+        for name, text in texts.items():
+            texts[name] = text = text + f"{name} += 1\n"
+            buffers.set(name, text)
+            while buffers.index_pending(_char_encode, 0.05):
+                pass
+            assert buffers._buffers[name].index.tokens.tolist() == _char_encode(text)
+    assert buffers._buffers["a"].index is None and buffers.stats()["indexed"] == 2
+    buffers.remove("c")  # "a" is among the searched again, unedited since it was dropped
+    while buffers.index_pending(_char_encode, 0.05):
+        pass
+    assert buffers._buffers["a"].index.tokens.tolist() == _char_encode(texts["a"])
+    assert buffers.stats() == {"buffers": 2, "indexed": 2, "stale": 0, "indexed_tokens": len(texts["a"] + texts["b"])}
+
+
 def test_common_affixes():
     assert common_affixes("abcdef", "abXdef") == (2, 3)
     assert common_affixes("aaaa", "aaaaa") == (4, 0)

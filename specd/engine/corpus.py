@@ -343,9 +343,9 @@ class OpenBuffers:
             with self._lock:
                 ranked = self._ranked()
                 for buffer in ranked[self.searched + 1:]:  # no longer searched: free its tokens
-                    if buffer.pieces or buffer.index is not None:
+                    if buffer.pieces or buffer.index is not None or buffer.indexed_version >= 0:
                         buffer.pieces, buffer.index, buffer.target = [], None, None
-                        buffer.indexed_version = -1
+                        buffer.indexed_version = buffer.target_version = -1
                 stale = [b for b in ranked[:self.searched + 1] if b.indexed_version != b.version]
             if not stale:
                 return False
@@ -361,7 +361,7 @@ class OpenBuffers:
                 return False
             version, text = buffer.version, buffer.text
             gap = _first_gap(buffer.pieces, len(text))
-            if gap is None and buffer.target_version != version:
+            if gap is None and (buffer.target is None or buffer.target_version != version):
                 buffer.target = array("i")
                 for piece in buffer.pieces:
                     buffer.target.extend(piece.tokens)
