@@ -42,6 +42,8 @@ CACHE = Path.home() / ".cache" / "specd-test" / "vscode-e2e"
 INSTALL_TIMEOUT_S = 1800
 READY_S = 180  # code-server up, the extension active, specd-lsp spawning the daemon (demo pair)
 GHOST_S = 60
+PAUSE_S = 10  # a typing pause's suggestion; a pause with none by then counts as none
+TYPING_PIECES = ("for ", "item ", "in ", "values:", "\n", "total ", "+= ", "item ", "* ", "factor", "\n", "return ")
 EDIT_S = 15
 SOURCE = "def add(a, b):\n    return a + b\n\n\ndef scale(values, factor):\n"
 SUGGEST = ".suggest-widget.visible .monaco-list-row.focused"
@@ -129,6 +131,7 @@ def _stop(server: subprocess.Popen, socket_path: Path) -> None:
 
 def test_the_extension_in_code_server(tools, vsix, tmp_path):
     sys.path.insert(0, tools["PLAYWRIGHT_PATH"])
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     home = tmp_path / "home"
@@ -281,6 +284,26 @@ def test_the_extension_in_code_server(tools, vsix, tmp_path):
                 assert accepted.startswith(taken) and line.endswith("total = values" + after_item), (line, after_item)
                 status = page.inner_text(".statusbar")
                 assert "specd" in status, status
+
+                # Keystroke to ghost text while typing a loop piece by piece, a pause after each
+                # piece (as docs/editors.md measures in Neovim): from the last key to ghost text on
+                # screen, whether a fresh answer or the previous suggestion typed through.
+                page.keyboard.press("End")
+                page.keyboard.press("Enter")
+                pauses: list[float] = []
+                for piece in TYPING_PIECES:
+                    page.keyboard.type(piece, delay=60)
+                    sent = time.monotonic()
+                    try:
+                        page.wait_for_selector(GHOST, timeout=PAUSE_S * 1000)
+                        pauses.append(time.monotonic() - sent)
+                    except PlaywrightTimeout:
+                        pass  # nothing to suggest here (or not yet): the next piece goes on
+                assert len(pauses) >= len(TYPING_PIECES) // 2, f"ghost text after {len(pauses)} of {len(TYPING_PIECES)} pauses"
+                pauses.sort()
+                timings["pause_p50_ms"] = 1000 * pauses[len(pauses) // 2]
+                timings["pause_p95_ms"] = 1000 * pauses[min(len(pauses) - 1, round(0.95 * (len(pauses) - 1)))]
+                timings["pauses_with_ghost"] = len(pauses)
 
                 # kill -9 of the daemon: specd-lsp starts another; suggestions come back as one types on.
                 pid = _daemon_pid(socket_path)
