@@ -359,7 +359,10 @@ class Daemon:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: Connection) -> None:
         if self.shutting_down:
-            await self._refuse(reader, writer, RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down"))
+            # A client that connects while the daemon stops because its models failed to load
+            # (the one that spawned it, typically) is told why, not only that it stops.
+            await self._refuse(reader, writer, self._load_failure()
+                               or RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down"))
             return
         if conn.authenticated and self._authenticated_count() >= self.max_connections:
             await self._refuse(reader, writer, self._too_many())
