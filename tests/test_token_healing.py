@@ -42,6 +42,34 @@ def test_allowed_tokens_retype_the_cut_text(tokenizer, vocabulary):
     assert not set(tokenizer.all_special_ids) & allowed  # no end-of-text before the cut text is back
 
 
+@pytest.fixture(scope="module")
+def demo_vocabulary():
+    from transformers import AutoTokenizer
+
+    from specd.demo import DEMO_DIR
+
+    demo = AutoTokenizer.from_pretrained(DEMO_DIR / "target")
+    return HealingVocabulary(demo, len(demo))
+
+
+@pytest.mark.parametrize("which, rest", [("tiny", "\n        "), ("tiny", "    "), ("tiny", " "),
+                                         ("demo", "        "), ("demo", "    "), ("demo", " ")])
+def test_cut_whitespace_is_retyped_exactly_never_deepened(vocabulary, demo_vocabulary, which, rest):
+    """A fresh line's indentation (or the space after a word) is the user's: no allowed token
+    re-types it and goes on with more spaces or tabs, so a suggestion cannot start deeper than
+    the cursor (the README's first completion did: 12 spaces where the editor put 8)."""
+    vocabulary = vocabulary if which == "tiny" else demo_vocabulary
+    deeper = [i for i, text in enumerate(vocabulary.texts)
+              if text.startswith(rest) and len(text) > len(rest) and text[len(rest)] in " \t"]
+    assert deeper, "the tokenizer has whitespace tokens longer than the cut text"  # so the check bites
+    allowed = set(vocabulary.allowed(rest).tolist())
+    assert allowed and not allowed & set(deeper)
+    # The cut text itself and its pieces (7 spaces, then " return": how these tokenizers go on
+    # to code) stay allowed.
+    pieces = {i for i, text in enumerate(vocabulary.texts) if text and rest.startswith(text)}
+    assert pieces and pieces <= allowed
+
+
 def test_remaining_walks_the_constraint(tokenizer, vocabulary):
     seven, self_ = token_id(tokenizer, "\n       "), token_id(tokenizer, " self")
     assert vocabulary.remaining("\n        ", [seven]) == " "

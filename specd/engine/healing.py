@@ -53,12 +53,23 @@ class HealingVocabulary:
         return tokenizer.decode(list(ids[-2:]))[len(tokenizer.decode(list(ids[-2:-1]))):]
 
     def allowed(self, rest: str) -> torch.Tensor:
-        """Ids whose text starts with ``rest`` or is a non-empty prefix of it (a LongTensor)."""
+        """Ids whose text starts with ``rest`` or is a non-empty prefix of it (a LongTensor).
+
+        When ``rest`` is whitespace ending in spaces or tabs (the indentation the editor put on a
+        fresh line, or the space after a word), a token may not go on with more of them: the
+        cursor's indentation is the user's, and a model that liked a deeper one (a 12-space token
+        where 8 were typed) would shift the whole suggestion right of it."""
         ids = self._allowed.get(rest)
         if ids is None:
-            ids = torch.tensor([i for i in self._by_first.get(rest[0], ())
-                                if self.texts[i].startswith(rest) or rest.startswith(self.texts[i])],
-                               dtype=torch.long)
+            exact_indent = not rest.strip() and rest[-1] in " \t"
+            size = len(rest)
+
+            def ok(text: str) -> bool:
+                if rest.startswith(text):
+                    return True
+                return text.startswith(rest) and not (exact_indent and text[size:size + 1] in (" ", "\t"))
+
+            ids = torch.tensor([i for i in self._by_first.get(rest[0], ()) if ok(self.texts[i])], dtype=torch.long)
             if len(self._allowed) > 4096:
                 self._allowed.clear()
             self._allowed[rest] = ids
