@@ -175,8 +175,11 @@ def test_a_person_typing_in_neovim(home, renderer, tmp_path):
         ghost = person.ghost_after(nvim.input("A<CR>"), "a suggestion on the fresh indented line")
         assert person.line() == " " * 8
         assert not ghost.startswith(" "), f"the ghost text would indent the line again: {ghost!r}"
+        row = nvim.lua("return vim.api.nvim_win_get_cursor(0)[1]")
         nvim.input("<Tab>")
-        line = nvim.wait("local l = vim.api.nvim_get_current_line(); return l:find('%S') and l", EDIT_S, "the accept")
+        # The fresh line as accepted (a suggestion of several lines leaves the cursor on its last).
+        line = nvim.wait("local l = vim.api.nvim_buf_get_lines(0, ... - 1, ..., true)[1]; return l:find('%S') and l",
+                         EDIT_S, "the accept", row)
         assert line == " " * 8 + ghost, "accepted as shown, indented once"
         assert nvim.lua("return vim.api.nvim_get_mode().mode") == "i"
         # Undo takes back the insert session: the Enter and the accepted text together.
