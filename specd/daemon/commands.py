@@ -24,7 +24,8 @@ EXIT_NOT_RUNNING = 3  # as `systemctl status` / LSB: the program is not running
 
 
 def _err(message: str) -> None:
-    print(f"specd: {message}", file=sys.stderr, flush=True)
+    sys.stderr.write(f"specd: {message}\n")  # one write: a log record from another thread cannot split it
+    sys.stderr.flush()
 
 
 def serve(args: argparse.Namespace, cfg: Config) -> int:

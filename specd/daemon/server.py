@@ -271,7 +271,10 @@ class Daemon:
             # One line, whatever the exception held: it is what `specd serve`, the spawn log and
             # systemd's STATUS= show.
             message = " ".join(f"cannot load models: {self.worker.load_error}".split())
-            print(f"specd: {message}", file=sys.stderr, flush=True)
+            # One write of the whole line: print() writes the text and the newline separately, and
+            # the model thread's log record could land between them (CI saw the two on one line).
+            sys.stderr.write(f"specd: {message}\n")
+            sys.stderr.flush()
             systemd.notify(f"STATUS={message}")
             self.request_stop("model load failed", exit_code=1)
         elif state == LOADING:
