@@ -79,13 +79,17 @@ SHARED_DAEMON_CONFIG = {
 }
 
 
+def start_tiny_daemon(root, tiny_root) -> DaemonProcess:
+    """The real daemon with the real engine on the tiny llama pair, started in ``root``."""
+    target, draft = make_tiny_pair(tiny_root / "llama", "llama")
+    config = {**SHARED_DAEMON_CONFIG, "model.target": target, "model.draft": draft, "model.device": "cpu"}
+    return DaemonProcess(root, engine="real", config=config).start(timeout=120)
+
+
 @pytest.fixture(scope="session")
 def daemon(tmp_path_factory, tiny_root):
     """The real daemon with the real engine on the tiny llama pair."""
-    target, draft = make_tiny_pair(tiny_root / "llama", "llama")
-    config = {**SHARED_DAEMON_CONFIG, "model.target": target, "model.draft": draft, "model.device": "cpu"}
-    proc = DaemonProcess(tmp_path_factory.mktemp("daemon"), engine="real", config=config)
-    proc.start(timeout=120)
+    proc = start_tiny_daemon(tmp_path_factory.mktemp("daemon"), tiny_root)
     yield proc
     proc.stop()
 

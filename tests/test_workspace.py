@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED_DAEMON_CONFIG
-from daemon_helpers import DaemonProcess, wait_for
+from conftest import start_tiny_daemon
+from daemon_helpers import wait_for
 from specd.daemon.workspace import Workspace, WorkspaceOptions
 from specd.protocol import ErrorCode, RpcError
-from tiny import make_tiny_pair
 
 REFLECTED_WITHIN_S = 1.0  # the issue's bound: disk to index
 
@@ -259,10 +258,7 @@ def fresh_daemon(tmp_path_factory, tiny_root):
     """A daemon of its own: the shared one's planner has learned from every earlier test (a
     session of random-weight drafts rejected) and may rightly pass a lookup match over; this
     test asks what a fresh pair does with a match, so its answer must not depend on test order."""
-    target, draft = make_tiny_pair(tiny_root / "llama", "llama")
-    config = {**SHARED_DAEMON_CONFIG, "model.target": target, "model.draft": draft, "model.device": "cpu"}
-    proc = DaemonProcess(tmp_path_factory.mktemp("workspace-daemon"), engine="real", config=config)
-    proc.start(timeout=120)
+    proc = start_tiny_daemon(tmp_path_factory.mktemp("workspace-daemon"), tiny_root)
     yield proc
     proc.stop()
 

@@ -24,7 +24,7 @@ import threading
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from specd.engine.lookup import NgramIndex
 
@@ -430,16 +430,9 @@ def _first_gap(pieces: list[_Piece], length: int) -> tuple[int, int] | None:
 def common_affixes(old: str, new: str) -> tuple[int, int]:
     """(prefix, suffix): the lengths of the common prefix and of the common suffix after it,
     found by binary search over slice comparisons (C speed)."""
-    limit = min(len(old), len(new))
+    prefix = common_prefix_length(old, new)
+    limit = min(len(old), len(new)) - prefix
     lo, hi = 0, limit
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if old[:mid] == new[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    prefix = lo
-    lo, hi = 0, limit - prefix
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if old[len(old) - mid:] == new[len(new) - mid:]:
@@ -449,8 +442,9 @@ def common_affixes(old: str, new: str) -> tuple[int, int]:
     return prefix, lo
 
 
-def common_prefix_length(a: array, b: array) -> int:
-    """How many leading items two arrays of one type share (binary search; compares are memcmp)."""
+def common_prefix_length(a: Sequence, b: Sequence) -> int:
+    """How many leading items two strings (or two arrays of one type) share: binary search over
+    slice comparisons, which run at C speed (memcmp for arrays)."""
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:
         mid = (lo + hi + 1) // 2

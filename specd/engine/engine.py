@@ -18,7 +18,7 @@ import torch
 
 from specd.engine import compat
 from specd.engine.context import ContextSelector
-from specd.engine.corpus import Corpus, OpenBuffers
+from specd.engine.corpus import Corpus, OpenBuffers, common_affixes
 from specd.engine.costs import calibrate
 from specd.engine.decode import DraftPlanner, PlannerMemory, speculative_decode
 from specd.engine.healing import HealingConstraint, HealingVocabulary
@@ -483,25 +483,8 @@ class _RequestSettings:
 
 
 def edit_end(old: str, new: str) -> int:
-    """Offset in ``new`` just after the text an edit changed (common prefix and suffix found by
-    binary search over slice comparisons, which run at C speed)."""
-    limit = min(len(old), len(new))
-    lo, hi = 0, limit
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if old[:mid] == new[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    prefix = lo
-    lo, hi = 0, limit - prefix
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if old[len(old) - mid:] == new[len(new) - mid:]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return len(new) - lo
+    """Offset in ``new`` just after the text an edit changed."""
+    return len(new) - common_affixes(old, new)[1]
 
 
 def context_window(pair: ModelPair) -> int | None:

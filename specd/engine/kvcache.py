@@ -135,30 +135,25 @@ class KVState:
         A forward that fails part-way (out of memory, or any other error) has grown
         the layers it reached and not the rest: every layer is cropped back to the tokens held
         before the call, and the error is raised. The cache is never left inconsistent."""
-        input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
-        try:
-            logits = self.path.forward(input_ids, self.cache, last_only=last_only)
-        except BaseException:
-            self._restore(len(self.ids))
-            raise
-        self.ids.extend(new_ids)
-        self.forwards += 1
-        return logits
+        return self._forward(new_ids, last_only=last_only)
 
     def extend_rows(self, new_ids: Sequence[int]) -> Rows:
         """``extend`` for verification: the logits as ``Rows``, computed on demand where the
         forward path can (``lazy_head``: the lean path on CPU), else all at once."""
         if not getattr(self.path, "lazy_head", False):
             return DenseRows(self.extend(new_ids))
+        return LazyRows(self._forward(new_ids, head=False), self.path.head)
+
+    def _forward(self, new_ids: Sequence[int], **kwargs: Any) -> torch.Tensor:
         input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
         try:
-            hidden = self.path.forward(input_ids, self.cache, head=False)
+            out = self.path.forward(input_ids, self.cache, **kwargs)
         except BaseException:
             self._restore(len(self.ids))
             raise
         self.ids.extend(new_ids)
         self.forwards += 1
-        return LazyRows(hidden, self.path.head)
+        return out
 
     def _restore(self, length: int) -> None:
         """Every layer back to ``length`` positions after a failed forward; an empty state if
