@@ -120,3 +120,40 @@ def test_llama_starcoder_smoke_run_loads_in_the_engine(tmp_path, monkeypatch):
     assert ids[0] == prefix_id and ids.index(prefix_id) < ids.index(suffix_id) < ids.index(middle_id)
     assert result.target_forwards >= 1 and result.stop_reason in ("eos", "max_tokens", "single_line")
     assert len(result.token_ids) <= COMPLETE_TOKENS
+
+
+def test_repo_samples_put_chunks_first_in_the_engines_format_with_a_twin_of_the_middle():
+    """Repo-level FIM samples (``Settings.repo_rate``): other files' chunks come first, written
+    as specd's prompt builder writes them (so the model sees at training what the engine sends),
+    and most hold a near-twin of the text around the middle, which is what the model can learn to
+    copy from."""
+    import random
+    import re
+
+    from specd.demo.train import SampleMaker, train_tokenizer
+
+    files = [(f"pkg/mod{n}.py", "".join(f"def func{n}_{k}(value):\n    return value * {k} + {n}\n\n\n"
+                                         for k in range(30))) for n in range(6)]
+    settings = replace(PRESETS["dev-llama"], vocab_size=400, repo_rate=1.0, fim_rate=1.0)
+    assert PRESETS["dev-llama"].repo_rate > 0 and PRESETS["full"].repo_rate == 0  # the demo pair's recipe is unchanged
+    fmt = settings.fim
+    tok = train_tokenizer((text for _, text in files), settings.vocab_size, fmt.special_tokens)
+    maker = SampleMaker(tok, files, settings, random.Random(1))
+    twins = 0
+    for _ in range(60):
+        sample = maker.sample(512)
+        text = tok.decode(sample.ids, skip_special_tokens=False)
+        head, _, body = text.partition(fmt.prefix)
+        middle = tok.decode(sample.ids[sample.loss_from:-1], skip_special_tokens=False)
+        if not head:
+            continue  # no chunk drawn
+        assert head.startswith(f"{fmt.repo_name}workspace\n{fmt.file_sep}")
+        chunks = head.split(fmt.file_sep)[1:]
+        current = chunks.pop()
+        assert re.fullmatch(r"pkg/mod\d\.py\n", current), current  # the current file's path line, last
+        assert all(re.match(r"[\w./-]+(\n|$)", chunk) for chunk in chunks), chunks  # a path line, then lines
+        twin = [c for c in chunks if not c.startswith("pkg/")]
+        if twin and middle.strip() and middle in twin[0].replace("_variant", "").replace("2", ""):
+            twins += 1
+        assert len(sample.ids) <= 512 and fmt.suffix in body and fmt.middle in body
+    assert twins >= 10  # a good share of samples can be completed by copying from a chunk

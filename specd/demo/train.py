@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import keyword
 import math
 import os
 import platform
 import random
+import re
 import shutil
 import sys
 import time
@@ -110,6 +112,20 @@ SUFFIX_SHARE = (0.1, 0.5)    # fraction of the context budget given to the suffi
 # Upper bound on characters per token, to cut a window of text wide enough to fill a budget.
 MAX_CHARS_PER_TOKEN = 8
 FILE_HEADER_RATE = 0.3       # plain files preceded by "<|file_sep|>{path}\n" (repo-level format)
+# Repo-level FIM samples (``Settings.repo_rate`` of the FIM samples): the prompt begins with other
+# files' chunks as specd's prompt builder writes them (``<repo_name>workspace``, then
+# ``<file_sep>path`` + a window of lines per chunk, then ``<file_sep>`` + the current path).
+# Most such samples hold a near-twin of the text around the middle (as a project holds similar
+# code: a renamed copy, a variant), the others only unrelated files, so the model learns to copy
+# from context when the context has it and not otherwise.
+REPO_TWIN_RATE = 0.6         # of repo samples: one chunk is a near-twin of the middle's surroundings
+REPO_DISTRACTORS = (0, 2)    # unrelated chunks per repo sample (inclusive range)
+REPO_CHUNK_LINES = 40        # a chunk is at most this many lines (as specd.engine.context's windows)
+REPO_CONTEXT_SHARE = 0.4     # at most this share of the sample's tokens goes to the chunks
+REPO_RENAME_DEF = 0.5        # twin mutations: the enclosing def renamed (the bench's multi_file twin) ...
+REPO_RENAME_WORD = 0.3       # ... or one identifier renamed throughout the chunk (else verbatim)
+_IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]{2,}\b")
+_DEF = re.compile(r"\b(def|class) ([A-Za-z_][A-Za-z0-9_]*)")
 MIN_FILE_CHARS = 64
 SAMPLE_RETRIES = 8
 
@@ -158,6 +174,7 @@ class Settings:
     weight_decay: float = 0.1
     fim_rate: float = 0.5
     spm_rate: float = 0.5
+    repo_rate: float = 0.0       # share of FIM samples with repo-level context chunks first
     distill_weight: float = 0.7
     minutes: float = 47.0   # training loop; setup, evaluation and saving add about 2 minutes
     seed: int = 0
@@ -205,6 +222,7 @@ PRESETS: dict[str, Settings] = {
         target=ModelSize(hidden=192, layers=5, heads=3, kv_heads=1, intermediate=512),
         draft=ModelSize(hidden=128, layers=2, heads=2, kv_heads=1, intermediate=384),
         spm_rate=0.0,
+        repo_rate=0.3,
         distill_weight=0.0,
         minutes=20.0,
         threads=1,
@@ -316,7 +334,8 @@ class SampleMaker:
         self.tok, self.settings, self.rng = tok, settings, rng
         self.fmt = fmt = settings.fim
         self.ids = {name: tok.token_to_id(name) for name in fmt.special_tokens}
-        self.texts = [text for _, text in texts if len(text) >= MIN_FILE_CHARS]
+        self.files = [(rel, text) for rel, text in texts if len(text) >= MIN_FILE_CHARS]
+        self.texts = [text for _, text in self.files]
         self.cum_chars = list(itertools.accumulate(len(t) for t in self.texts))
         docs = []
         for rel, text in texts:
@@ -328,27 +347,32 @@ class SampleMaker:
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids if text else []
 
-    def _random_text(self) -> str:
+    def _random_file(self) -> tuple[str, str]:
         import bisect
 
-        return self.texts[bisect.bisect_right(self.cum_chars, self.rng.randrange(self.cum_chars[-1]))]
+        return self.files[bisect.bisect_right(self.cum_chars, self.rng.randrange(self.cum_chars[-1]))]
+
+    def _random_text(self) -> str:
+        return self._random_file()[1]
 
     def plain(self, n_tokens: int) -> Sample:
         start = self.rng.randrange(max(1, len(self.stream) - n_tokens))
         return Sample(self.stream[start:start + n_tokens].tolist(), 0, fim=False)
 
-    def fim(self, n_tokens: int, spm: bool) -> Sample:
-        """One FIM sample of at most n_tokens tokens; shorter only when the file is."""
+    def fim(self, n_tokens: int, spm: bool, repo: bool = False) -> Sample:
+        """One FIM sample of at most n_tokens tokens; shorter only when the file is. With
+        ``repo``, other files' chunks come first (``repo_context``)."""
         middle_cap = n_tokens // 4
         for _ in range(SAMPLE_RETRIES):
-            text = self._random_text()
+            rel, text = self._random_file()
             start, end = choose_middle(text, self.rng)
             middle = self.encode(text[start:end])
             if len(middle) <= middle_cap:
                 break
         else:
             middle = middle[:middle_cap]  # rare: keep the sample, lose its end-of-middle signal
-        budget = n_tokens - 4 - len(middle)  # four special tokens: prefix, suffix, middle, EOS
+        context = self.repo_context(rel, text, start, int(n_tokens * REPO_CONTEXT_SHARE)) if repo else []
+        budget = n_tokens - 4 - len(middle) - len(context)  # four special tokens: prefix, suffix, middle, EOS
         suffix_budget = int(budget * self.rng.uniform(*SUFFIX_SHARE))
         suffix = self.encode(text[end:end + suffix_budget * MAX_CHARS_PER_TOKEN])[:suffix_budget]
         prefix_budget = budget - len(suffix)
@@ -359,16 +383,74 @@ class SampleMaker:
             head = [ids[fmt.suffix], *suffix, ids[fmt.prefix], *prefix, ids[fmt.middle]]
         else:
             head = [ids[fmt.prefix], *prefix, ids[fmt.suffix], *suffix, ids[fmt.middle]]
+        head = context + head
         return Sample(head + middle + [ids[fmt.eos]], len(head), fim=True)
+
+    def repo_context(self, rel: str, text: str, cursor: int, budget: int) -> list[int]:
+        """Ids of repo-level context for a FIM sample cut from ``text`` (path ``rel``) at
+        ``cursor``, in the engine's format (``specd.engine.prompt.PromptBuilder._context_ids``):
+        ``<repo_name>workspace\n``, each chunk as ``<file_sep>path\n`` + its lines + ``\n``, then
+        ``<file_sep>`` + the current path. Unrelated chunks first, the twin (when there is one)
+        last: the engine emits the most relevant chunk nearest the current file."""
+        rng, fmt = self.rng, self.fmt
+        file_sep = self.ids[fmt.file_sep]
+        head = [self.ids[fmt.repo_name], *self.encode("workspace\n")]
+        tail = [file_sep, *self.encode(f"{rel}\n")]
+        room = budget - len(head) - len(tail)
+        twin: list[int] = []
+        if rng.random() < REPO_TWIN_RATE:
+            chunk = self._mutate(self._window(text, cursor))
+            twin = [file_sep, *self.encode(f"{_variant_path(rel, rng)}\n{chunk}\n")][:room]
+        others: list[int] = []
+        for _ in range(rng.randint(*REPO_DISTRACTORS)):
+            other_rel, other = self._random_file()
+            if other is text:
+                continue
+            piece = [file_sep, *self.encode(f"{other_rel}\n{self._window(other, rng.randrange(len(other)))}\n")]
+            others += piece[:max(0, room - len(twin) - len(others))]  # cut short, as the engine's budget cuts one
+        if not twin and not others:
+            return []
+        ids = head + others + twin
+        return ids + tail
+
+    def _window(self, text: str, position: int) -> str:
+        """Up to REPO_CHUNK_LINES whole lines around ``position``, at a random offset."""
+        lines = text.splitlines(keepends=True)
+        line = text.count("\n", 0, position)
+        first = max(0, line - self.rng.randrange(REPO_CHUNK_LINES))
+        return "".join(lines[first:first + REPO_CHUNK_LINES]).rstrip("\n")
+
+    def _mutate(self, chunk: str) -> str:
+        """A near-twin: the first def/class renamed, or one identifier renamed throughout, or as is."""
+        draw = self.rng.random()
+        if draw < REPO_RENAME_DEF and (found := _DEF.search(chunk)):
+            return chunk.replace(f"{found[1]} {found[2]}", f"{found[1]} {found[2]}_variant", 1)
+        if draw < REPO_RENAME_DEF + REPO_RENAME_WORD:
+            words = [w for w in _IDENTIFIER.findall(chunk) if w not in _PY_KEYWORDS]
+            if words:
+                word = self.rng.choice(words)
+                return re.sub(rf"\b{re.escape(word)}\b", f"{word}2", chunk)
+        return chunk
 
     def sample(self, n_tokens: int) -> Sample:
         if self.rng.random() < self.settings.fim_rate:
-            return self.fim(n_tokens, spm=self.rng.random() < self.settings.spm_rate)
+            return self.fim(n_tokens, spm=self.rng.random() < self.settings.spm_rate,
+                            repo=self.rng.random() < self.settings.repo_rate)
         return self.plain(n_tokens)
 
     def batch(self, count: int, seq_len: int):
         """(inputs [B, T], targets [B, T], mask [B, T]) for count sequences of seq_len tokens."""
         return collate([self.sample(seq_len + 1) for _ in range(count)], seq_len, self.ids[self.fmt.eos])
+
+
+def _variant_path(rel: str, rng: random.Random) -> str:
+    """Where a near-twin of ``rel`` lives in the pretend project."""
+    stem, _, ext = Path(rel).name.rpartition(".")
+    return rng.choice([f"variants/{stem}_v{rng.randrange(10)}.{ext}", f"legacy/{Path(rel).name}",
+                       f"{Path(rel).parent}/{stem}_old.{ext}"])
+
+
+_PY_KEYWORDS = frozenset(keyword.kwlist) | {"self", "cls"}
 
 
 def collate(samples: list[Sample], seq_len: int, pad_id: int, middle_only: bool = False):
