@@ -189,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="special tokens and FIM layouts (default: the preset's; 'starcoder' is PSM only)")
     p.add_argument("--distill-weight", type=float, metavar="W",
                    help="final weight of the draft's KL to the target (0: the draft learns from data alone)")
+    p.add_argument("--repo-rate", type=float, metavar="R",
+                   help="share of FIM samples that begin with other files' chunks, most holding a near-twin of "
+                        "the middle (default: the preset's)")
+    p.add_argument("--init", metavar="DIR",
+                   help="go on training this pair (its tokenizer, sizes and weights; lower peak learning rates) "
+                        "instead of a fresh one")
     return parser
 
 

@@ -118,6 +118,26 @@ def test_llama_starcoder_smoke_run_loads_in_the_engine(tmp_path, monkeypatch):
     prefix_id, suffix_id, middle_id = tok.convert_tokens_to_ids(["<fim_prefix>", "<fim_suffix>", "<fim_middle>"])
     ids = result.prompt_ids
     assert ids[0] == prefix_id and ids.index(prefix_id) < ids.index(suffix_id) < ids.index(middle_id)
+
+    # --init goes on from this pair: its tokenizer and sizes, new weights, repo-level samples.
+    more = tmp_path / "more"
+    settings = settings_from_args(_args(preset="tiny", minutes=SMOKE_MINUTES, arch="llama", fim_format="starcoder",
+                                        init=tmp_path, repo_rate=1.0))
+    assert settings.init == str(tmp_path) and settings.repo_rate == 1.0
+    try:
+        assert train(replace(settings, threads=1), more, "smoke --init") == 0
+    finally:
+        torch.set_num_threads(threads)
+    more_target, _ = demo_pair_paths(more)
+    assert (more_target / "tokenizer.json").read_text() == (target_dir / "tokenizer.json").read_text()
+    before = transformers.AutoModelForCausalLM.from_pretrained(target_dir).state_dict()
+    after = transformers.AutoModelForCausalLM.from_pretrained(more_target).state_dict()
+    assert before.keys() == after.keys() and all(before[k].shape == after[k].shape for k in before)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert "Went on from the pair" in (more / "TRAINING.md").read_text()
+    with pytest.raises(ValueError, match="was not trained with --fim-format qwen"):
+        train(replace(settings_from_args(_args(preset="tiny", minutes=SMOKE_MINUTES, init=tmp_path)), threads=1),
+              tmp_path / "wrong", "smoke")
     assert result.target_forwards >= 1 and result.stop_reason in ("eos", "max_tokens", "single_line")
     assert len(result.token_ids) <= COMPLETE_TOKENS
 

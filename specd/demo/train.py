@@ -142,6 +142,7 @@ SAMPLE_MAX_NEW_TOKENS = 48
 SAMPLE_FILE = "fractions.py"
 SAMPLE_ANCHOR = '    def __repr__(self):\n        """repr(self)"""\n'
 SAMPLE_MIDDLE_LINES = 2
+FINETUNE_LR_SCALE = 0.3      # peak learning rates are this much lower when going on from a trained pair
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,7 @@ class Settings:
     fim_rate: float = 0.5
     spm_rate: float = 0.5
     repo_rate: float = 0.0       # share of FIM samples with repo-level context chunks first
+    init: str | None = None      # a pair to go on training (its tokenizer and weights), not a fresh one
     distill_weight: float = 0.7
     minutes: float = 47.0   # training loop; setup, evaluation and saving add about 2 minutes
     seed: int = 0
@@ -270,6 +272,18 @@ def wrap_tokenizer(tok, max_positions: int, fim: FimFormat = FIM_FORMATS["qwen"]
         clean_up_tokenization_spaces=False,  # would turn " ." into "." and break round trips
         model_max_length=max_positions,
     )
+
+
+def _init_tokenizer(pair: Path, settings: Settings):
+    """The tokenizer of the pair training goes on from; its special tokens must be the format's."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(pair / TARGET_SUBDIR / "tokenizer.json"))
+    ids = [tok.token_to_id(name) for name in settings.fim.special_tokens]
+    if ids != list(range(len(ids))) or tok.get_vocab_size() != settings.vocab_size:
+        raise ValueError(f"{pair} was not trained with --fim-format {settings.fim_format} and vocab "
+                         f"{settings.vocab_size} (special token ids {ids}, vocab {tok.get_vocab_size()})")
+    return tok
 
 
 # --- samples ------------------------------------------------------------------------------
@@ -706,7 +720,10 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
           f"{len(heldout)} held-out modules", flush=True)
 
     fim = settings.fim
-    tok = train_tokenizer((text for _, text in sources), settings.vocab_size, fim.special_tokens)
+    if settings.init:
+        tok = _init_tokenizer(Path(settings.init), settings)
+    else:
+        tok = train_tokenizer((text for _, text in sources), settings.vocab_size, fim.special_tokens)
     hf_tok = wrap_tokenizer(tok, settings.max_positions, fim)
     eos_id = tok.token_to_id(fim.eos)
     heldout_chars = sum(len(t) for t in heldout)
@@ -722,15 +739,28 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
     lm_eval = heldout_lm_batches(tok, heldout, settings.eval_seq_len, settings.eval_lm_max_windows, fim.eos)
     print(f"stream: {len(maker.stream):,} training tokens", flush=True)
 
-    target = build_model(settings.target, settings, eos_id)
-    draft = build_model(settings.draft, settings, eos_id)
+    if settings.init:
+        from transformers import AutoModelForCausalLM
+
+        target, draft = (AutoModelForCausalLM.from_pretrained(Path(settings.init) / sub, dtype=torch.float32)
+                         for sub in (TARGET_SUBDIR, DRAFT_SUBDIR))
+        print(f"going on from {settings.init} (peak lr x{FINETUNE_LR_SCALE})", flush=True)
+    else:
+        target = build_model(settings.target, settings, eos_id)
+        draft = build_model(settings.draft, settings, eos_id)
+    # bfloat16 autocast where the CPU has bfloat16 arithmetic; emulated (AVX2 only) it is ~12x slower
+    # than float32 (measured: 53 s vs 4.3 s for one 2048-token step of the dev-llama target).
+    bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    print(f"precision: {'bfloat16 autocast' if bf16 else 'float32 (no bfloat16 arithmetic on this CPU)'}", flush=True)
     target.train()
     draft.train()
     target_params, draft_params = param_count(target), param_count(draft)
     print(f"target: {target_params / 1e6:.2f}M params {settings.target}", flush=True)
     print(f"draft:  {draft_params / 1e6:.2f}M params {settings.draft}", flush=True)
-    target_opt = make_optimizer(target, settings.target_lr, settings.weight_decay)
-    draft_opt = make_optimizer(draft, settings.draft_lr, settings.weight_decay)
+    lr_scale = FINETUNE_LR_SCALE if settings.init else 1.0
+    peaks = (settings.target_lr * lr_scale, settings.draft_lr * lr_scale)
+    target_opt = make_optimizer(target, peaks[0], settings.weight_decay)
+    draft_opt = make_optimizer(draft, peaks[1], settings.weight_decay)
 
     budget_s = settings.minutes * 60.0
     log = RunLog()
@@ -746,7 +776,7 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
             break
         scale = lr_factor(progress)
         distill = distill_factor(progress, settings.distill_weight)
-        for opt, peak in ((target_opt, settings.target_lr), (draft_opt, settings.draft_lr)):
+        for opt, peak in zip((target_opt, draft_opt), peaks):
             for group in opt.param_groups:
                 group["lr"] = peak * scale
 
@@ -754,11 +784,11 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
         seq_len = settings.seq_lens[-1] if long_step else settings.seq_lens[0]
         inputs, targets, mask = maker.batch(max(1, settings.tokens_per_step // seq_len), seq_len)
 
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             t_logits = target(input_ids=inputs).logits  # [B, T, V]
         t_loss = masked_ce(t_logits, targets, mask)
         t_loss.backward()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             d_logits = draft(input_ids=inputs).logits
         d_ce = masked_ce(d_logits, targets, mask)
         d_loss = d_ce if distill == 0.0 else (1.0 - distill) * d_ce + distill * masked_kl(t_logits, d_logits, mask)
@@ -778,8 +808,8 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
 
         if time.time() - loop_start >= next_eval * budget_s / PROGRESS_EVALS:
             next_eval += 1
-            result = evaluate(target, draft, [], progress_fim_eval, autocast=True)
-            row = LogRow((time.time() - loop_start) / 60, step, tokens_seen, scale * settings.target_lr,
+            result = evaluate(target, draft, [], progress_fim_eval, autocast=bf16)
+            row = LogRow((time.time() - loop_start) / 60, step, tokens_seen, scale * peaks[0],
                          ema_target, ema_draft, distill, result)
             log.rows.append(row)
             tqdm.write(f"[{row.minute:5.1f} min] step {step} tokens {tokens_seen:,} lr {row.lr:.2e} "
@@ -789,7 +819,7 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
     bar.close()
     train_s = time.time() - loop_start
     if not log.rows or log.rows[-1].step != step:
-        log.rows.append(LogRow(train_s / 60, step, tokens_seen, scale * settings.target_lr,
+        log.rows.append(LogRow(train_s / 60, step, tokens_seen, scale * peaks[0],
                                ema_target or float("nan"), ema_draft or float("nan"), distill))
     print(f"trained {step} steps, {tokens_seen:,} tokens in {train_s / 60:.1f} min", flush=True)
 
@@ -821,6 +851,7 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
                           "stream_tokens": len(maker.stream), "target_params": target_params,
                           "draft_params": draft_params, "steps": step, "tokens": tokens_seen,
                           "train_min": train_s / 60, "total_min": total_s / 60, "sizes": sizes,
+                          "precision": "bfloat16 autocast" if bf16 else "float32",
                       }, sample=sample)
     print(f"wrote {out_dir} (target {sizes['target']:.1f} MB, draft {sizes['draft']:.1f} MB) "
           f"in {total_s / 60:.1f} min", flush=True)
@@ -863,7 +894,10 @@ def write_training_md(path: Path, *, command: str, settings: Settings, log: RunL
         "on the held-out modules; special tokens " + ", ".join(f"`{t}`" for t in fim.special_tokens) + ".",
         f"- Objective: causal LM; {settings.fim_rate:.0%} of samples fill-in-the-middle "
         f"({settings.spm_rate:.0%} of those suffix-first), middles mostly the rest of a line or 1-"
-        f"{MAX_MIDDLE_LINES} whole lines; sequences of {' / '.join(map(str, settings.seq_lens))} tokens.",
+        f"{MAX_MIDDLE_LINES} whole lines; sequences of {' / '.join(map(str, settings.seq_lens))} tokens"
+        + (f"; {settings.repo_rate:.0%} of FIM samples begin with other files' chunks in the engine's repo-level "
+           f"format ({REPO_TWIN_RATE:.0%} of those hold a near-twin of the middle's surroundings)."
+           if settings.repo_rate else "."),
         "",
         f"## Models ({arch}, tied embeddings, bfloat16 on disk)",
         "",
@@ -878,7 +912,9 @@ def write_training_md(path: Path, *, command: str, settings: Settings, log: RunL
         "",
         f"AdamW {ADAM_BETAS}, weight decay {settings.weight_decay}, peak lr {settings.target_lr} (target) / "
         f"{settings.draft_lr} (draft), {WARMUP_FRACTION:.0%} warm-up then cosine to {MIN_LR_RATIO:.0%} over "
-        f"the time budget, bfloat16 autocast. {distillation}",
+        f"the time budget, {f['precision']}. {distillation}"
+        + (f" Went on from the pair in `{settings.init}` (its tokenizer and weights) with peak learning rates "
+           f"x{FINETUNE_LR_SCALE}." if settings.init else ""),
         "",
         "## Losses (nats/token)",
         "",
@@ -942,6 +978,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="special tokens and FIM layouts (default: the preset's; 'starcoder' is PSM only)")
     parser.add_argument("--distill-weight", type=float, metavar="W",
                         help="final weight of the draft's KL to the target (0: the draft learns from data alone)")
+    parser.add_argument("--repo-rate", type=float, metavar="R",
+                        help="share of FIM samples that begin with other files' chunks, most holding a near-twin "
+                             "of the middle (default: the preset's)")
+    parser.add_argument("--init", metavar="DIR",
+                        help="go on training this pair (its tokenizer, sizes and weights; lower peak learning "
+                             "rates) instead of a fresh one")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -957,6 +999,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
             changes["spm_rate"] = 0.0
     if getattr(args, "distill_weight", None) is not None:
         changes["distill_weight"] = float(args.distill_weight)
+    if getattr(args, "repo_rate", None) is not None:
+        changes["repo_rate"] = float(args.repo_rate)
+    if getattr(args, "init", None):
+        changes["init"] = str(args.init)
     return replace(base, **changes)
 
 
@@ -974,7 +1020,8 @@ def run_train_demo(args: argparse.Namespace, cfg: Any = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     preset = getattr(args, "preset", None) or "full"
     options = {"arch": getattr(args, "arch", None), "fim-format": getattr(args, "fim_format", None),
-               "distill-weight": getattr(args, "distill_weight", None)}
+               "distill-weight": getattr(args, "distill_weight", None),
+               "repo-rate": getattr(args, "repo_rate", None), "init": getattr(args, "init", None)}
     command = (f"python -m specd.demo.train --minutes {settings.minutes:g} --seed {settings.seed}"
                + (f" --preset {preset}" if preset != "full" else "")
                + "".join(f" --{name} {value:g}" if isinstance(value, float) else f" --{name} {value}"
