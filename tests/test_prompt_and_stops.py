@@ -118,6 +118,36 @@ def test_typing_in_the_anchored_layout_only_changes_the_prompt_tail(tokenizer):
     assert recomputed["anchored"] <= 3 * len(line)
 
 
+def test_typing_at_a_fixed_anchor_reuses_the_prefix_window_and_builds_the_same_prompt(tokenizer):
+    """Keystrokes after a fixed anchor find their prefix window in the builder's memo (no
+    tokenization of the prefix) and get exactly the prompt a fresh builder builds."""
+    before = "".join(f"def f{i}(values):\n    return values[{i}] * {i}\n\n" for i in range(80))
+    after = "\n\ndef tail():\n    pass\n"
+    line = "    result = compute(total, values)"
+    builder = PromptBuilder(tokenizer, TEMPLATES["qwen"], 300, 100)
+    calls = []
+    real_call = type(tokenizer).__call__
+
+    def counting(self, text, *args, **kwargs):
+        calls.append(len(text))
+        return real_call(self, text, *args, **kwargs)
+
+    anchor = None
+    for typed in range(1, len(line) + 1):
+        text = before + line[:typed] + after
+        cursor = len(before) + typed
+        calls.clear()
+        type(tokenizer).__call__ = counting
+        try:
+            prompt = builder.build(text, cursor, previous_anchor=anchor)
+        finally:
+            type(tokenizer).__call__ = real_call
+        fresh = PromptBuilder(tokenizer, TEMPLATES["qwen"], 300, 100).build(text, cursor, previous_anchor=anchor)
+        assert prompt.ids == fresh.ids and prompt.anchor == fresh.anchor == len(before)
+        assert (len(calls) == 0) == (typed > 1), (typed, calls)  # the window is tokenized once, at the first keystroke
+        anchor = prompt.anchor
+
+
 def test_windows_are_fitted_in_tokens(tokenizer):
     text = "".join(f"line_{i} = {i} * 2\n" for i in range(400))
     cursor = len(text) // 2
