@@ -1,6 +1,6 @@
 """specd bench's forward costs: ms of a forward per path (hf, lean), width and context, and of a
 prefill, for target and draft; in the JSON and the table; --forward-costs-only and
---no-forward-costs; all through the real CLI on tiny pairs (GPT-2 has no lean path)."""
+--no-forward-costs; all through the real CLI on tiny pairs (one a GPT-2 the lean path refuses)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from bench_helpers import SHORT_PROMPTS, bench_cli
 from specd.bench.costs import TARGET_WIDTHS, capped, window_cap
 from specd.bench.report import format_table
 from specd.cli import main
+from tiny import make_tiny_pair
 
 WIDTHS = [str(w) for w in TARGET_WIDTHS]
 
@@ -75,15 +76,25 @@ def test_forward_costs_of_both_paths_for_a_llama_pair(llama_costs):
     assert all("verify_one_row_ms" not in figures for figures in draft["paths"].values())  # draft steps verify nothing
 
 
-def test_gpt2_has_only_the_hf_path(tiny_pairs):
-    code, stdout, stderr = bench_cli("--forward-costs-only", "--json", pair=tiny_pairs["gpt2"])
+@pytest.fixture(scope="module")
+def gpt2_upcast_pair(tmp_path_factory):
+    """A tiny GPT-2 pair with reorder_and_upcast_attn, an option the lean path does not implement."""
+    pair = make_tiny_pair(tmp_path_factory.mktemp("gpt2-upcast"), "gpt2")
+    for path in pair:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        (path / "config.json").write_text(json.dumps(config | {"reorder_and_upcast_attn": True}), encoding="utf-8")
+    return pair
+
+
+def test_a_model_without_a_lean_path_has_only_the_hf_path(gpt2_upcast_pair):
+    code, stdout, stderr = bench_cli("--forward-costs-only", "--json", pair=gpt2_upcast_pair)
     assert code == 0, stderr
     costs = json.loads(stdout)["forward_costs"]
     for role, contexts, widths in (("target", ["512", "2048"], WIDTHS), ("draft", ["512"], ["1"])):
         figures = costs[role]
         assert figures["engine_path"] == "hf"
         _assert_figures(figures, contexts, widths, {"hf"})
-        assert "gpt2" in figures["unavailable"]["lean"]
+        assert "reorder_and_upcast_attn" in figures["unavailable"]["lean"]
         assert "architecture 'gpt2' is not exported" in figures["unavailable"]["llamacpp"]
         assert figures["lean_over_hf"] is None
 

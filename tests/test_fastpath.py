@@ -1,7 +1,9 @@
-"""The lean batch-1 forward (specd.engine.fastpath) computes what HF computes: logits equal to
-HF's DynamicCache path through prefill, decode and verify widths, rollback and re-extension;
-greedy generation equals ``model.generate``; the static cache grows, rolls back by length and
-survives a failed forward; models it cannot serve exactly are named with a reason."""
+"""The lean batch-1 forward (specd.engine.fastpath) computes what HF computes, for the Llama
+family (Llama, Qwen2, Mistral, StarCoder2) and the GPT-2 family (gpt2, gpt_bigcode with and
+without multi-query attention): logits equal to HF's DynamicCache path through prefill, decode
+and verify widths, rollback and re-extension; greedy generation equals ``model.generate``; the
+static cache grows, rolls back by length and survives a failed forward; models it cannot serve
+exactly are named with a reason."""
 
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
+    GPTBigCodeConfig,
     LlamaConfig,
     MistralConfig,
+    OPTConfig,
     Qwen2Config,
     Starcoder2Config,
 )
@@ -42,20 +46,26 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
             return model
         config = model.config.to_dict() | overrides
         config_cls = LlamaConfig if arch == "llama" else Qwen2Config
+    elif arch in ("gpt2", "gpt_bigcode"):
+        config_cls = GPT2Config if arch == "gpt2" else GPTBigCodeConfig
+        config = dict(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4, n_positions=1024,
+                      initializer_range=0.4, bos_token_id=0, eos_token_id=0) | overrides
     else:
-        config_cls = {"mistral": MistralConfig, "starcoder2": Starcoder2Config, "gpt2": GPT2Config}[arch]
+        config_cls = {"mistral": MistralConfig, "starcoder2": Starcoder2Config, "opt": OPTConfig}[arch]
         common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                       sliding_window=None, initializer_range=0.4)
-        config = common if arch != "gpt2" else dict(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4)
-        config = config | overrides
+        config = common | overrides
     torch.manual_seed(seed)
     derived = ("model_type", "architectures", "layer_types")  # layer_types follows the sliding window
     model = AutoModelForCausalLM.from_config(config_cls(**{k: v for k, v in config.items() if k not in derived}))
-    if arch == "starcoder2":  # LayerNorm biases start at 0 and weights at 1: spread them out
+    # LayerNorm weights start at 1 and biases (norms', and GPT-2's projections') at 0: spread them
+    # out, so the test sees every one of them used
+    spread = "norm" if arch == "starcoder2" else "ln_" if arch in ("gpt2", "gpt_bigcode") else None
+    if spread is not None:
         with torch.no_grad():
             for name, param in model.named_parameters():
-                if "norm" in name:
+                if spread in name or (spread == "ln_" and name.endswith("bias")):
                     param.normal_(1.0 if name.endswith("weight") else 0.0, 0.3)
     return model.eval()
 
@@ -82,6 +92,11 @@ ARCH_CASES = {
                                                              "rope_theta": 10000.0,
                                                              "original_max_position_embeddings": 1024}),
     "qwen2-mha": lambda: tiny("qwen2", num_key_value_heads=4),
+    "gpt2": lambda: tiny("gpt2"),
+    "gpt2-unscaled-by-inverse-layer": lambda: tiny("gpt2", scale_attn_weights=False,
+                                                    scale_attn_by_inverse_layer_idx=True),
+    "gpt_bigcode-mqa": lambda: tiny("gpt_bigcode", multi_query=True),
+    "gpt_bigcode-mha": lambda: tiny("gpt_bigcode", multi_query=False),
 }
 
 
@@ -114,9 +129,10 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model):
     assert_same_logits(last, compat.forward(model, step, hf_cache, last_only=True))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_greedy_generation_equals_generate(arch):
-    model = tiny(arch, layers=2)
+@pytest.mark.parametrize("case", ["llama", "qwen2", "gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha"])
+def test_greedy_generation_equals_generate(case):
+    arch, _, variant = case.partition("-")
+    model = tiny(arch, layers=2, **({"multi_query": variant == "mqa"} if arch == "gpt_bigcode" else {}))
     prompt = ids(12, seed=7)
     expected = model.generate(prompt, do_sample=False, max_new_tokens=32, pad_token_id=0)[0, prompt.shape[1]:]
     lean = LeanForward(model)
@@ -148,11 +164,12 @@ def test_rollback_by_length_then_extend_equals_a_fresh_run():
     assert torch.allclose(after_rollback, lean.forward(extension, fresh), atol=ATOL, rtol=0)
 
 
-def test_greedy_verification_computes_only_the_rows_it_reads():
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "gpt_bigcode"])
+def test_greedy_verification_computes_only_the_rows_it_reads(arch):
     """On a CPU the lean path hands verification its logits row by row (LazyRows): each row is
     the forward's own row, a 7-token draft whose first 2 tokens stand reads 3 rows, and the
     verdict equals verification over every row at once."""
-    model = tiny("llama")
+    model = tiny(arch)
     prompt = ids(30, seed=4)[0].tolist()
     lazy, dense = KVState(model, LeanForward(model)), KVState(model, LeanForward(model))
     for state in (lazy, dense):
@@ -260,7 +277,11 @@ def test_a_sliding_window_wider_than_the_positions_is_served_and_applied_beyond_
 
 
 @pytest.mark.parametrize(("make", "words"), [
-    (lambda: tiny("gpt2"), "gpt2"),
+    (lambda: tiny("opt"), "model type 'opt'"),
+    (lambda: tiny("gpt2", reorder_and_upcast_attn=True), "reorder_and_upcast_attn"),
+    (lambda: tiny("gpt2", activation_function="gelu_fast"), "activation 'gelu_fast'"),
+    (lambda: tiny("gpt_bigcode", add_cross_attention=True, multi_query=False), "cross-attention"),
+    (lambda: tiny("gpt2").transformer, "no LM head"),
     (lambda: tiny("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=1), "sliding window"),
     (lambda: tiny("mistral", sliding_window=16), "sliding window of 16"),
     (lambda: tiny("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),

@@ -72,5 +72,5 @@ def test_an_architecture_llama_cpp_cannot_take_stays_on_torch_and_says_why(tiny_
     target, draft = tiny_pairs["gpt2"]
     engine = make_engine(target, draft, forward_backend="llamacpp")
     path, why = engine.paths["target"]
-    assert path.name == "hf"
+    assert path.name == "lean"  # torch's choice for GPT-2
     assert "forward_backend llamacpp unavailable" in why and "gpt2" in why

@@ -1,4 +1,4 @@
-"""A lean batch-1 forward for Llama-family decoders, on the loaded HF model's own weights.
+"""A lean batch-1 forward for Llama- and GPT-2-family decoders, on the loaded HF model's own weights.
 
 HF's eager forward spends most of a small model's step outside arithmetic: mask building, the
 DynamicCache machinery, module calls and hooks. ``LeanForward`` runs the same maths in a few tensor
@@ -7,6 +7,17 @@ is copied), rotary tables computed once, ``scaled_dot_product_attention`` with n
 new token and a causal mask among the new tokens only. It holds the HF modules' parameters
 themselves (no copies): it costs no weight memory and reads whatever the model holds.
 
+Two families share the cache, masks, attention and the layer step; what differs is data in
+``_Layer`` and two fields of ``LeanForward``:
+
+- Llama family (Llama, Qwen2, Mistral, StarCoder2): rotary positions, RMSNorm (LayerNorm in
+  StarCoder2), q/k/v as nn.Linear fused here into one product, grouped-query attention;
+- GPT-2 family (gpt2; gpt_bigcode: StarCoderBase, SantaCoder, TinyStarCoder): learned absolute
+  position embeddings added to the token embeddings, LayerNorm with bias, one fused ``c_attn``
+  as the checkpoint stores it (gpt2's ``Conv1D`` keeps its weight [in, out] and runs as
+  ``addmm(bias, x, weight)``, as transformers does), multi-query attention in gpt_bigcode, the
+  LM head tied to the token embeddings.
+
 The interface is the one ``KVState`` drives the HF path with (see ``compat``):
 ``new_cache()``, ``forward(input_ids, cache, last_only)``, ``crop(cache, length)``,
 ``cache_length(cache)``, ``nbytes(cache)``. ``unsupported_reason(model)`` says, in one line,
@@ -14,20 +25,26 @@ why a model must stay on the HF path.
 
 Numerics follow HF's modules step for step (RMSNorm in float32 and cast back, rotary tables in
 float32 cast to the model's dtype, projections, activations and residuals in the model's dtype),
-so fp32 logits agree with HF's to float rounding and greedy argmaxes are the same.
+so fp32 logits agree with HF's to float rounding and greedy argmaxes are the same. (GPT-2's
+``gelu_new`` is the tanh GELU written out in six ops; here it is ``F.gelu(approximate="tanh")``,
+the same formula in one op, equal to it up to float32 rounding.)
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.pytorch_utils import Conv1D
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "starcoder2")
+LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2")
+GPT2_FAMILY = ("gpt2", "gpt_bigcode")
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GPT2_FAMILY
 # Rotary types with fixed frequencies and scale: HF computes inv_freq and attention_scaling once.
 # "dynamic" and "longrope" change them with the sequence length, so they stay on the HF path.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -36,6 +53,7 @@ ACTIVATIONS = {  # each returns a tensor the caller may modify in place
     "swish": functools.partial(F.silu, inplace=True),
     "gelu": F.gelu,
     "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "gelu_new": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's NewGELU: the same formula
 }
 INITIAL_CAPACITY = 256  # positions a new cache holds before its first growth
 CAUSAL = torch.empty(0, dtype=torch.bool)  # marks "is_causal" in place of a mask tensor
@@ -53,7 +71,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         return f"model type {model_type!r} has no lean forward (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
     if not type(model).__module__.startswith(f"transformers.models.{model_type}."):
         return f"{type(model).__name__} is not transformers' own {model_type} class (remote code?)"
-    if not (hasattr(model, "lm_head") and hasattr(model, "model")):
+    body = "model" if model_type in LLAMA_FAMILY else "transformer"
+    if not (hasattr(model, "lm_head") and hasattr(model, body)):
         return f"{type(model).__name__} is not a ...ForCausalLM (no LM head)"
     if getattr(model, "hf_quantizer", None) is not None or getattr(config, "quantization_config", None):
         return "quantized weights"
@@ -64,7 +83,16 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         return f"weights spread over {len(devices)} devices"
     if next(iter(devices)).type == "meta":
         return "weights not loaded (meta device / offloaded)"
-    body = model.model
+    reason = _llama_family_reason(model) if model_type in LLAMA_FAMILY else _gpt2_family_reason(model)
+    if reason is not None:
+        return reason
+    if type(model.lm_head) is not nn.Linear:
+        return "the LM head is not a plain nn.Linear"
+    return None
+
+
+def _llama_family_reason(model: PreTrainedModel) -> str | None:
+    config, body = model.config, model.model
     rope_type = getattr(body.rotary_emb, "rope_type", None)
     if rope_type not in STATIC_ROPE_TYPES:
         return f"rope type {rope_type!r} (supported: {', '.join(STATIC_ROPE_TYPES)})"
@@ -90,8 +118,28 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
                 return f"layer {i} has a {type(norm).__name__} norm"
     if _norm_kind(body.norm) is None:
         return f"final norm is a {type(body.norm).__name__}"
-    if type(model.lm_head) is not nn.Linear:
-        return "the LM head is not a plain nn.Linear"
+    return None
+
+
+def _gpt2_family_reason(model: PreTrainedModel) -> str | None:
+    config, body = model.config, model.transformer
+    if config.add_cross_attention:
+        return "cross-attention layers (add_cross_attention)"
+    if getattr(config, "reorder_and_upcast_attn", False):
+        return "reorder_and_upcast_attn (attention scores upcast to float32) is not implemented"
+    if config.activation_function not in ACTIVATIONS:
+        return f"activation {config.activation_function!r}"
+    if type(body.wpe) is not nn.Embedding:
+        return "position embeddings that are not a plain nn.Embedding"
+    for i, block in enumerate(body.h):
+        projections = (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
+        if any(type(m) not in (nn.Linear, Conv1D) for m in projections):
+            return f"layer {i} has projections that are not plain nn.Linear or Conv1D"
+        for norm in (block.ln_1, block.ln_2):
+            if _norm_kind(norm) != "layer":
+                return f"layer {i} has a {type(norm).__name__} norm"
+    if _norm_kind(body.ln_f) != "layer":
+        return f"final norm is a {type(body.ln_f).__name__}"
     return None
 
 
@@ -158,18 +206,53 @@ class _Norm:
     rms: bool  # RMSNorm as HF computes it, else nn.LayerNorm
 
 
+Projection = Callable[[torch.Tensor], torch.Tensor]  # x [T, in] -> [T, out], on the module's own tensors
+
+
 @dataclass(frozen=True)
 class _Layer:
-    """References to one decoder layer's parameters (the HF module's own tensors)."""
+    """References to one decoder layer's parameters (the HF module's own tensors), and the
+    little that differs between the families: where q, k and v lie in the fused projection's
+    output, the attention scale, and the MLP's shape."""
 
     attn_norm: _Norm
-    qkv: _Fused  # q, k and v projections in one product
-    o: nn.Linear
+    qkv: Projection  # q, k and v projections in one product
+    per_head_qkv: bool  # qkv output [T, H, (q k v), D] (gpt_bigcode without MQA), else [T, (H q, KV k, KV v), D]
+    scale: float  # of the attention logits (GPT-2 may also divide it by the layer's index + 1)
+    o: Projection
     mlp_norm: _Norm
     gate_up: _Fused | None  # gated MLP (Llama, Qwen2, Mistral): down(act(gate(x)) * up(x)) ...
-    up: nn.Linear | None  # ... or plain (StarCoder2): up = c_fc, down = c_proj: down(act(up(x)))
-    down: nn.Linear
+    up: Projection | None  # ... or plain (StarCoder2, GPT-2): up = c_fc, down = c_proj: down(act(up(x)))
+    down: Projection
     window: int | None  # sliding window in tokens, None for full attention
+
+
+@dataclass(frozen=True)
+class _Linear:
+    """nn.Linear's product, weight [out, in]."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+@dataclass(frozen=True)
+class _Conv1D:
+    """transformers' Conv1D (GPT-2): weight stored [in, out], computed as Conv1D computes it."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(self.bias, x, self.weight)
+
+
+def _projection(module: nn.Module) -> Projection:
+    if type(module) is Conv1D:
+        return _Conv1D(module.weight, module.bias)
+    return _Linear(module.weight, module.bias)
 
 
 @dataclass(frozen=True)
@@ -233,7 +316,7 @@ def _sdpa_has_gqa() -> bool:
 
 
 class LeanForward:
-    """The batch-1 forward of one HF Llama-family model. Build once per model (check
+    """The batch-1 forward of one HF Llama- or GPT-2-family model. Build once per model (check
     ``unsupported_reason`` first); caches come from ``new_cache``, one per sequence."""
 
     name = "lean"
@@ -242,35 +325,52 @@ class LeanForward:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"no lean forward for this model: {reason}")
-        config = model.config
-        body = model.model
-        attention = body.layers[0].self_attn
         self.model = model
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads
-        self.head_dim = attention.head_dim
-        self.scale = attention.scaling
-        self.max_positions = config.max_position_embeddings
-        self.act = ACTIVATIONS[config.hidden_act]
-        self.embed = body.embed_tokens
-        self.final_norm = _norm(body.norm)
         self.lm_head = model.lm_head
-        self.rotary = body.rotary_emb
-        self.layers = [self._layer(config, layer) for layer in body.layers]
+        self.max_positions = model.config.max_position_embeddings
+        if model.config.model_type in LLAMA_FAMILY:
+            self._describe_llama(model)
+        else:
+            self._describe_gpt2(model)
         self._cos = self._sin = torch.empty(0)  # rotary tables [positions, head_dim], see _rope
 
-    @staticmethod
-    def _layer(config, layer: nn.Module) -> _Layer:
-        attn, mlp = layer.self_attn, layer.mlp
-        gated = hasattr(mlp, "gate_proj")
-        return _Layer(
-            attn_norm=_norm(layer.input_layernorm), qkv=_Fused.of([attn.q_proj, attn.k_proj, attn.v_proj]),
-            o=attn.o_proj, mlp_norm=_norm(layer.post_attention_layernorm),
-            gate_up=_Fused.of([mlp.gate_proj, mlp.up_proj]) if gated else None,
-            up=None if gated else mlp.c_fc,
-            down=mlp.down_proj if gated else mlp.c_proj,
-            window=_sliding_window(config, attn),
-        )
+    def _describe_llama(self, model: PreTrainedModel) -> None:
+        config, body = model.config, model.model
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = body.layers[0].self_attn.head_dim
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.embed, self.positions, self.rotary = body.embed_tokens, None, body.rotary_emb
+        self.final_norm = _norm(body.norm)
+        self.layers = []
+        for layer in body.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            gated = hasattr(mlp, "gate_proj")
+            self.layers.append(_Layer(
+                attn_norm=_norm(layer.input_layernorm), qkv=_Fused.of([attn.q_proj, attn.k_proj, attn.v_proj]),
+                per_head_qkv=False, scale=attn.scaling,
+                o=_projection(attn.o_proj), mlp_norm=_norm(layer.post_attention_layernorm),
+                gate_up=_Fused.of([mlp.gate_proj, mlp.up_proj]) if gated else None,
+                up=None if gated else _projection(mlp.c_fc),
+                down=_projection(mlp.down_proj if gated else mlp.c_proj),
+                window=_sliding_window(config, attn),
+            ))
+
+    def _describe_gpt2(self, model: PreTrainedModel) -> None:
+        config, body = model.config, model.transformer
+        attention = body.h[0].attn
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(attention, "kv_heads", self.heads)  # gpt_bigcode: 1 with multi_query
+        self.head_dim = attention.head_dim
+        self.act = ACTIVATIONS[config.activation_function]
+        self.embed, self.positions, self.rotary = body.wte, body.wpe, None
+        self.final_norm = _norm(body.ln_f)
+        # gpt_bigcode without multi-query views c_attn's output per head; gpt2 and MQA split it whole
+        per_head = config.model_type == "gpt_bigcode" and not config.multi_query
+        self.layers = [_Layer(
+            attn_norm=_norm(block.ln_1), qkv=_projection(block.attn.c_attn), per_head_qkv=per_head,
+            scale=block.attn.scaling, o=_projection(block.attn.c_proj), mlp_norm=_norm(block.ln_2),
+            gate_up=None, up=_projection(block.mlp.c_fc), down=_projection(block.mlp.c_proj), window=None,
+        ) for block in body.h]
 
     # ---- the interface KVState drives ---------------------------------------------------
 
@@ -320,10 +420,16 @@ class LeanForward:
         if input_ids.shape[0] != 1 or width == 0:
             raise ValueError(f"input_ids must be [1, T] with T >= 1, not {list(input_ids.shape)}")
         end = start + width
+        if self.positions is not None and end > self.positions.num_embeddings:
+            raise ValueError(f"position {end - 1} is past the model's {self.positions.num_embeddings} learned positions")
         cache.reserve(end)
-        cos, sin = self._rope(start, end, input_ids.device)  # [T, 1, D]: broadcast over heads
+        cos = sin = None
+        if self.rotary is not None:
+            cos, sin = self._rope(start, end, input_ids.device)  # [T, 1, D]: broadcast over heads
         masks: dict[int | None, Mask] = {}  # per sliding window
         x = F.embedding(input_ids[0], self.embed.weight)  # x: [T, hidden]
+        if self.positions is not None:
+            x.add_(self.positions.weight[start:end])  # learned absolute positions, as HF adds them
         for layer, kv in zip(self.layers, cache.kv):
             if layer.window not in masks:
                 masks[layer.window] = self._mask(start, end, layer.window, input_ids.device)
@@ -354,27 +460,35 @@ class LeanForward:
 
     # ---- one layer ----------------------------------------------------------------------
 
-    def _decoder_layer(self, layer: _Layer, x: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor,
-                       sin: torch.Tensor, start: int, end: int, mask: Mask) -> torch.Tensor:
-        """x: [T, hidden] -> [T, hidden] (updated in place: x is this forward's own activation)."""
-        width, heads, dim = x.shape[0], self.heads, self.head_dim
+    def _decoder_layer(self, layer: _Layer, x: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor | None,
+                       sin: torch.Tensor | None, start: int, end: int, mask: Mask) -> torch.Tensor:
+        """x: [T, hidden] -> [T, hidden] (updated in place: x is this forward's own activation).
+        cos/sin: rotary tables, None for a model with learned positions."""
+        width, heads, kv_heads, dim = x.shape[0], self.heads, self.kv_heads, self.head_dim
         h = _apply_norm(x, layer.attn_norm)
-        qkv = layer.qkv(h).view(width, heads + 2 * self.kv_heads, dim)  # [T, H + KV + KV, D]
-        qk = _rotate(qkv[:, :heads + self.kv_heads], cos, sin)  # qk: [T, H + KV, D], one rotation for both
-        kv[0, :, start:end] = qk[:, heads:].transpose(0, 1)
-        kv[1, :, start:end] = qkv[:, heads + self.kv_heads:].transpose(0, 1)
-        out = self._attend(qk[:, :heads], kv, end, mask)  # out: [T, H * D]
-        x.add_(F.linear(out, layer.o.weight, layer.o.bias))
+        qkv = layer.qkv(h)
+        if layer.per_head_qkv:
+            q, k, v = qkv.view(width, heads, 3, dim).unbind(2)  # each [T, H, D]
+        else:
+            qkv = qkv.view(width, heads + 2 * kv_heads, dim)  # [T, H + KV + KV, D]
+            qk, v = qkv[:, :heads + kv_heads], qkv[:, heads + kv_heads:]
+            if cos is not None:
+                qk = _rotate(qk, cos, sin)  # qk: [T, H + KV, D], one rotation for both
+            q, k = qk[:, :heads], qk[:, heads:]
+        kv[0, :, start:end] = k.transpose(0, 1)
+        kv[1, :, start:end] = v.transpose(0, 1)
+        out = self._attend(q, kv, end, mask, layer.scale)  # out: [T, H * D]
+        x.add_(layer.o(out))
         h = _apply_norm(x, layer.mlp_norm)
         if layer.gate_up is not None:
             gate_up = layer.gate_up(h)
             size = layer.gate_up.sizes[0]
             h = self.act(gate_up[:, :size]).mul_(gate_up[:, size:])
         else:
-            h = self.act(F.linear(h, layer.up.weight, layer.up.bias))
-        return x.add_(F.linear(h, layer.down.weight, layer.down.bias))
+            h = self.act(layer.up(h))
+        return x.add_(layer.down(h))
 
-    def _attend(self, q: torch.Tensor, kv: torch.Tensor, end: int, mask: Mask) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, end: int, mask: Mask, scale: float) -> torch.Tensor:
         """Attention of q [T, H, D] over the cache's keys/values up to ``end``; [T, H * D].
         4-D inputs throughout: the CPU flash kernel takes only those (3-D ones fall to the math path)."""
         width, first, attn_mask = q.shape[0], *mask
@@ -383,7 +497,7 @@ class LeanForward:
             # GQA without expanding K/V: the n_rep query heads sharing a kv head become n_rep * T
             # query rows of that head (HF's repeat_kv pairs head h with kv head h // n_rep).
             q = q.transpose(0, 1).reshape(1, self.kv_heads, -1, self.head_dim)  # q: [1, KV, n_rep * T, D]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=self.scale)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, scale=scale)
             return out.view(self.heads, width, self.head_dim).transpose(0, 1).reshape(width, -1)
         # A prefill: per-head queries, so the kernel's causal path can skip masked blocks.
         if _sdpa_has_gqa():
@@ -393,7 +507,7 @@ class LeanForward:
             keys, values = keys.repeat_interleave(n_rep, 1), values.repeat_interleave(n_rep, 1)
         causal = attn_mask is CAUSAL
         out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, is_causal=causal,
-                                             attn_mask=None if causal else attn_mask, scale=self.scale, **gqa)
+                                             attn_mask=None if causal else attn_mask, scale=scale, **gqa)
         return out[0].transpose(0, 1).reshape(width, -1)
 
     def _mask(self, start: int, end: int, window: int | None, device: torch.device) -> Mask:
