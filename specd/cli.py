@@ -122,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="workload sampling seed")
     p.add_argument("--threads", type=int, metavar="N", help="torch CPU threads (default: engine.threads; 1 is "
                                                             "steadier on a busy machine)")
+    p.add_argument("--idle-ms", type=float, default=0, metavar="MS",
+                   help="before each request on a document it has seen, specd methods hear the edit and get "
+                        "this much untimed idle time, as the daemon does during specd-lsp's debounce (75 ms): "
+                        "its idle prefill brings the target's and draft's caches to the cursor. Peers get "
+                        "nothing (llama-server and generate() do not see edits). Default 0")
     p.add_argument("--no-forward-costs", action="store_true",
                    help="skip measuring what one forward costs per forward path, width and context (quicker runs)")
     p.add_argument("--forward-costs-only", action="store_true",

@@ -277,6 +277,44 @@ def test_hf_prefix_cache_reuses_a_documents_prefix_and_matches_hf_greedy(llama_p
         torch.set_num_threads(threads)
 
 
+def test_idle_time_after_an_edit_warms_both_caches_and_changes_no_output(llama_pair, corpus_dir):
+    """``--idle-ms``: a specd method hears each edit and runs the daemon's idle prefill before the
+    request, untimed. The request then finds the target's cache at the cursor and the draft's
+    cache filled too; outputs stay hf_greedy's."""
+    import torch
+
+    from engine_helpers import make_engine
+    from specd.bench.peers import make_method
+    from specd.bench.run import _prompt_ids
+
+    target, draft = llama_pair
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = make_engine(target, draft, prefix_tokens=192, suffix_tokens=64)
+        items = build_workloads(["edit_replay"], load_corpus(corpus_dir), 3, seed=0)["edit_replay"]
+        steps = [item for item in items if item.doc == items[0].doc][:3]
+        greedy = make_method("hf_greedy", engine, 8)
+        for idle_ms in (0, 10_000):
+            specd = make_method("specd", engine, 8, idle_ms=idle_ms)
+            assert specd.idle_ms == idle_ms
+            runs = []
+            for item in steps:
+                prompt = _prompt_ids(engine, item)
+                run = specd.run(item, prompt)
+                assert run.tokens == greedy.run(item, prompt).tokens
+                runs.append(run)
+            state = engine.caches.get(specd._uri(steps[0].doc))
+            if idle_ms:
+                assert all(run.prefill_computed <= 1 for run in runs[1:])  # idle prefill ran up to the cursor
+                assert len(state.draft.ids) > 0.9 * len(state.target.ids)
+            else:
+                assert sum(run.prefill_computed for run in runs[1:]) > 2  # the typed words, at request time
+            specd.close_document(steps[0].doc)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _runs(outputs: list[list[int]], ms: float) -> list[Run]:
     return [Run(tokens, ms, max(1, len(tokens)), ms / 4, 100, 0) for tokens in outputs]
 

@@ -255,7 +255,12 @@ class LlamaCppMethod:
 
 class SpecdMethod:
     """``Engine.complete`` with a chosen set of drafters and KV reuse on or off. With reuse on,
-    successive completions of one document share its cache, as in the daemon."""
+    successive completions of one document share its cache, as in the daemon. With ``idle_ms``,
+    each request on a document seen before is preceded, untimed, by what the daemon does between
+    a keystroke and the request it triggers (specd-lsp's debounce): the edit reaches the engine
+    (``update_document``) and idle prefill (``prefill_pending``) runs for up to ``idle_ms``."""
+
+    idle_ms: float = 0.0
 
     def __init__(self, name: str, engine: Engine, max_tokens: int, use_draft: bool, use_lookup: bool,
                  kv_reuse: bool, use_workspace: bool = True):
@@ -276,6 +281,8 @@ class SpecdMethod:
             extra_context=list(getattr(prompt_ids, "chunks", [])), path=getattr(prompt_ids, "path", None),
         )
         sync_workspace(self.engine, dict(item.workspace) if self.use_workspace else {})
+        if self.idle_ms > 0 and self.kv_reuse:
+            self._idle(request.uri, item.text)
         started = time.perf_counter()
         result = self.engine.complete(request)
         ms = (time.perf_counter() - started) * 1000
@@ -284,6 +291,13 @@ class SpecdMethod:
                                "than the one the HF peers were given")
         return Run(list(result.token_ids), ms, result.target_forwards, result.first_token_ms,
                    result.prefill_computed, result.prefill_reused, dict(result.sources))
+
+    def _idle(self, uri: str, text: str) -> None:
+        """The edit, then idle prefill until it is done or ``idle_ms`` have passed (untimed)."""
+        self.engine.update_document(uri, text)  # a document's first request opens it: nothing to prefill
+        deadline = time.perf_counter() + self.idle_ms / 1000
+        while (left := deadline - time.perf_counter()) > 0 and self.engine.prefill_pending(left):
+            pass
 
     def close_document(self, doc: str) -> None:
         self.engine.close_document(self._uri(doc))  # its KV caches, and its prompt anchor if any
@@ -322,8 +336,17 @@ def llamacpp_sibling(engine: Engine) -> Engine:
     return sibling
 
 
-def make_method(name: str, engine: Engine, max_tokens: int, gguf: str | None = None, threads: int = 1) -> Method:
-    """``gguf``: the target's GGUF file, for the llama.cpp peers (``threads`` CPU threads)."""
+def make_method(name: str, engine: Engine, max_tokens: int, gguf: str | None = None, threads: int = 1,
+                idle_ms: float = 0) -> Method:
+    """``gguf``: the target's GGUF file, for the llama.cpp peers (``threads`` CPU threads);
+    ``idle_ms``: the idle time specd methods get after each edit (``SpecdMethod``)."""
+    method = _make_method(name, engine, max_tokens, gguf, threads)
+    if isinstance(method, SpecdMethod):
+        method.idle_ms = idle_ms
+    return method
+
+
+def _make_method(name: str, engine: Engine, max_tokens: int, gguf: str | None, threads: int) -> Method:
     draft = engine.pair.draft
     if name in LLAMACPP_PEERS:
         if gguf is None:

@@ -237,6 +237,9 @@ def format_table(report: dict[str, Any]) -> str:
         f"{settings['corpus']}, FIM layout {report.get('fim_layout', '?')}; ratios are peer median / method "
         "median (>1 = faster than that peer); decode = the time after the first token",
     ]
+    if settings.get("idle_ms"):
+        lines.append(f"specd methods hear each edit and get {settings['idle_ms']:g} ms of untimed idle time before "
+                     "the request it triggers (the daemon's idle prefill during specd-lsp's debounce); peers do not")
     for name, workload in report["workloads"].items():
         methods = workload["methods"]
         peers = [p for p in PEERS if p in methods]

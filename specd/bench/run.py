@@ -54,9 +54,10 @@ def command_line(args: argparse.Namespace) -> str:
         value = getattr(args, name, None)
         if value:
             parts += [flag, str(value)]
-    defaults = {"workloads": ",".join(WORKLOADS), "limit": 12, "max_tokens": 48, "seed": 0, "threads": None}
+    defaults = {"workloads": ",".join(WORKLOADS), "limit": 12, "max_tokens": 48, "seed": 0, "threads": None,
+                "idle_ms": 0}
     for flag, name in (("--workloads", "workloads"), ("--limit", "limit"), ("--max-tokens", "max_tokens"),
-                       ("--seed", "seed"), ("--threads", "threads")):
+                       ("--seed", "seed"), ("--threads", "threads"), ("--idle-ms", "idle_ms")):
         value = getattr(args, name, None)
         if value is not None and value != defaults[name]:
             parts += [flag, str(value)]
@@ -111,7 +112,8 @@ def _gguf_dtypes() -> dict:
     return {torch.float32: "f32", torch.float16: "f16"}
 
 
-def _methods(names: list[str], engine, max_tokens: int, skipped: dict[str, str] | None = None) -> list[Method]:
+def _methods(names: list[str], engine, max_tokens: int, skipped: dict[str, str] | None = None,
+             idle_ms: float = 0) -> list[Method]:
     skipped = {} if skipped is None else skipped
     if REFERENCE not in names:
         log.info("also running %s: every method's output is compared with it", REFERENCE)
@@ -129,7 +131,8 @@ def _methods(names: list[str], engine, max_tokens: int, skipped: dict[str, str] 
         if name in skipped:
             continue
         try:
-            methods.append(make_method(name, engine, max_tokens, gguf=gguf, threads=torch.get_num_threads()))
+            methods.append(make_method(name, engine, max_tokens, gguf=gguf, threads=torch.get_num_threads(),
+                                       idle_ms=idle_ms))
         except ValueError as err:  # e.g. specd_llamacpp where llama.cpp cannot serve the model
             skipped[name] = str(err)
             log.warning("skipping %s: %s", name, err)
@@ -266,6 +269,7 @@ def _metadata(args: argparse.Namespace, engine, wall_s: float) -> dict[str, Any]
         "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "settings": {
             "limit": args.limit, "max_tokens": args.max_tokens, "seed": args.seed,
+            "idle_ms": getattr(args, "idle_ms", 0) or 0,
             "corpus": args.corpus or "held-out stdlib modules",
             "prefix_tokens": opts.prefix_tokens, "suffix_tokens": opts.suffix_tokens,
             "draft_max": opts.draft_max, "lookup_max": opts.lookup_max,
@@ -354,7 +358,7 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
         return _report_forward_costs(args, engine, forward_costs, started)
     workloads = build_workloads(workload_names, files, args.limit, args.seed)
     skipped: dict[str, str] = {}
-    methods = _methods(method_names, engine, args.max_tokens, skipped)
+    methods = _methods(method_names, engine, args.max_tokens, skipped, idle_ms=getattr(args, "idle_ms", 0) or 0)
     log.info("bench: %s; methods %s; %d source files",
              ", ".join(f"{n} {len(c)}" for n, c in workloads.items()), ", ".join(m.name for m in methods), len(files))
 
