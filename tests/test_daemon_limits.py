@@ -781,6 +781,37 @@ def test_another_clients_p95_under_edit_storms(tmp_path):
     assert storm_p95 < 3 * idle_p95 + 0.015  # 2x is the goal; the slack is for a loaded 2-core machine
 
 
+def test_status_reuses_the_engines_figures_until_they_may_have_changed(tmp_path):
+    """status answers from the engine's last figures (no thread hop) while they are young and
+    nothing the daemon knows of changed them; a completion that ended means new figures."""
+    from specd.daemon.metrics import EngineFigures
+
+    with LocalDaemon(tmp_path) as d, Client.connect_unix(d.socket_path) as c:
+        engine = d.daemon.worker.engine
+        fetches = []
+        real_stats = engine.stats
+        engine.stats = lambda: fetches.append(threading.current_thread().name) or real_stats()
+        d.on_loop(lambda: setattr(d.daemon._engine_figures, "max_age_s", 60.0))
+        first = c.status()
+        for _ in range(5):
+            assert c.status()["engine"] == first["engine"]
+        assert len(fetches) == 1 and fetches[0] != d.thread.name  # fetched once, on a thread
+        c.complete(text="abc", cursor=3)
+        assert c.status()["acceptance"]["lookup"]["accepted"] == first["acceptance"]["lookup"]["accepted"] + 1
+        assert len(fetches) == 2
+        d.on_loop(lambda: setattr(d.daemon._engine_figures, "max_age_s", 0.0))
+        c.status()
+        assert len(fetches) == 3  # too old: fetched again
+
+    figures, source = EngineFigures(60.0), ("engine", "ready")
+    token = figures.begin()
+    figures.invalidate()  # a completion ended while that fetch ran
+    figures.keep(token, source, {"requests": 1})
+    assert figures.fresh(source) is None
+    figures.keep(figures.begin(), source, {"requests": 2})
+    assert figures.fresh(source) == {"requests": 2} and figures.fresh(("engine", "unloaded")) is None
+
+
 def test_a_large_text_is_indexed_in_steps(monkeypatch):
     from specd.daemon import buffers
     from specd.daemon.buffers import index_in_steps

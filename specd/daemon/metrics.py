@@ -1,9 +1,11 @@
-"""What ``status`` reports about the process: latency percentiles and memory."""
+"""What ``status`` reports about the process: latency percentiles, memory, and the engine's
+figures as last fetched."""
 
 from __future__ import annotations
 
 import collections
 import sys
+import time
 from typing import Any
 
 LATENCY_WINDOW = 1000  # completions the latency percentiles are computed over
@@ -56,3 +58,44 @@ def device_memory() -> dict[str, Any]:
         }
     except Exception:  # reporting must never fail status
         return {}
+
+
+class EngineFigures:
+    """The engine's last ``stats()``, kept on the event loop so that ``status`` need not fetch
+    them from a thread every time (a thread hop costs loop turns and a GIL handoff, which was
+    most of a ``status`` while another client's long change is applied: see
+    ``server.EDIT_STEP_S``).
+
+    Figures are reused while younger than ``max_age_s``, taken from the same source (the
+    engine and the worker's state: a load or a release means new figures) and not invalidated
+    since; the daemon invalidates them when something it knows of changed them (a completion
+    ended). The age counts from when the fetch began, and a fetch that began before an
+    invalidation is not kept."""
+
+    def __init__(self, max_age_s: float):
+        self.max_age_s = max_age_s
+        self._figures: dict[str, Any] | None = None
+        self._source: tuple[Any, ...] = ()
+        self._fetched_at = 0.0
+        self._generation = 0
+
+    def fresh(self, source: tuple[Any, ...]) -> dict[str, Any] | None:
+        """The figures last fetched from ``source``, if recent enough to answer with."""
+        if self._figures is None or self._source != source:
+            return None
+        if time.monotonic() - self._fetched_at > self.max_age_s:
+            return None
+        return self._figures
+
+    def begin(self) -> tuple[int, float]:
+        """A fetch starts now: the token ``keep`` takes."""
+        return self._generation, time.monotonic()
+
+    def keep(self, token: tuple[int, float], source: tuple[Any, ...], figures: dict[str, Any]) -> None:
+        generation, started = token
+        if generation == self._generation:
+            self._figures, self._source, self._fetched_at = figures, source, started
+
+    def invalidate(self) -> None:
+        self._generation += 1
+        self._figures, self._source = None, ()

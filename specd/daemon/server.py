@@ -40,7 +40,7 @@ from specd.daemon import systemd
 from specd.daemon.buffers import BufferStore, TextIndex, edit_index, index_in_steps, resolve_cursor
 from specd.daemon.engine_api import CompletionEngine, CorpusEngine
 from specd.daemon.listeners import RuntimeLock, StartupError, bind_tcp, bind_unix, peer_uid
-from specd.daemon.metrics import LatencyWindow, device_memory, process_memory
+from specd.daemon.metrics import EngineFigures, LatencyWindow, device_memory, process_memory
 from specd.daemon.params import (
     MAX_URI_CHARS,
     check_encoding,
@@ -70,17 +70,22 @@ ENGINE_FACTORY_ENV = "SPECD_TEST_ENGINE_FACTORY"
 
 SHUTDOWN_GRACE_S = 10.0  # beyond the time budget, how long a running completion may finish
 # A change with many ranged edits is applied in steps of about this long, the loop serving
-# other clients in between. A request takes a few loop turns to be answered (read, dispatch,
-# answer; status also waits for the engine's figures from a thread), so between two steps the
-# loop gets EDIT_YIELD_TURNS turns, and sleeps EDIT_PAUSE_S (epoll rounds it up to 1 ms; a
-# request arriving ends it early) while such a thread waits: a sleeping loop lets go of the GIL,
-# a busy one makes the thread wait out the interpreter's 5 ms switch interval, each time. With
-# 5 ms steps and one turn, another client's `status` took 45-56 ms (p95) during 400-edit changes
-# on 1 MiB, against 1 ms idle; now p95 3-7 ms (tests/test_daemon_limits.py, p95 test), and
-# such a change takes ~0.25 s instead of ~0.1 s.
-EDIT_STEP_S = 0.0005
-EDIT_YIELD_TURNS = 3
+# other clients in between. A request takes three loop turns to be answered (the read, the
+# session's dispatch, the handler), and one more when it arrives during a turn, so between two
+# steps the loop gets EDIT_YIELD_TURNS turns (~10 us each when nothing is waiting). A request
+# that waits on a thread (`status` when the engine's figures are older than
+# ENGINE_FIGURES_MAX_AGE_S) makes the loop sleep EDIT_PAUSE_S between steps too (epoll rounds it
+# up to 1 ms; a request arriving ends it early): a sleeping loop lets go of the GIL, a busy one
+# makes the thread wait out the interpreter's 5 ms switch interval, each time. Figures for
+# another client's `status` p95 during 400-edit changes on 1 MiB (tests/test_daemon_limits.py,
+# p95 test): 45-56 ms with 5 ms steps and one turn; 3-7 ms with 0.5 ms steps, 3 turns and a
+# thread hop per status; see docs/reliability.md (issue 17) for these settings.
+EDIT_STEP_S = 0.00025
+EDIT_YIELD_TURNS = 8
 EDIT_PAUSE_S = 0.0005
+# `status` (and hello's model names) reuse the engine's figures for this long, unless a
+# completion ended or the models loaded or were released since (metrics.EngineFigures).
+ENGINE_FIGURES_MAX_AGE_S = 0.1
 
 # TCP connections before their hello with the token: few, small and short-lived, so that a
 # user without the token can neither lock the owner out nor grow the daemon.
@@ -157,6 +162,7 @@ class Daemon:
         # that document, keep their order (asyncio locks are FIFO; uncontended, they cost nothing).
         self._document_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._off_loop = 0  # requests waiting on a thread for something (engine stats)
+        self._engine_figures = EngineFigures(ENGINE_FIGURES_MAX_AGE_S)
         # Per-connection limits, read when a connection starts (tests shorten them).
         self.partial_message_timeout_s = session_limits.PARTIAL_MESSAGE_TIMEOUT_S
         self.hello_deadline_s = HELLO_DEADLINE_S
@@ -664,6 +670,7 @@ class Daemon:
                 raise
             raise RpcError(_error_code(err), str(err) or type(err).__name__) from None
         finally:
+            self._engine_figures.invalidate()  # its requests, acceptance, errors are in the next status
             self.completions.discard(job)
             conn.jobs.pop(msgid, None)
             if job.key is not None and self.jobs_by_uri.get(job.key) is job:
@@ -738,12 +745,18 @@ class Daemon:
         engine = self.worker.engine
         if engine is None:
             return {}
+        source = (engine, self.worker.state)  # figures taken before a load or a release are not reused
+        if (figures := self._engine_figures.fresh(source)) is not None:
+            return figures
         error: Exception | None = None
         for _attempt in range(2):  # stats() reads counters the worker may be updating: retry once
             self._off_loop += 1
-            try:  # off the loop: stats may walk caches
+            token = self._engine_figures.begin()
+            try:  # off the loop: stats may walk caches, and call torch
                 stats = await asyncio.wait_for(asyncio.to_thread(engine.stats), timeout=5)
-                return stats if isinstance(stats, dict) else {"stats": stats}
+                figures = stats if isinstance(stats, dict) else {"stats": stats}
+                self._engine_figures.keep(token, source, figures)
+                return figures
             except Exception as err:
                 error = err
             finally:
