@@ -62,9 +62,11 @@ class TextIndex(SharedTextIndex):
 
 
 # Texts above this many characters get their line index built in steps (``index_in_steps``),
-# the event loop serving others between them; below it, building at once costs < 25 ms.
-STEPWISE_INDEX_CHARS = 1 << 20
+# the event loop serving others between them; below it, building at once costs one step. (At
+# 1 MiB, building at once took 24-36 ms: the first edit of a change stalled the loop that long,
+# as the index is otherwise built on first use.)
 INDEX_STEP_CHARS = 256 * 1024  # one step: ~6 ms of scanning
+STEPWISE_INDEX_CHARS = INDEX_STEP_CHARS
 
 
 async def index_in_steps(text: str) -> TextIndex:
