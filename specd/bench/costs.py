@@ -1,7 +1,7 @@
 """Forward costs: what one forward of each model costs here, per forward path, width and context.
 
 The engine runs each model through one of three forward paths (``compat.HFForward``, which every
-architecture can take, ``fastpath.LeanForward`` for Llama-family models, or
+architecture can take, ``fastpath.LeanForward`` for Llama- and GPT-2-family models, or
 ``specd.llamacpp.forward.LlamaCppForward`` with ``engine.forward_backend = llamacpp``). This
 measures each one that serves the model (llama.cpp's where llama-cpp-python is installed), so
 a report says what each path buys on this machine and what a forward of each width costs:

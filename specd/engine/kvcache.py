@@ -34,7 +34,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class ForwardPath(Protocol):
     """How a model runs over its cache: ``compat.HFForward`` (every architecture) or
-    ``fastpath.LeanForward`` (Llama-family models, a static cache)."""
+    ``fastpath.LeanForward`` (Llama- and GPT-2-family models, a static cache)."""
 
     name: str
 
