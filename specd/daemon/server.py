@@ -72,7 +72,7 @@ SHUTDOWN_GRACE_S = 10.0  # beyond the time budget, how long a running completion
 # A change with many ranged edits is applied in steps of about this long, the loop serving
 # other clients in between. A request takes three loop turns to be answered (the read, the
 # session's dispatch, the handler), and one more when it arrives during a turn, so between two
-# steps the loop gets EDIT_YIELD_TURNS turns (~10 us each when nothing is waiting). A request
+# steps the loop gets EDIT_YIELD_TURNS turns (~6 us each when nothing is waiting). A request
 # that waits on a thread (`status` when the engine's figures are older than
 # ENGINE_FIGURES_MAX_AGE_S) makes the loop sleep EDIT_PAUSE_S between steps too (epoll rounds it
 # up to 1 ms; a request arriving ends it early): a sleeping loop lets go of the GIL, a busy one
