@@ -2,7 +2,8 @@
 
 The writer must keep token ids (llama.cpp tokenizes as transformers does, special FIM tokens
 included) and the model (llama.cpp's logits match transformers' on the same ids, Q/K rotary
-permutation and grouped-query heads included); the bench's llama.cpp peers must write exactly
+permutation and grouped-query heads included, and the GPT-2 family's Conv1D weights, fused and
+per-head q/k/v, multi-query heads and attention scales); the bench's llama.cpp peers must write exactly
 hf_greedy's tokens and re-use their slot's cache like llama-server's ``cache_prompt``.
 """
 
@@ -19,8 +20,54 @@ from specd.demo import demo_pair_paths
 from specd.llamacpp.export import (ExportError, SAMPLE_TEXT, cached_gguf, detect_pre_tokenizer, export_gguf,
                                    loaded_tokenizer_json, verify_tokenizer)
 from specd.llamacpp.runtime import LlamaSlot
+from tiny import make_tokenizer
 
 FIM_TEXT = "<|fim_prefix|>def add(a, b):\n    return<|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_middle|>"
+
+
+# The GPT-2 family as llama.cpp's gpt2 and starcoder serve it: name -> (model_type, config overrides).
+GPT2_FAMILY = {
+    "gpt2": ("gpt2", {}),
+    "gpt2-layer-scaled": ("gpt2", {"scale_attn_weights": False, "scale_attn_by_inverse_layer_idx": True}),
+    "gpt_bigcode-mqa": ("gpt_bigcode", {"multi_query": True}),
+    "gpt_bigcode-mha": ("gpt_bigcode", {"multi_query": False}),
+}
+
+
+def make_gpt2_family_pair(root, model_type: str, **overrides):
+    """A tiny gpt2 or gpt_bigcode target (4 layers) and draft (1 layer) on tests/tiny.py's
+    tokenizer. LayerNorm weights start at 1 and biases at 0: they are spread out, so a norm or a
+    bias llama.cpp misread would show in the logits."""
+    from transformers import AutoModelForCausalLM, GPT2Config, GPTBigCodeConfig
+
+    tokenizer = make_tokenizer()
+    config_cls = {"gpt2": GPT2Config, "gpt_bigcode": GPTBigCodeConfig}[model_type]
+    for name, hidden, layers, seed in (("target", 64, 4, 1), ("draft", 32, 1, 2)):
+        out = root / name
+        if (out / "config.json").exists():
+            continue
+        torch.manual_seed(seed)
+        config = config_cls(vocab_size=len(tokenizer), n_embd=hidden, n_layer=layers, n_head=4, n_positions=1024,
+                            initializer_range=0.4, bos_token_id=0, eos_token_id=0, **overrides)
+        model = AutoModelForCausalLM.from_config(config).eval()
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                if ".ln_" in key or key.endswith("bias"):
+                    param.normal_(1.0 if key.endswith("weight") else 0.0, 0.3)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    return root / "target", root / "draft"
+
+
+@pytest.fixture(scope="module")
+def pair_of(tiny_pairs, tiny_root):
+    """arch -> (target, draft): the session's tiny pairs, and the GPT-2 family's built here."""
+    def pair(arch):
+        if arch in GPT2_FAMILY:
+            model_type, overrides = GPT2_FAMILY[arch]
+            return make_gpt2_family_pair(tiny_root / "llamacpp" / arch, model_type, **overrides)
+        return tiny_pairs[arch]
+    return pair
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +89,14 @@ def _hf(model_dir):
             AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval())
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_llama_cpp_computes_what_transformers_computes(arch, tiny_pairs, gguf_dir):
-    """Every position's logits of a FIM prompt agree (llama.cpp keeps its KV cache in f16, so
-    to within 1% of the logits' range) and every argmax is the same."""
-    target = tiny_pairs[arch][0]
+@pytest.mark.parametrize("arch", ["llama", "qwen2", *GPT2_FAMILY])
+def test_llama_cpp_computes_what_transformers_computes(arch, pair_of, gguf_dir):
+    """Every position's logits of a FIM prompt agree (llama.cpp keeps its KV cache in f16, and
+    runs GPT-2's gelu from an f16 table, so to within 1% of the logits' range) and every argmax
+    is the same. The prompt's ids are llama.cpp's too, FIM tokens as single ids."""
+    target = pair_of(arch)[0]
     path = cached_gguf(target, directory=gguf_dir)  # written, then its tokenization checked
+    verify_tokenizer(path, target, [FIM_TEXT])
     tokenizer, model = _hf(target)
     ids = tokenizer.encode(FIM_TEXT)
     with torch.no_grad():
@@ -86,11 +135,27 @@ def test_pre_tokenizers_are_recognised_or_named_in_the_error(demo_pair, tiny_pai
         detect_pre_tokenizer(odd)
 
 
-def test_unsupported_architecture_is_one_clear_error(tiny_pairs, tmp_path):
+def test_unsupported_architecture_is_one_clear_error(tmp_path):
+    from transformers import OPTConfig
+
+    model_dir = tmp_path / "opt"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(OPTConfig().to_dict()))
     out = tmp_path / "out"
-    with pytest.raises(ExportError, match="architecture 'gpt2' is not exported"):
-        export_gguf(tiny_pairs["gpt2"][0], out / "x.gguf")
+    with pytest.raises(ExportError, match="architecture 'opt' is not exported"):
+        export_gguf(model_dir, out / "x.gguf")
     assert not out.exists() or not list(out.iterdir())  # nothing half-written left behind
+
+
+def test_what_llama_cpp_s_gpt2_graph_cannot_run_is_one_clear_error(tmp_path):
+    """llama.cpp's gpt2 and starcoder graphs run gelu, decoder-only."""
+    with pytest.raises(ExportError, match="activation 'relu' is not exported"):
+        export_gguf(make_gpt2_family_pair(tmp_path / "relu", "gpt2", activation_function="relu")[0],
+                    tmp_path / "out" / "x.gguf")
+    with pytest.raises(ExportError, match="cross-attention is not exported"):
+        export_gguf(make_gpt2_family_pair(tmp_path / "cross", "gpt_bigcode", add_cross_attention=True,
+                                          multi_query=False)[0], tmp_path / "out" / "y.gguf")
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
 
 
 def test_greedy_equals_hf_and_the_slot_reuses_its_prefix(demo_pair, gguf_dir):
@@ -166,15 +231,37 @@ def test_bench_states_specd_against_llama_cpp(monkeypatch, demo_pair):
     assert report["skipped_methods"] == {}
 
 
-def test_bench_skips_llama_cpp_peers_for_a_model_it_cannot_convert(tiny_pairs, sample_source, tmp_path):
+@pytest.mark.parametrize("arch", ["gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha"])
+def test_bench_runs_the_llama_cpp_peers_on_the_gpt2_family(arch, pair_of, sample_source, tmp_path):
+    """GPT-2 and StarCoder-style pairs: llama.cpp's greedy (plain, with prompt lookup) and specd
+    on llama.cpp's forward write hf_greedy's tokens. One request each: llama.cpp runs these
+    graphs' gelu from an f16 table, which moves a tiny random model's logits by up to ~0.01, and
+    the random gpt2 pair's second line request meets a near-tie (top two 0.007 apart) that it
+    flips; the logits test above bounds the difference everywhere."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "m.py").write_text(sample_source)
-    code, out, err = bench_cli("--workloads", "line", "--limit", "1", "--max-tokens", "4", "--methods",
-                               "hf_greedy,llamacpp,specd,specd_llamacpp", "--no-forward-costs", "--json",
-                               pair=tiny_pairs["gpt2"], corpus=corpus)
+    code, out, err = bench_cli("--workloads", "line", "--limit", "1", "--max-tokens", "16", "--methods",
+                               "hf_greedy,llamacpp,llamacpp_lookup,specd_llamacpp", "--no-forward-costs", "--json",
+                               pair=pair_of(arch), corpus=corpus)
     assert code == 0, err
     report = json.loads(out)
-    assert "architecture 'gpt2' is not exported" in report["skipped_methods"]["llamacpp"]
+    assert report["skipped_methods"] == {}
+    methods = report["workloads"]["line"]["methods"]
+    for name in ("llamacpp", "llamacpp_lookup", "specd_llamacpp"):
+        assert methods[name]["identical"] and methods[name]["matched_nonempty"] > 0, name
+
+
+def test_bench_skips_llama_cpp_peers_for_a_model_it_cannot_convert(sample_source, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "m.py").write_text(sample_source)
+    pair = make_gpt2_family_pair(tmp_path / "relu", "gpt2", activation_function="relu")
+    code, out, err = bench_cli("--workloads", "line", "--limit", "1", "--max-tokens", "4", "--methods",
+                               "hf_greedy,llamacpp,specd,specd_llamacpp", "--no-forward-costs", "--json",
+                               pair=pair, corpus=corpus)
+    assert code == 0, err
+    report = json.loads(out)
+    assert "activation 'relu' is not exported" in report["skipped_methods"]["llamacpp"]
     assert "llamacpp" not in report["workloads"]["line"]["methods"]
-    assert "architecture 'gpt2' is not exported" in report["skipped_methods"]["specd_llamacpp"]
+    assert "activation 'relu' is not exported" in report["skipped_methods"]["specd_llamacpp"]

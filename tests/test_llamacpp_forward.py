@@ -4,31 +4,66 @@ The engine runs every target and draft forward through llama.cpp (one context pe
 sequence per document); its output must still be exactly the target's greedy continuation
 (checked against plain transformers ``generate()``), with KV reuse across requests, drafts
 accepted and rejected, and the engine's out-of-memory path when the sequences run out.
+
+The GPT-2 family's exception: llama.cpp's gpt2 and starcoder graphs read gelu from an f16 table,
+which moves these random models' logits by up to ~0.02 (Llama's and Qwen2's by 1e-4), so where
+transformers' two best tokens are closer than that, llama.cpp may take the other one; there the
+output must be transformers' up to that token, and that token its runner-up.
 """
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from engine_helpers import assert_lossless, make_engine, make_near_draft
+from engine_helpers import assert_lossless, make_engine, make_near_draft, reference_tokens
 from specd.engine import CompletionRequest
+from test_llamacpp import make_gpt2_family_pair, pair_of  # noqa: F401 (pair_of: a fixture)
 
 MAX_TOKENS = 24
+NEAR_TIE = 0.05  # logits: 2.5x the most llama.cpp's gpt2/starcoder forward moved them here (0.02)
+GPT2_FAMILY = ("gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha")
+
+
+def assert_lossless_up_to_a_near_tie(engine, result, max_tokens: int) -> None:
+    """``assert_lossless``, or transformers' greedy up to a near-tie that llama.cpp took the other way."""
+    allowed = engine.healing_constraint(result.healed, len(result.prompt_ids))
+    reference = reference_tokens(engine.pair.target, result.prompt_ids, max_tokens, allowed)
+    split = next((i for i, (ours, theirs) in enumerate(zip(result.token_ids, reference)) if ours != theirs), None)
+    if split is None:
+        return assert_lossless(engine, result, max_tokens)
+    context = torch.tensor([list(result.prompt_ids) + reference[:split]])
+    with torch.no_grad():
+        logits = engine.pair.target(context).logits[0, -1]
+    if allowed is not None:  # the healing constraint still binds: the runner-up among the allowed
+        mask = torch.full_like(logits, float("-inf"))
+        mask[allowed(0, context[0])] = 0
+        logits = logits + mask
+    best = logits.topk(2)
+    assert result.token_ids[split] == best.indices[1], (split, result.token_ids, reference)
+    assert best.values[0] - best.values[1] < NEAR_TIE, (split, best)
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_pairs, tiny_root):
-    out = {}
-    for arch in ("llama", "qwen2"):
-        target, _ = tiny_pairs[arch]
-        near = make_near_draft(target, tiny_root / arch / "near-draft")
-        out[arch] = make_engine(target, near, prefix_tokens=384, suffix_tokens=128, forward_backend="llamacpp")
-    return out
+def engine_for(pair_of):
+    """arch -> an engine on llama.cpp's forward: its tiny target and a near draft of it. Made in
+    the test's body, so the GGUF files go to the test's own $XDG_CACHE_HOME: a module fixture is
+    set up before conftest's per-test isolation, and wrote them into the user's cache."""
+    made = {}
+
+    def engine(arch):
+        if arch not in made:
+            target, _ = pair_of(arch)
+            near = make_near_draft(target, target.parent / "near-draft")
+            made[arch] = make_engine(target, near, prefix_tokens=384, suffix_tokens=128, forward_backend="llamacpp")
+        return made[arch]
+    return engine
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engines, sample_source):
-    engine = engines[arch]
+@pytest.mark.parametrize("arch", ["llama", "qwen2", *GPT2_FAMILY])
+def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engine_for, sample_source):
+    engine = engine_for(arch)
+    check = assert_lossless_up_to_a_near_tie if arch in GPT2_FAMILY else assert_lossless
     assert {role: path.name for role, (path, _) in engine.paths.items()} == {"target": "llamacpp",
                                                                              "draft": "llamacpp"}
     assert engine.stats()["forward"]["target"]["path"] == "llamacpp"
@@ -39,13 +74,13 @@ def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engines, s
         offset = text.index(marker)
         result = engine.complete(CompletionRequest(uri=uri, text=text, offset=offset, max_tokens=MAX_TOKENS,
                                                    stop_at_block_end=False))
-        assert_lossless(engine, result, MAX_TOKENS)
+        check(engine, result, MAX_TOKENS)
         results.append(result)
     # A keystroke: the same document one character on re-uses the cache and stays lossless.
     offset = text.index("    def to_dict") + 1
     typed = engine.complete(CompletionRequest(uri=uri, text=text, offset=offset, max_tokens=MAX_TOKENS,
                                               stop_at_block_end=False))
-    assert_lossless(engine, typed, MAX_TOKENS)
+    check(engine, typed, MAX_TOKENS)
     assert typed.prefill_reused > 0
     drafted = [r.sources["draft"] for r in results + [typed] if "draft" in r.sources]
     assert sum(s.accepted for s in drafted) > 0  # the near draft is accepted ...
@@ -68,9 +103,9 @@ def test_a_document_beyond_the_sequences_evicts_the_others_and_is_served(tiny_pa
     assert engine.oom_retries == 2
 
 
-def test_an_architecture_llama_cpp_cannot_take_stays_on_torch_and_says_why(tiny_pairs):
-    target, draft = tiny_pairs["gpt2"]
+def test_a_model_llama_cpp_cannot_take_stays_on_torch_and_says_why(tmp_path):
+    target, draft = make_gpt2_family_pair(tmp_path / "relu", "gpt2", activation_function="relu")
     engine = make_engine(target, draft, forward_backend="llamacpp")
     path, why = engine.paths["target"]
-    assert path.name == "lean"  # torch's choice for GPT-2
-    assert "forward_backend llamacpp unavailable" in why and "gpt2" in why
+    assert path.name == "hf"  # torch's choice for a relu GPT-2 (the lean path runs gelu and silu)
+    assert "forward_backend llamacpp unavailable" in why and "activation 'relu'" in why

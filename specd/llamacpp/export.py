@@ -9,8 +9,12 @@ vocabulary with merges and token types, the pre-tokenizer's name, and the tensor
 llama.cpp's names (``gguf.get_tensor_name_map`` knows them), with the Q/K rows of Llama-style
 checkpoints permuted from Hugging Face's rotate-half rotary layout to llama.cpp's interleaved one.
 
-Served architectures: Llama, Mistral (as ``llama``) and Qwen2 with a byte-level BPE tokenizer
-(``tokenizer.json``); anything else is refused with one line. ``verify_tokenizer`` checks that
+Served architectures: Llama, Mistral (as ``llama``), Qwen2, and the GPT-2 family: ``gpt2`` and
+``gpt_bigcode`` (StarCoderBase, SantaCoder, TinyStarCoder; as llama.cpp's ``starcoder``, with
+multi-query attention or without), each with a byte-level BPE tokenizer (``tokenizer.json``);
+anything else is refused with one line. The GPT-2 family's checkpoints need their own reshaping
+(``_gpt2_family_tensor``): Conv1D weights stored [in, out], per-head fused q/k/v, attention
+scales llama.cpp does not know. ``verify_tokenizer`` checks that
 llama.cpp tokenizes a text to the same ids as transformers (tests and ``specd export-gguf`` run it).
 """
 
@@ -31,8 +35,14 @@ class ExportError(Exception):
     """The model cannot be written as GGUF (one line, for the user)."""
 
 
-# Hugging Face model_type -> (llama.cpp architecture, Q/K rows permuted to interleaved rotary).
-ARCHITECTURES = {"llama": ("llama", True), "mistral": ("llama", True), "qwen2": ("qwen2", False)}
+# Hugging Face model_type -> llama.cpp architecture.
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gpt2": "gpt2", "gpt_bigcode": "starcoder"}
+ROTARY_PERMUTED = {"llama", "mistral"}  # Q/K rows go from rotate-half to interleaved rotary pairs
+GPT2_FAMILY = {"gpt2", "gpt_bigcode"}  # learned positions, LayerNorm with bias, fused c_attn, gelu
+# llama.cpp's gpt2 and starcoder graphs run one gelu: the tanh form, read from an f16 table
+# (ggml's GGML_GELU_FP16), ~1e-3 from either formula; the exact (erf) gelu is another 3e-4 away.
+GELUS = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu"}
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 # llama.cpp pre-tokenizer names by the split regex a tokenizer.json carries. llama.cpp
 # implements each name with its own regex; these are the patterns those names stand for.
@@ -157,6 +167,79 @@ def _rope_theta(config: dict) -> float:
     return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
 
 
+@dataclass(frozen=True)
+class Shape:
+    """The hyperparameters llama.cpp reads, whatever the config calls them."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    context: int
+    norm_eps: float
+
+
+def _shape(config: dict, model_type: str) -> Shape:
+    if model_type in GPT2_FAMILY:
+        _check_gpt2_family(config, model_type)
+        hidden, heads = int(config["n_embd"]), int(config["n_head"])
+        multi_query = model_type == "gpt_bigcode" and config.get("multi_query", True)  # gpt_bigcode's default
+        return Shape(layers=int(config["n_layer"]), hidden=hidden, heads=heads, kv_heads=1 if multi_query else heads,
+                     head_dim=hidden // heads, ffn=int(config.get("n_inner") or 4 * hidden),
+                     context=int(config["n_positions"]), norm_eps=float(config.get("layer_norm_epsilon", 1e-5)))
+    hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    return Shape(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
+                 kv_heads=int(config.get("num_key_value_heads") or heads),
+                 head_dim=int(config.get("head_dim") or hidden // heads), ffn=int(config["intermediate_size"]),
+                 context=int(config.get("max_position_embeddings", 4096)),
+                 norm_eps=float(config.get("rms_norm_eps", 1e-6)))
+
+
+def _check_gpt2_family(config: dict, model_type: str) -> None:
+    """What llama.cpp's gpt2/starcoder graphs cannot run, refused in one line."""
+    activation = config.get("activation_function", "gelu_new" if model_type == "gpt2" else "gelu_pytorch_tanh")
+    if activation not in GELUS:
+        raise ExportError(f"activation {activation!r} is not exported (llama.cpp's "
+                          f"{ARCHITECTURES[model_type]} runs gelu)")
+    if config.get("add_cross_attention"):
+        raise ExportError("cross-attention is not exported (llama.cpp runs decoder-only models)")
+
+
+def _query_scale(config: dict, model_type: str, layer: int, head_dim: int) -> float:
+    """What the Q rows are multiplied by so that llama.cpp's fixed 1/sqrt(head_dim) attention
+    scale gives the checkpoint's own (GPT-2's may be off, or divided by the layer's number)."""
+    scale = head_dim ** -0.5 if config.get("scale_attn_weights", True) else 1.0
+    if model_type == "gpt2" and config.get("scale_attn_by_inverse_layer_idx", False):
+        scale /= layer + 1
+    return scale * head_dim ** 0.5
+
+
+def _gpt2_family_tensor(key: str, data: np.ndarray, config: dict, model_type: str, shape: Shape) -> np.ndarray:
+    """A GPT-2 / GPTBigCode tensor in the layout llama.cpp reads."""
+    if model_type == "gpt2" and key.endswith(CONV1D_WEIGHTS):
+        data = data.T  # Conv1D stores [in, out]; GGUF (as nn.Linear) [out, in]
+    if not key.endswith(("attn.c_attn.weight", "attn.c_attn.bias")):
+        return data
+    # c_attn rows: llama.cpp splits the fused output as [all q | all k | all v]. gpt2 and
+    # multi-query gpt_bigcode store it so; gpt_bigcode without multi-query stores it per head,
+    # [H, (q k v), D].
+    if model_type == "gpt_bigcode" and shape.kv_heads > 1:
+        data = (data.reshape(shape.heads, 3, shape.head_dim, *data.shape[1:])
+                .swapaxes(0, 1).reshape(data.shape))
+    scale = _query_scale(config, model_type, int(re.search(r"(?:^|\.)h\.(\d+)\.", key).group(1)), shape.head_dim)
+    if scale != 1.0:
+        data = np.array(data)  # a copy: the rows below change
+        data[:shape.hidden] *= scale
+    return data
+
+
+def _is_buffer(key: str) -> bool:
+    """Saved non-weights: rotary frequencies, old GPT-2 checkpoints' causal masks (``attn.bias``)."""
+    return key.endswith(("rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"))
+
+
 def _special_ids(model_dir: Path, tokenizer_json: dict, config: dict) -> dict[str, int]:
     """Token ids llama.cpp should know by role: eos/bos/pad, and the FIM tokens when present."""
     by_content = {a["content"]: a["id"] for a in tokenizer_json.get("added_tokens", [])}
@@ -204,27 +287,23 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
     model_type = config.get("model_type", "")
     if model_type not in ARCHITECTURES:
         raise ExportError(f"architecture {model_type!r} is not exported (served: {', '.join(ARCHITECTURES)})")
-    arch_name, permute_qk = ARCHITECTURES[model_type]
+    arch_name = ARCHITECTURES[model_type]
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name)
     dtypes = {"f32": (np.float32, gguf.LlamaFileType.ALL_F32), "f16": (np.float16, gguf.LlamaFileType.MOSTLY_F16)}
     if dtype not in dtypes:
         raise ExportError(f"dtype {dtype!r}: choose f32 or f16")
     np_dtype, file_type = dtypes[dtype]
 
+    shape = _shape(config, model_type)  # refuses what llama.cpp's graph cannot run, before any work
     tokenizer_json = loaded_tokenizer_json(model_dir)
     pre = pre_tokenizer or detect_pre_tokenizer(tokenizer_json)
-    layers = int(config["num_hidden_layers"])
-    hidden = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
-    head_dim = int(config.get("head_dim") or hidden // heads)
     vocab_size = int(config["vocab_size"])
     tokens, types = _vocab(tokenizer_json, vocab_size)
 
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
         raise ExportError(f"{model_dir} has no .safetensors weights")
-    names = gguf.get_tensor_name_map(arch, layers)
+    names = gguf.get_tensor_name_map(arch, shape.layers)
 
     logging.getLogger("gguf").setLevel(logging.WARNING)  # its writer logs every step at INFO
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -232,18 +311,22 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
     try:
         writer = gguf.GGUFWriter(str(partial), arch_name)
         writer.add_name(model_dir.name)
-        writer.add_context_length(int(config.get("max_position_embeddings", 4096)))
-        writer.add_embedding_length(hidden)
-        writer.add_block_count(layers)
-        writer.add_feed_forward_length(int(config["intermediate_size"]))
-        writer.add_head_count(heads)
-        writer.add_head_count_kv(kv_heads)
-        writer.add_layer_norm_rms_eps(float(config.get("rms_norm_eps", 1e-6)))
-        writer.add_rope_freq_base(_rope_theta(config))
-        writer.add_rope_dimension_count(head_dim)
-        if head_dim != hidden // heads:
-            writer.add_key_length(head_dim)
-            writer.add_value_length(head_dim)
+        # GPT-2's learned positions: llama.cpp sizes position_embd by the context length.
+        writer.add_context_length(shape.context)
+        writer.add_embedding_length(shape.hidden)
+        writer.add_block_count(shape.layers)
+        writer.add_feed_forward_length(shape.ffn)
+        writer.add_head_count(shape.heads)
+        writer.add_head_count_kv(shape.kv_heads)
+        if model_type in GPT2_FAMILY:
+            writer.add_layer_norm_eps(shape.norm_eps)
+        else:
+            writer.add_layer_norm_rms_eps(shape.norm_eps)
+            writer.add_rope_freq_base(_rope_theta(config))
+            writer.add_rope_dimension_count(shape.head_dim)
+        if shape.head_dim != shape.hidden // shape.heads:
+            writer.add_key_length(shape.head_dim)
+            writer.add_value_length(shape.head_dim)
         writer.add_vocab_size(len(tokens))
         writer.add_file_type(file_type)
 
@@ -263,7 +346,8 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
         writer.add_add_bos_token(False)  # specd's prompt ids are complete; the template adds BOS if any
         writer.add_add_eos_token(False)
 
-        tied = bool(config.get("tie_word_embeddings", False))
+        # Tied: llama.cpp's graphs read token_embd where the file has no output matrix.
+        tied = bool(config.get("tie_word_embeddings", model_type in GPT2_FAMILY))  # their configs' default
         written = 0
         handles = [safe_open(str(p), framework="pt") for p in shards]
         keys = [(h, k) for h in handles for k in h.keys()]
@@ -274,16 +358,18 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
         for handle, key in keys:
             if bar:
                 bar.update()
-            if key.endswith("rotary_emb.inv_freq") or (tied and key == "lm_head.weight"):
+            if _is_buffer(key) or (tied and key == "lm_head.weight"):
                 continue
             name = names.get_name(key, try_suffixes=(".weight", ".bias"))
             if name is None:
                 raise ExportError(f"tensor {key!r} has no llama.cpp name for {arch_name}")
             data = handle.get_tensor(key).to(torch.float32).numpy()
-            if permute_qk and key.endswith("q_proj.weight"):
-                data = _permute(data, heads)
-            elif permute_qk and key.endswith("k_proj.weight"):
-                data = _permute(data, kv_heads)
+            if model_type in GPT2_FAMILY:
+                data = _gpt2_family_tensor(key, data, config, model_type, shape)
+            elif model_type in ROTARY_PERMUTED and key.endswith("q_proj.weight"):
+                data = _permute(data, shape.heads)
+            elif model_type in ROTARY_PERMUTED and key.endswith("k_proj.weight"):
+                data = _permute(data, shape.kv_heads)
             # Norms and biases stay f32, as llama.cpp expects; matrices take the chosen type.
             data = data.astype(np_dtype if data.ndim > 1 else np.float32)
             writer.add_tensor(name, np.ascontiguousarray(data))
