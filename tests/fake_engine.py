@@ -34,6 +34,7 @@ class FakeEngine:
     def __init__(self, cfg: Any):
         self.cfg = cfg
         self.documents: dict[str, str] = {}
+        self.cursors: dict[str, int | None] = {}
         self.lock = threading.Lock()
         self.loaded = True
         self.loads = 1
@@ -51,7 +52,10 @@ class FakeEngine:
         with self.lock:
             self.documents[uri] = text
 
-    update_document = open_document
+    def update_document(self, uri: str, text: str, cursor: int | None = None) -> None:
+        self.open_document(uri, text)
+        with self.lock:
+            self.cursors[uri] = cursor  # where the daemon says the last edit ended
 
     def close_document(self, uri: str) -> None:
         with self.lock:

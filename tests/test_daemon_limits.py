@@ -733,6 +733,32 @@ def test_an_edit_storm_is_applied_in_steps_and_in_order(tmp_path):
     assert worst < 1.0
 
 
+def test_the_engine_hears_where_a_ranged_change_left_the_cursor(tmp_path):
+    """Idle prefill warms the cache where the user types. From two texts alone that place is
+    ambiguous when the edit repeats the text around it (Enter before an empty line, a space
+    after spaces); a ranged change says it exactly, and the daemon passes it on."""
+    text = "def f():\n    x = 1\n\n    return x\n"
+    line_end = text.index("\n\n")
+    with LocalDaemon(tmp_path) as d, Client.connect_unix(d.socket_path) as c:
+        engine = d.daemon.worker.engine
+        c.open_document("file:///cursor.py", text, version=1)
+        changes = [  # (edits, where the cursor is after them)
+            ([{"range": {"start": {"line": 1, "character": 9}, "end": {"line": 1, "character": 9}}, "text": "\n"}],
+             line_end + 1),  # Enter at the end of "    x = 1" (utf-16 columns)
+            ([{"start": line_end + 1, "end": line_end + 1, "text": "    "}], line_end + 5),  # offsets, indentation
+            ([{"start": 0, "end": 0, "text": "# é\n"}, {"range": {"start": {"line": 3, "character": 4},
+                                                               "end": {"line": 3, "character": 4}}, "text": "  "}],
+             len("# é\n") + line_end + 7),  # two edits: the last one counts, after the first moved it
+            ([{"text": "whole = 1\n"}], None),  # a full replacement: the engine infers it
+        ]
+        for version, (edits, expected) in enumerate(changes, 2):
+            c.send_request("change", {"uri": "file:///cursor.py", "version": version, "edits": edits,
+                                      "encoding": "utf-16"})[1].result(10)
+            wait_for(lambda: engine.documents.get("file:///cursor.py") == d.on_loop(
+                lambda: d.daemon.buffers.get("file:///cursor.py").text), 5, message="the engine to hear the change")
+            assert engine.cursors.get("file:///cursor.py") == expected, (version, edits)
+
+
 def _percentile(samples: list[float], fraction: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]

@@ -195,6 +195,33 @@ def test_idle_prefill_prepares_the_cache_where_the_user_is_typing(llama_pair, sa
     assert_lossless(engine, warm, MAX_TOKENS)
 
 
+def test_idle_prefill_warms_the_cursor_the_daemon_knows_where_the_diff_is_ambiguous(llama_pair, sample_source):
+    """Typing a space after spaces (indentation) or Enter before an empty line repeats the text
+    around the edit, so its end cannot be told from the two texts. The daemon knows it from the
+    ranged change and passes it (``update_document(cursor=...)``): idle prefill then warms the
+    cache for the real cursor, and the request computes no prompt token."""
+    from specd.engine.engine import edit_end
+
+    target, draft = llama_pair
+    engine = make_engine(target, draft, fim_family="demo")
+    line_end = sample_source.index("\n\n", sample_source.index("    def low_stock"))  # a line, then an empty one
+    before = sample_source
+    typed = before[:line_end] + "\n" + before[line_end:]  # Enter at the end of the line
+    cursor = line_end + 1
+    assert edit_end(before, typed) != cursor  # the diff puts the edit after the repeated newlines
+    computed = {}
+    for known in (False, True):
+        uri = f"file:///ambiguous-{known}.py"
+        engine.open_document(uri, before)
+        engine.update_document(uri, typed, cursor if known else None)
+        while engine.prefill_pending(1.0):
+            pass
+        result = engine.complete(CompletionRequest(uri=uri, offset=cursor, max_tokens=MAX_TOKENS,
+                                                   stop_at_block_end=False))
+        computed[known] = result.prefill_computed
+    assert computed[True] == 0 and computed[False] > 8, computed
+
+
 def test_an_empty_prompt_is_an_engine_error(llama_pair):
     """A plain (no FIM) family with the cursor at offset 0 has nothing to condition on."""
     from specd.engine import EngineError

@@ -164,6 +164,24 @@ def edit_index(index: TextIndex, edits: list[Any], encoding: str, first: int = 0
     return index
 
 
+def last_edit_end(index: TextIndex, edits: list[Any], encoding: str) -> int | None:
+    """Offset in ``index.text`` (the text after ``edits``) just after the last edit's new text:
+    where the cursor is when a user types. None when the last edit replaced the whole text. The
+    text before an edit's start is the same before and after it, so its start resolves against
+    the final text."""
+    if not edits or not isinstance(edits[-1], dict) or not isinstance(edits[-1].get("text"), str):
+        return None
+    last = edits[-1]
+    if "range" in last:
+        start = resolve_cursor(index, last["range"]["start"], encoding)
+    elif "start" in last:
+        start = last["start"]
+    else:
+        return None
+    end = start + len(last["text"])
+    return end if 0 <= end <= len(index.text) else None
+
+
 class BufferStore:
     """The documents editors have open, bounded in count and size."""
 

@@ -37,7 +37,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from specd import __version__
 from specd.daemon import systemd
-from specd.daemon.buffers import BufferStore, TextIndex, edit_index, index_in_steps, resolve_cursor
+from specd.daemon.buffers import BufferStore, TextIndex, edit_index, index_in_steps, last_edit_end, resolve_cursor
 from specd.daemon.engine_api import CompletionEngine, CorpusEngine
 from specd.daemon.listeners import RuntimeLock, StartupError, bind_tcp, bind_unix, peer_uid
 from specd.daemon.metrics import EngineFigures, LatencyWindow, device_memory, process_memory
@@ -570,7 +570,8 @@ class Daemon:
                         step_ends = loop.time() + EDIT_STEP_S
                     index = edit_index(index, edits[number:number + 1], encoding, number)
             doc = self.buffers.commit(doc, index, version)
-        self.mirror.set(uri, doc.text)
+            cursor = None if edits is None else last_edit_end(index, edits, encoding)
+        self.mirror.set(uri, doc.text, cursor)  # idle prefill warms the cache where the user types
         return {"uri": uri, "version": doc.version}
 
     async def _serve_others(self) -> None:

@@ -244,7 +244,7 @@ class DocumentMirror:
     def __init__(self, get_engine: Callable[[], Any], on_synced: Callable[[], None] | None = None):
         self._get_engine = get_engine
         self._on_synced = on_synced  # the worker's wake: edited documents get prefilled when idle
-        self._pending: dict[str, str | None] = {}  # uri -> latest text, None = closed
+        self._pending: dict[str, tuple[str, int | None] | None] = {}  # uri -> (latest text, cursor), None = closed
         self._known: set[str] = set()  # uris the engine has open
         self._engine_seen: Any = None
         self._cond = threading.Condition()
@@ -254,9 +254,10 @@ class DocumentMirror:
     def start(self) -> None:
         self._thread.start()
 
-    def set(self, uri: str, text: str) -> None:
+    def set(self, uri: str, text: str, cursor: int | None = None) -> None:
+        """The document's latest text and, after a ranged change, where its last edit ended."""
         with self._cond:
-            self._pending[uri] = text
+            self._pending[uri] = (text, cursor)
             self._cond.notify()
 
     def close(self, uri: str) -> None:
@@ -266,7 +267,7 @@ class DocumentMirror:
 
     def replay(self, documents: dict[str, str]) -> None:
         with self._cond:
-            self._pending.update(documents)
+            self._pending.update({uri: (text, None) for uri, text in documents.items()})
             self._cond.notify()
 
     def stop(self) -> None:
@@ -289,16 +290,16 @@ class DocumentMirror:
                 continue  # replay() resends everything once the engine exists
             if engine is not self._engine_seen:
                 self._engine_seen, self._known = engine, set()
-            for uri, text in batch.items():
+            for uri, latest in batch.items():
                 try:
-                    if text is None:
+                    if latest is None:
                         if uri in self._known:
                             self._known.discard(uri)
                             engine.close_document(uri)
                     elif uri in self._known:
-                        engine.update_document(uri, text)
+                        engine.update_document(uri, *latest)
                     else:
-                        engine.open_document(uri, text)
+                        engine.open_document(uri, latest[0])
                         self._known.add(uri)
                 except Exception:  # the engine's lookup index is an optimisation: log, go on
                     log.exception("engine document sync failed for %s", uri)

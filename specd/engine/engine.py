@@ -177,14 +177,20 @@ class Engine:
             self._docs[uri] = _Document(text)
         self._buffers.set(uri, text)
 
-    def update_document(self, uri: str, text: str) -> None:
+    def update_document(self, uri: str, text: str, cursor: int | None = None) -> None:
+        """The document's new text; ``cursor``, where the edit left the cursor, when the caller
+        knows it (the daemon does, from a ranged change). Without it the edit's end is inferred
+        from the two texts, which is ambiguous where the edit repeats the text around it (typing
+        a space after a space, Enter before an empty line): idle prefill then warms the cache
+        for a cursor a few characters off."""
         with self._lock:
             doc = self._docs.get(uri)
             if doc is None:
                 self._docs[uri] = _Document(text)
             elif doc.text != text:
                 # Remember where the user is typing: idle time prefills the cache for it there.
-                self._edited[uri] = edit_end(doc.text, text)
+                known = cursor is not None and 0 <= cursor <= len(text)
+                self._edited[uri] = cursor if known else edit_end(doc.text, text)
                 self._edited.move_to_end(uri)
                 doc.text, doc.version, doc.updated = text, doc.version + 1, time.monotonic()
         self._buffers.set(uri, text)

@@ -497,7 +497,7 @@ class RemoteEngine:
         with self._lock:
             self._docs[uri] = text
 
-    def update_document(self, uri: str, text: str) -> None:
+    def update_document(self, uri: str, text: str, cursor: int | None = None) -> None:
         self.open_document(uri, text)
 
     def close_document(self, uri: str) -> None:
