@@ -154,8 +154,8 @@ def test_repo_samples_put_chunks_first_in_the_engines_format_with_a_twin_of_the_
 
     files = [(f"pkg/mod{n}.py", "".join(f"def func{n}_{k}(value):\n    return value * {k} + {n}\n\n\n"
                                          for k in range(30))) for n in range(6)]
-    settings = replace(PRESETS["dev-llama"], vocab_size=400, repo_rate=1.0, fim_rate=1.0)
-    assert PRESETS["dev-llama"].repo_rate > 0 and PRESETS["full"].repo_rate == 0  # the demo pair's recipe is unchanged
+    settings = replace(settings_from_args(_args(preset="dev-llama", repo_rate=1.0)), vocab_size=400, fim_rate=1.0)
+    assert PRESETS["dev-llama"].repo_rate == PRESETS["full"].repo_rate == 0  # the shipped pairs' recipes are unchanged
     fmt = settings.fim
     tok = train_tokenizer((text for _, text in files), settings.vocab_size, fmt.special_tokens)
     maker = SampleMaker(tok, files, settings, random.Random(1))

@@ -224,7 +224,6 @@ PRESETS: dict[str, Settings] = {
         target=ModelSize(hidden=192, layers=5, heads=3, kv_heads=1, intermediate=512),
         draft=ModelSize(hidden=128, layers=2, heads=2, kv_heads=1, intermediate=384),
         spm_rate=0.0,
-        repo_rate=0.3,
         distill_weight=0.0,
         minutes=20.0,
         threads=1,
