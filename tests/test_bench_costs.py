@@ -93,8 +93,9 @@ def test_a_model_without_a_lean_path_has_only_the_hf_path(gpt2_upcast_pair):
     for role, contexts, widths in (("target", ["512", "2048"], WIDTHS), ("draft", ["512"], ["1"])):
         figures = costs[role]
         assert figures["engine_path"] == "hf"
-        _assert_figures(figures, contexts, widths, {"hf", "llamacpp"})  # llama.cpp's gpt2 graph takes it
+        _assert_figures(figures, contexts, widths, {"hf"})
         assert "reorder_and_upcast_attn" in figures["unavailable"]["lean"]
+        assert "f16 table" in figures["unavailable"]["llamacpp"]  # specd keeps GPT-2s off llama.cpp: lossless
         assert figures["lean_over_hf"] is None
 
 
