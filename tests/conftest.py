@@ -24,6 +24,22 @@ ARCHS = ("llama", "qwen2", "gpt2")
 SAMPLE_SOURCE = Path(__file__).parent / "data" / "sample_module.py"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_xdg(tmp_path_factory):
+    """Module- and session-scoped fixtures are set up before the per-test isolation below: they
+    get session-wide private XDG dirs (they wrote GGUF files into the user's ~/.cache before)."""
+    saved = {var: os.environ.get(var) for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME")}
+    root = tmp_path_factory.mktemp("session-xdg")
+    for var in saved:
+        os.environ[var] = str(root / var.lower())
+    yield
+    for var, value in saved.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
 @pytest.fixture(autouse=True)
 def _isolated_xdg(tmp_path, monkeypatch):
     """No test reads or writes the real user's config, state or runtime dirs."""
