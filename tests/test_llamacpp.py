@@ -107,6 +107,26 @@ def test_llama_cpp_computes_what_transformers_computes(arch, pair_of, gguf_dir):
     assert (ours.argmax(-1) == reference.argmax(-1)).all()
 
 
+def test_the_cache_keeps_one_file_per_model_and_replaces_an_older_export(pair_of, tmp_path):
+    """Weights saved again (a new mtime) make a new file, and the older one of the same model
+    directory goes; another model's file stays."""
+    import os
+    import shutil
+
+    llama, qwen = pair_of("llama")[0], pair_of("qwen2")[0]
+    model = tmp_path / "model"
+    shutil.copytree(llama, model)
+    cache = tmp_path / "cache"
+    first, other = cached_gguf(model, directory=cache), cached_gguf(qwen, directory=cache)
+    assert cached_gguf(model, directory=cache) == first  # the same weights: the same file, not rewritten
+    weights = next(model.glob("*.safetensors"))
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    second = cached_gguf(model, directory=cache)
+    assert second != first and not first.exists() and second.exists() and other.exists()
+    assert sorted(cache.glob("*.gguf")) == sorted([second, other])
+
+
 def test_tokenization_is_the_same_on_both_pairs_special_tokens_included(demo_pair, gguf_dir):
     from transformers import AutoTokenizer
 

@@ -20,6 +20,7 @@ llama.cpp tokenizes a text to the same ids as transformers (tests and ``specd ex
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import re
@@ -435,17 +436,21 @@ def cache_dir() -> Path:
 
 def cached_gguf(model: str | Path, dtype: str = "f32", directory: Path | None = None,
                 progress: bool = False) -> Path:
-    """The GGUF file of ``model`` in the cache (written and checked once per weights version)."""
+    """The GGUF file of ``model`` in the cache (written and checked once per weights version).
+    Named ``<model>.<dtype>-<source>-<version>.gguf``: a new version of the same source (weights
+    saved again, a newer exporter) replaces the older file, which is removed, so the cache holds
+    one file per model directory and dtype (a 1.5B model in f32 is 6 GB)."""
     import hashlib
 
     model_dir = resolve_model_dir(model).resolve()
-    stamp = hashlib.sha256()
-    stamp.update(f"{model_dir}|{dtype}|{EXPORT_VERSION}".encode())
+    source = hashlib.sha256(f"{model_dir}|{dtype}".encode()).hexdigest()[:8]
+    stamp = hashlib.sha256(f"{EXPORT_VERSION}".encode())
     for path in sorted(model_dir.glob("*.safetensors")) + [model_dir / "tokenizer.json", model_dir / "config.json"]:
         if path.is_file():
             info = path.stat()
             stamp.update(f"{path.name}|{info.st_size}|{info.st_mtime_ns}".encode())
-    out = (directory or cache_dir()) / f"{default_name(model_dir, dtype)[:-5]}-{stamp.hexdigest()[:12]}.gguf"
+    prefix = f"{default_name(model_dir, dtype)[:-5]}-{source}-"
+    out = (directory or cache_dir()) / f"{prefix}{stamp.hexdigest()[:10]}.gguf"
     if not out.is_file():
         export_gguf(model_dir, out, dtype=dtype, progress=progress)
         try:
@@ -453,6 +458,10 @@ def cached_gguf(model: str | Path, dtype: str = "f32", directory: Path | None = 
         except ExportError:
             out.unlink(missing_ok=True)
             raise
+        for stale in out.parent.glob(f"{glob.escape(prefix)}*.gguf"):
+            if stale != out:
+                log.info("removing %s: an older export of %s", stale, model_dir)
+                stale.unlink(missing_ok=True)
     return out
 
 
