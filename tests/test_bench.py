@@ -4,6 +4,7 @@ prefix-cache HF peer, decode times, empty references and the forced FIM layout."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 
@@ -240,12 +241,12 @@ def test_bench_rejects_unknown_names(capsys):
 
 # -- the prefix-cache HF peer, empty references, the FIM layout flag -------------------------
 
-def test_hf_prefix_cache_reuses_a_documents_prefix_and_matches_hf_greedy(llama_pair, corpus_dir):
+@contextlib.contextmanager
+def _one_document_replay(llama_pair, corpus_dir):
+    """(engine, its first edit_replay document's requests), on one torch thread."""
     import torch
 
     from engine_helpers import make_engine
-    from specd.bench.peers import make_method
-    from specd.bench.run import _prompt_ids
 
     target, draft = llama_pair
     threads = torch.get_num_threads()
@@ -253,8 +254,17 @@ def test_hf_prefix_cache_reuses_a_documents_prefix_and_matches_hf_greedy(llama_p
     try:
         engine = make_engine(target, draft, prefix_tokens=192, suffix_tokens=64)
         items = build_workloads(["edit_replay"], load_corpus(corpus_dir), 3, seed=0)["edit_replay"]
-        doc = items[0].doc
-        steps = [item for item in items if item.doc == doc][:3]
+        yield engine, [item for item in items if item.doc == items[0].doc][:3]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_hf_prefix_cache_reuses_a_documents_prefix_and_matches_hf_greedy(llama_pair, corpus_dir):
+    from specd.bench.peers import make_method
+    from specd.bench.run import _prompt_ids
+
+    with _one_document_replay(llama_pair, corpus_dir) as (engine, steps):
+        doc = steps[0].doc
         steps.append(steps[-1])  # the same request again: all but the last prompt token reused
         greedy, cached = make_method("hf_greedy", engine, 8), make_method("hf_prefix_cache", engine, 8)
         runs = []
@@ -273,27 +283,16 @@ def test_hf_prefix_cache_reuses_a_documents_prefix_and_matches_hf_greedy(llama_p
         cached.close_document(doc)  # drops the cache: cold again
         after = cached.run(steps[0], _prompt_ids(engine, steps[0]))
         assert after.prefill_reused == 0 and after.tokens == runs[0][1].tokens
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_idle_time_after_an_edit_warms_both_caches_and_changes_no_output(llama_pair, corpus_dir):
     """``--idle-ms``: a specd method hears each edit and runs the daemon's idle prefill before the
     request, untimed. The request then finds the target's cache at the cursor and the draft's
     cache filled too; outputs stay hf_greedy's."""
-    import torch
-
-    from engine_helpers import make_engine
     from specd.bench.peers import make_method
     from specd.bench.run import _prompt_ids
 
-    target, draft = llama_pair
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        engine = make_engine(target, draft, prefix_tokens=192, suffix_tokens=64)
-        items = build_workloads(["edit_replay"], load_corpus(corpus_dir), 3, seed=0)["edit_replay"]
-        steps = [item for item in items if item.doc == items[0].doc][:3]
+    with _one_document_replay(llama_pair, corpus_dir) as (engine, steps):
         greedy = make_method("hf_greedy", engine, 8)
         for idle_ms in (0, 10_000):
             specd = make_method("specd", engine, 8, idle_ms=idle_ms)
@@ -311,8 +310,6 @@ def test_idle_time_after_an_edit_warms_both_caches_and_changes_no_output(llama_p
             else:
                 assert sum(run.prefill_computed for run in runs[1:]) > 2  # the typed words, at request time
             specd.close_document(steps[0].doc)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _runs(outputs: list[list[int]], ms: float) -> list[Run]:
