@@ -78,7 +78,7 @@ def run_doctor(args, cfg) -> int:
     print(f"  device {info['device']}, dtype {info['dtype']}, FIM family {engine.template.name} "
           f"({engine.prompts.layout} layout), loaded in {time.monotonic() - started:.1f} s")
     for role, (path, why) in engine.paths.items():
-        detail = {"lean": "static KV cache", "llamacpp": f"llama.cpp on {getattr(path, 'path', 'GGUF')}",
+        detail = {"lean": getattr(path, "description", ""), "llamacpp": f"llama.cpp on {getattr(path, 'path', 'GGUF')}",
                   "hf": "transformers' forward"}.get(path.name, "")
         print(f"  {role} forward: {path.name}" + (f" ({why})" if why else f" ({detail})" if detail else ""))
     costs = engine.planning.costs

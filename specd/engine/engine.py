@@ -54,6 +54,7 @@ class EngineOptions:
     use_lookup: bool = True
     kv_reuse: bool = True
     fast_forward: bool = True  # the lean static-cache forward where the architecture allows
+    transposed_weights: str = "auto"  # auto | on | off (fastpath.LeanForward)
     forward_backend: str = "torch"  # torch | llamacpp (specd.llamacpp.forward)
     token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it
     draft_max: int = 8
@@ -143,11 +144,11 @@ class Engine:
         """(path, why): llama.cpp's forward when engine.forward_backend asks for it and it can
         serve this model (else the torch choice, with why), else ``choose_forward_path``'s."""
         if self.options.forward_backend != "llamacpp":
-            return choose_forward_path(model, self.options.fast_forward)
+            return choose_forward_path(model, self.options.fast_forward, self.options.transposed_weights)
         try:
             return llamacpp_forward(model, source, pair, self.options), None
         except Exception as err:  # not installed, not exportable, not on a CPU: say so, serve on torch
-            path, why = choose_forward_path(model, self.options.fast_forward)
+            path, why = choose_forward_path(model, self.options.fast_forward, self.options.transposed_weights)
             reason = f"engine.forward_backend llamacpp unavailable: {str(err).splitlines()[0]}"
             log.warning("%s; using the %s forward", reason, path.name)
             return path, reason + (f"; {why}" if why else "")
@@ -524,7 +525,7 @@ def fit_prompt_budget(prefix: int, suffix: int, context: int, window: int | None
     return fitted
 
 
-def choose_forward_path(model, enabled: bool):
+def choose_forward_path(model, enabled: bool, transposed_weights: str = "auto"):
     """(path, why): the lean static-cache forward where it serves the model exactly, else
     transformers' own (why says what stands in the way)."""
     from specd.engine.fastpath import LeanForward, unsupported_reason
@@ -534,7 +535,7 @@ def choose_forward_path(model, enabled: bool):
     reason = unsupported_reason(model)
     if reason is not None:
         return compat.HFForward(model), reason
-    return LeanForward(model), None
+    return LeanForward(model, transposed_weights), None
 
 
 INEXACT_ON_LLAMACPP = ("gpt2", "gpt_bigcode")  # model types llama.cpp runs with other numerics (see below)

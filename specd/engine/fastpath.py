@@ -32,8 +32,8 @@ the same formula in one op, equal to it up to float32 rounding.)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -58,7 +58,8 @@ ACTIVATIONS = {  # each returns a tensor the caller may modify in place
 INITIAL_CAPACITY = 256  # positions a new cache holds before its first growth
 CAUSAL = torch.empty(0, dtype=torch.bool)  # marks "is_causal" in place of a mask tensor
 WIDE = 64  # forwards at least this wide (prefills) attend per head; narrower ones group the queries
-LM_HEAD_TRANSPOSED_MIN_ROWS = 4  # measured on MKL, one thread: below it F.linear is as fast or faster
+NARROW_ROWS = 8  # products of at most this many rows run as (W @ x.T).T on a CPU (see _Matmul)
+TRANSPOSED_WEIGHTS_MAX_BYTES = 2 << 30  # transposed_weights="auto": copy the weights of models up to this size
 Mask = tuple[int, torch.Tensor | None]  # (first key slot attended, additive mask / CAUSAL / None)
 
 
@@ -143,6 +144,14 @@ def _gpt2_family_reason(model: PreTrainedModel) -> str | None:
     return None
 
 
+def _copies_pay(model: PreTrainedModel) -> bool:
+    """transposed_weights="auto": a float32 model on a CPU, small enough that its weights twice
+    over are no burden (measured on float32 with MKL; bf16/fp16 products take other kernels)."""
+    weight = model.get_input_embeddings().weight
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and size <= TRANSPOSED_WEIGHTS_MAX_BYTES
+
+
 def _sliding_window(config, attention: nn.Module) -> int | None:
     # Qwen2 keeps a per-layer window on the attention module; Mistral and StarCoder2 one in the config.
     if hasattr(attention, "sliding_window"):
@@ -206,7 +215,75 @@ class _Norm:
     rms: bool  # RMSNorm as HF computes it, else nn.LayerNorm
 
 
-Projection = Callable[[torch.Tensor], torch.Tensor]  # x [T, in] -> [T, out], on the module's own tensors
+@dataclass(frozen=True)
+class _Matmul:
+    """``x @ W.T + bias`` for x [T, in] and a weight W [out, in], held in one memory layout or
+    both: ``out_in`` is W as nn.Linear stores it, ``in_out`` is W transposed as transformers'
+    Conv1D (GPT-2) stores it; one of them is the module's own tensor, the other None or a copy
+    (``transposed_weights``).
+
+    On a CPU the layout decides the speed (MKL, one thread, measured on this AMD EPYC over a
+    whole forward of the demo and dev pairs' models): one row runs ~1.5x faster as
+    ``x @ in_out`` (MKL streams the matrix as it lies) than as ``F.linear(x, out_in)``, and
+    2-8 rows ~1.3-1.9x faster as ``(out_in @ x.T).T`` than as either; wider products, prefills,
+    are alike every way and run as transformers runs them. The result of the transposed route
+    is a transposed view [T, out]: every consumer here takes it as it is or reshapes it."""
+
+    out_in: torch.Tensor | None
+    in_out: torch.Tensor | None
+    bias: torch.Tensor | None
+    narrow: int  # the most rows that take the (out_in @ x.T).T route (0: never, e.g. on a GPU)
+    sizes: tuple[int, ...] = ()  # output features of each part of a fused product, in order
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if self.in_out is not None and (rows == 1 or self.out_in is None):
+            return torch.mm(x, self.in_out) if self.bias is None else torch.addmm(self.bias, x, self.in_out)
+        if rows <= self.narrow:
+            if self.bias is None:
+                return torch.mm(self.out_in, x.t()).t()
+            return torch.addmm(self.bias.unsqueeze(1), self.out_in, x.t()).t()
+        return F.linear(x, self.out_in, self.bias)
+
+    def nbytes_copied(self) -> int:
+        """Bytes this product holds beyond the module's own weight (the second layout)."""
+        return self.out_in.numel() * self.out_in.element_size() if self.out_in is not None and self.in_out is not None else 0
+
+
+def _matmul(weight: torch.Tensor, bias: torch.Tensor | None, *, conv1d: bool, copy: bool,
+            sizes: tuple[int, ...] = ()) -> _Matmul:
+    """The product of a weight stored [out, in] (nn.Linear) or [in, out] (``conv1d``), with
+    the other layout copied when ``copy``."""
+    with torch.no_grad():
+        other = weight.detach().t().contiguous() if copy else None
+    out_in, in_out = (other, weight) if conv1d else (weight, other)
+    narrow = NARROW_ROWS if weight.device.type == "cpu" and out_in is not None else 0
+    return _Matmul(out_in, in_out, bias, narrow, sizes)
+
+
+def _projection(module: nn.Module, copy: bool) -> _Matmul:
+    return _matmul(module.weight, module.bias, conv1d=type(module) is Conv1D, copy=copy)
+
+
+def _fused(linears: list[nn.Linear], copy: bool) -> _Matmul:
+    """Linear layers that read the same input, as one product: one matrix multiply per forward
+    instead of several (on a CPU each costs dispatch comparable to its arithmetic here; on a
+    GPU, a kernel launch). The modules' own parameters become views of the fused tensors, so
+    the weights are held once and transformers' forward still uses them."""
+    biases = [linear.bias for linear in linears]
+    if any(b is None for b in biases) and not all(b is None for b in biases):
+        raise ValueError("fusing linears where only some have a bias")
+    with torch.no_grad():
+        weight = torch.cat([linear.weight for linear in linears])
+        bias = None if biases[0] is None else torch.cat(biases)
+        start = 0
+        for linear in linears:
+            end = start + linear.out_features
+            linear.weight.data = weight[start:end]
+            if bias is not None:
+                linear.bias.data = bias[start:end]
+            start = end
+    return _matmul(weight, bias, conv1d=False, copy=copy, sizes=tuple(linear.out_features for linear in linears))
 
 
 @dataclass(frozen=True)
@@ -216,75 +293,18 @@ class _Layer:
     output, the attention scale, and the MLP's shape."""
 
     attn_norm: _Norm
-    qkv: Projection  # q, k and v projections in one product
+    qkv: _Matmul  # q, k and v projections in one product
     per_head_qkv: bool  # qkv output [T, H, (q k v), D] (gpt_bigcode without MQA), else [T, (H q, KV k, KV v), D]
     scale: float  # of the attention logits (GPT-2 may also divide it by the layer's index + 1)
-    o: Projection
+    o: _Matmul
     mlp_norm: _Norm
-    gate_up: _Fused | None  # gated MLP (Llama, Qwen2, Mistral): down(act(gate(x)) * up(x)) ...
-    up: Projection | None  # ... or plain (StarCoder2, GPT-2): up = c_fc, down = c_proj: down(act(up(x)))
-    down: Projection
+    gate_up: _Matmul | None  # gated MLP (Llama, Qwen2, Mistral): down(act(gate(x)) * up(x)) ...
+    up: _Matmul | None  # ... or plain (StarCoder2, GPT-2): up = c_fc, down = c_proj: down(act(up(x)))
+    down: _Matmul
     window: int | None  # sliding window in tokens, None for full attention
 
-
-@dataclass(frozen=True)
-class _Linear:
-    """nn.Linear's product, weight [out, in]."""
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
-@dataclass(frozen=True)
-class _Conv1D:
-    """transformers' Conv1D (GPT-2): weight stored [in, out], computed as Conv1D computes it."""
-
-    weight: torch.Tensor
-    bias: torch.Tensor
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.addmm(self.bias, x, self.weight)
-
-
-def _projection(module: nn.Module) -> Projection:
-    if type(module) is Conv1D:
-        return _Conv1D(module.weight, module.bias)
-    return _Linear(module.weight, module.bias)
-
-
-@dataclass(frozen=True)
-class _Fused:
-    """Linear layers that read the same input, as one product: one matrix multiply per forward
-    instead of several (on a CPU each costs dispatch comparable to its arithmetic here; on a
-    GPU, a kernel launch). The modules' own parameters become views of the fused tensors, so
-    the weights are held once and transformers' forward still uses them."""
-
-    weight: torch.Tensor
-    bias: torch.Tensor | None
-    sizes: tuple[int, ...]  # output features of each part, in order
-
-    @classmethod
-    def of(cls, linears: list[nn.Linear]) -> "_Fused":
-        biases = [linear.bias for linear in linears]
-        if any(b is None for b in biases) and not all(b is None for b in biases):
-            raise ValueError("fusing linears where only some have a bias")
-        with torch.no_grad():
-            weight = torch.cat([linear.weight for linear in linears])
-            bias = None if biases[0] is None else torch.cat(biases)
-            start = 0
-            for linear in linears:
-                end = start + linear.out_features
-                linear.weight.data = weight[start:end]
-                if bias is not None:
-                    linear.bias.data = bias[start:end]
-                start = end
-        return cls(weight, bias, tuple(linear.out_features for linear in linears))
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+    def matmuls(self) -> list[_Matmul]:
+        return [m for m in (self.qkv, self.o, self.gate_up, self.up, self.down) if m is not None]
 
 
 def _norm(module: nn.Module) -> _Norm:
@@ -321,20 +341,38 @@ class LeanForward:
 
     name = "lean"
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, transposed_weights: str = "auto"):
+        """``transposed_weights``: hold every weight matrix a second time, transposed, so that
+        each product runs in the layout MKL is fastest at for its width (``_Matmul``): "on",
+        "off", or "auto" = on for a float32 model on a CPU with at most
+        ``TRANSPOSED_WEIGHTS_MAX_BYTES`` of weights. It costs the weights' memory again."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"no lean forward for this model: {reason}")
+        if transposed_weights not in ("auto", "on", "off"):
+            raise ValueError(f"transposed_weights must be auto, on or off, not {transposed_weights!r}")
         self.model = model
-        self.lm_head = model.lm_head
         self.max_positions = model.config.max_position_embeddings
+        copy = transposed_weights == "on" or (transposed_weights == "auto" and _copies_pay(model))
         if model.config.model_type in LLAMA_FAMILY:
-            self._describe_llama(model)
+            self._describe_llama(model, copy)
         else:
-            self._describe_gpt2(model)
+            self._describe_gpt2(model, copy)
+        self.lm_head = _projection(model.lm_head, copy)
+        if self.lm_head.narrow:
+            self.lm_head = dataclasses.replace(self.lm_head, narrow=self.max_positions)  # measured: every width
+        self.copied_bytes = sum(m.nbytes_copied() for layer in self.layers for m in layer.matmuls()) + \
+            self.lm_head.nbytes_copied()
         self._cos = self._sin = torch.empty(0)  # rotary tables [positions, head_dim], see _rope
 
-    def _describe_llama(self, model: PreTrainedModel) -> None:
+    @property
+    def description(self) -> str:
+        """What ``specd doctor`` says of this path."""
+        if not self.copied_bytes:
+            return "static KV cache"
+        return f"static KV cache, weights also held transposed (+{self.copied_bytes / 2**20:.0f} MiB)"
+
+    def _describe_llama(self, model: PreTrainedModel, copy: bool) -> None:
         config, body = model.config, model.model
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = body.layers[0].self_attn.head_dim
@@ -346,16 +384,16 @@ class LeanForward:
             attn, mlp = layer.self_attn, layer.mlp
             gated = hasattr(mlp, "gate_proj")
             self.layers.append(_Layer(
-                attn_norm=_norm(layer.input_layernorm), qkv=_Fused.of([attn.q_proj, attn.k_proj, attn.v_proj]),
+                attn_norm=_norm(layer.input_layernorm), qkv=_fused([attn.q_proj, attn.k_proj, attn.v_proj], copy),
                 per_head_qkv=False, scale=attn.scaling,
-                o=_projection(attn.o_proj), mlp_norm=_norm(layer.post_attention_layernorm),
-                gate_up=_Fused.of([mlp.gate_proj, mlp.up_proj]) if gated else None,
-                up=None if gated else _projection(mlp.c_fc),
-                down=_projection(mlp.down_proj if gated else mlp.c_proj),
+                o=_projection(attn.o_proj, copy), mlp_norm=_norm(layer.post_attention_layernorm),
+                gate_up=_fused([mlp.gate_proj, mlp.up_proj], copy) if gated else None,
+                up=None if gated else _projection(mlp.c_fc, copy),
+                down=_projection(mlp.down_proj if gated else mlp.c_proj, copy),
                 window=_sliding_window(config, attn),
             ))
 
-    def _describe_gpt2(self, model: PreTrainedModel) -> None:
+    def _describe_gpt2(self, model: PreTrainedModel, copy: bool) -> None:
         config, body = model.config, model.transformer
         attention = body.h[0].attn
         self.heads = config.num_attention_heads
@@ -367,9 +405,10 @@ class LeanForward:
         # gpt_bigcode without multi-query views c_attn's output per head; gpt2 and MQA split it whole
         per_head = config.model_type == "gpt_bigcode" and not config.multi_query
         self.layers = [_Layer(
-            attn_norm=_norm(block.ln_1), qkv=_projection(block.attn.c_attn), per_head_qkv=per_head,
-            scale=block.attn.scaling, o=_projection(block.attn.c_proj), mlp_norm=_norm(block.ln_2),
-            gate_up=None, up=_projection(block.mlp.c_fc), down=_projection(block.mlp.c_proj), window=None,
+            attn_norm=_norm(block.ln_1), qkv=_projection(block.attn.c_attn, copy), per_head_qkv=per_head,
+            scale=block.attn.scaling, o=_projection(block.attn.c_proj, copy), mlp_norm=_norm(block.ln_2),
+            gate_up=None, up=_projection(block.mlp.c_fc, copy), down=_projection(block.mlp.c_proj, copy),
+            window=None,
         ) for block in body.h]
 
     # ---- the interface KVState drives ---------------------------------------------------
@@ -450,13 +489,10 @@ class LeanForward:
         return self._lm_head(x).float()
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits [T, V]. On CPU, a few rows against a vocabulary-sized weight run about 1.5x
-        faster as weight @ x.T (MKL streams the big operand untransposed); the result is then
-        a transposed view, which every row-wise consumer takes as it is."""
-        weight, bias = self.lm_head.weight, self.lm_head.bias
-        if x.device.type == "cpu" and x.shape[0] >= LM_HEAD_TRANSPOSED_MIN_ROWS and bias is None:
-            return torch.mm(weight, x.t()).t()
-        return F.linear(x, weight, bias)
+        """Logits [T, V]. On a CPU, rows against the vocabulary-sized weight run as
+        (weight @ x.T).T at every width (``_Matmul``); the result is then a transposed view,
+        which every row-wise consumer takes as it is."""
+        return self.lm_head(x)
 
     # ---- one layer ----------------------------------------------------------------------
 
@@ -468,9 +504,9 @@ class LeanForward:
         h = _apply_norm(x, layer.attn_norm)
         qkv = layer.qkv(h)
         if layer.per_head_qkv:
-            q, k, v = qkv.view(width, heads, 3, dim).unbind(2)  # each [T, H, D]
+            q, k, v = qkv.reshape(width, heads, 3, dim).unbind(2)  # each [T, H, D]
         else:
-            qkv = qkv.view(width, heads + 2 * kv_heads, dim)  # [T, H + KV + KV, D]
+            qkv = qkv.reshape(width, heads + 2 * kv_heads, dim)  # [T, H + KV + KV, D]
             qk, v = qkv[:, :heads + kv_heads], qkv[:, heads + kv_heads:]
             if cos is not None:
                 qk = _rotate(qk, cos, sin)  # qk: [T, H + KV, D], one rotation for both
