@@ -48,6 +48,9 @@ def test_doctor_loads_the_configured_pair(llama_pair):
     assert proc.returncode == 0, proc.stderr
     assert "model.target" in proc.stdout and "(command line)" in proc.stdout
     assert "torch" in proc.stdout and "OK" in proc.stdout
+    # a float32 pair on a CPU: the lean path, each weight matrix in both layouts, and what it costs
+    assert "target forward: lean (static KV cache, weights also held transposed (+" in proc.stdout
+    assert "engine.transposed_weights" in proc.stdout
 
 
 def test_doctor_reports_a_missing_model(tmp_path):
