@@ -251,3 +251,23 @@ def test_prefill_in_pieces_resumes_and_keeps_the_common_prefix(llama_pair, sampl
     changed = ids[:-10] + ids[-5:]
     assert state.prefill(changed)
     assert state.target.ids == changed and state.target.forwards == forwards + 1
+
+
+def test_releasing_the_models_frees_them_and_their_forward_paths(llama_pair):
+    """Idle unload must give the memory back: nothing the engine keeps (forward paths with their
+    transposed weight copies, caches, planner) may hold the models after ``release``."""
+    import gc
+    import weakref
+
+    target, draft = llama_pair
+    engine = make_engine(target, draft)
+    engine.complete(request("def f(x):\n    return x\n", 13))
+    models = [weakref.ref(engine.pair.target), weakref.ref(engine.pair.draft)]
+    assert engine.paths["target"][0].copied_bytes > 0  # float32 on a CPU: the lean path with copies
+    engine.release()
+    gc.collect()
+    assert [ref() for ref in models] == [None, None]
+    assert engine.stats()["forward"] is None
+    engine.ensure_loaded()  # and it comes back
+    assert set(engine.paths) == {"target", "draft"}
+    assert engine.complete(request("def f(x):\n    return x\n", 13)).token_ids

@@ -166,6 +166,7 @@ class Engine:
         """Drop models and caches (idle policy); documents stay. ``ensure_loaded`` reloads."""
         self.caches.clear()
         self.pair = None
+        self.paths = {}  # they hold the models (and the lean path its transposed weight copies)
         self._buffers.forget_indexes()
         self._corpus.forget_indexes()
         if torch.cuda.is_available():
