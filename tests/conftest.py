@@ -95,11 +95,12 @@ SHARED_DAEMON_CONFIG = {
 }
 
 
-def start_tiny_daemon(root, tiny_root) -> DaemonProcess:
-    """The real daemon with the real engine on the tiny llama pair, started in ``root``."""
+def start_tiny_daemon(root, tiny_root, engine: str = "real") -> DaemonProcess:
+    """The real daemon with the real engine on the tiny llama pair, started in ``root``
+    (``engine``: a factory in tests/fake_engine.py around the real engine)."""
     target, draft = make_tiny_pair(tiny_root / "llama", "llama")
     config = {**SHARED_DAEMON_CONFIG, "model.target": target, "model.draft": draft, "model.device": "cpu"}
-    return DaemonProcess(root, engine="real", config=config).start(timeout=120)
+    return DaemonProcess(root, engine=engine, config=config).start(timeout=120)
 
 
 @pytest.fixture(scope="session")

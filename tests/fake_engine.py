@@ -125,3 +125,23 @@ def real(cfg: Any) -> SlowCapableEngine:
     from specd.engine import Engine
 
     return SlowCapableEngine(Engine.from_config(cfg))
+
+
+class FreeDraftingEngine(SlowCapableEngine):
+    """The real engine whose planner believes drafts cost nothing and every verify width costs
+    the same (``engine_helpers.make_drafting_free``), set again after every load: a test of
+    which source drafted must not hang on forward costs timed on a loaded machine."""
+
+    def ensure_loaded(self) -> None:
+        fresh = not self._engine.loaded
+        self._engine.ensure_loaded()
+        if fresh:
+            from engine_helpers import make_drafting_free
+
+            make_drafting_free(self._engine)
+
+
+def real_free_drafting(cfg: Any) -> FreeDraftingEngine:
+    from specd.engine import Engine
+
+    return FreeDraftingEngine(Engine.from_config(cfg))
