@@ -226,20 +226,21 @@ class _Matmul:
     whole forward of the demo and dev pairs' models): one row runs ~1.5x faster as
     ``x @ in_out`` (MKL streams the matrix as it lies) than as ``F.linear(x, out_in)``, and
     2-8 rows ~1.3-1.9x faster as ``(out_in @ x.T).T`` than as either; wider products, prefills,
-    are alike every way and run as transformers runs them. The result of the transposed route
+    are alike every way and run as transformers runs them, as does everything not measured
+    (other dtypes, GPUs; one row without the [in, out] copy). The result of the transposed route
     is a transposed view [T, out]: every consumer here takes it as it is or reshapes it."""
 
     out_in: torch.Tensor | None
     in_out: torch.Tensor | None
     bias: torch.Tensor | None
-    narrow: int  # the most rows that take the (out_in @ x.T).T route (0: never, e.g. on a GPU)
+    narrow: int  # the most rows that take the (out_in @ x.T).T route (0: never: a GPU, not float32)
     sizes: tuple[int, ...] = ()  # output features of each part of a fused product, in order
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if self.in_out is not None and (rows == 1 or self.out_in is None):
             return torch.mm(x, self.in_out) if self.bias is None else torch.addmm(self.bias, x, self.in_out)
-        if rows <= self.narrow:
+        if 1 < rows <= self.narrow:
             if self.bias is None:
                 return torch.mm(self.out_in, x.t()).t()
             return torch.addmm(self.bias.unsqueeze(1), self.out_in, x.t()).t()
@@ -254,10 +255,10 @@ def _matmul(weight: torch.Tensor, bias: torch.Tensor | None, *, conv1d: bool, co
             sizes: tuple[int, ...] = ()) -> _Matmul:
     """The product of a weight stored [out, in] (nn.Linear) or [in, out] (``conv1d``), with
     the other layout copied when ``copy``."""
-    with torch.no_grad():
-        other = weight.detach().t().contiguous() if copy else None
+    other = weight.detach().t().contiguous() if copy else None
     out_in, in_out = (other, weight) if conv1d else (weight, other)
-    narrow = NARROW_ROWS if weight.device.type == "cpu" and out_in is not None else 0
+    measured = weight.device.type == "cpu" and weight.dtype == torch.float32  # MKL's float32 kernels
+    narrow = NARROW_ROWS if measured and out_in is not None else 0
     return _Matmul(out_in, in_out, bias, narrow, sizes)
 
 
@@ -489,9 +490,9 @@ class LeanForward:
         return self._lm_head(x).float()
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits [T, V]. On a CPU, rows against the vocabulary-sized weight run as
-        (weight @ x.T).T at every width (``_Matmul``); the result is then a transposed view,
-        which every row-wise consumer takes as it is."""
+        """Logits [T, V]. On a CPU in float32, 2 rows or more against the vocabulary-sized
+        weight run as (weight @ x.T).T at every width (``_Matmul``); the result is then a
+        transposed view, which every row-wise consumer takes as it is."""
         return self.lm_head(x)
 
     # ---- one layer ----------------------------------------------------------------------
