@@ -271,3 +271,28 @@ def test_releasing_the_models_frees_them_and_their_forward_paths(llama_pair):
     engine.ensure_loaded()  # and it comes back
     assert set(engine.paths) == {"target", "draft"}
     assert engine.complete(request("def f(x):\n    return x\n", 13)).token_ids
+
+
+def test_a_completion_is_remembered_and_drafts_the_next_request(spm_engine, sample_source):
+    """Each completion is indexed for lookup on its document (``lookup:suggested``, the last
+    ``SUGGESTIONS_KEPT``): a keystroke later the target mostly rewrites it, also when the user
+    typed something else than it said. Here the same request comes again with the typing-through
+    continuation forgotten (it would propose the same tokens as ``lookup:previous``): the old
+    completion is proposed from the index, stands, and the output stays lossless."""
+    from specd.engine.kvcache import SUGGESTIONS_KEPT
+
+    uri = "file:///remembered.py"
+    text = sample_source
+    cursor = text.index("        return ranked[:count]")
+    first = spm_engine.complete(request(text, cursor, uri=uri, use_draft_model=False))
+    state = spm_engine.caches.get(uri)
+    assert state.suggestions[0].tokens.tolist()[-len(first.token_ids):] == first.token_ids
+    state.last_completion = ""
+    second = spm_engine.complete(request(text, cursor, uri=uri, use_draft_model=False))
+    assert_lossless(spm_engine, second, MAX_TOKENS)
+    assert second.token_ids == first.token_ids
+    assert "lookup:previous" not in second.sources
+    assert second.sources["lookup:suggested"].accepted > 0
+    for extra in range(SUGGESTIONS_KEPT + 1):
+        spm_engine.complete(request(text[:cursor] + "x" * extra, cursor + extra, uri=uri, use_draft_model=False))
+    assert len(spm_engine.caches.get(uri).suggestions) == SUGGESTIONS_KEPT

@@ -54,3 +54,38 @@ def test_find_agrees_with_a_brute_force_search(tokens, tail):
             expected = (tokens[ends[-1]:ends[-1] + 3], n)
             break
     assert NgramIndex(tokens).find(tail, 3) == expected
+
+
+def test_a_periodic_match_runs_past_the_end_of_the_context():
+    """In the context being written, a run like ``0 0 0`` or ``'s', 's',`` matches a token or
+    three back; the proposal copies on from what it proposes (as LZ77 copies overlap) instead of
+    stopping at the tail. Only the index that holds the tail itself may do this."""
+    run = [7, 1, 2, 3, 1, 2, 3, 1, 2]
+    index = NgramIndex(run)
+    assert index.find(run, 7) == ([3, 1, 2], 5)
+    assert index.find(run, 7, periodic=True) == ([3, 1, 2, 3, 1, 2, 3], 5)
+    zeros = [4, 0, 0, 0]
+    assert NgramIndex(zeros).find(zeros, 5, periodic=True) == ([0, 0, 0, 0, 0], 2)
+    other = NgramIndex([9, 9, 1, 2, 3])  # another document: its end is the end of what it knows
+    match = lookup(run, 7, [("lookup:current", NgramIndex([5])), ("lookup:open", other)], holding_tail=index)
+    assert match.tokens == [3] and match.source == "lookup:open"
+    match = lookup(run, 7, [("lookup:current", index), ("lookup:open", other)], holding_tail=index)
+    assert match.tokens == [3, 1, 2, 3, 1, 2, 3] and match.source == "lookup:current"
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.integers(0, 3), min_size=2, max_size=40), k=st.integers(1, 12))
+def test_a_periodic_proposal_continues_the_period_of_its_match(tokens, k):
+    """What runs past the end repeats the text d tokens back, d the distance to the match."""
+    index = NgramIndex(tokens)
+    plain, n = index.find(tokens, k)
+    proposal, n_periodic = index.find(tokens, k, periodic=True)
+    assert n_periodic == n and proposal[:len(plain)] == plain
+    if not plain:
+        assert proposal == []
+        return
+    assert len(proposal) == k
+    written = tokens + proposal
+    period = next(d for d in range(1, len(tokens)) if tokens[len(tokens) - d:len(tokens) - d + len(plain)] == plain
+                  and tokens[len(tokens) - d - n:len(tokens) - d] == tokens[len(tokens) - n:])
+    assert all(written[i] == written[i - period] for i in range(len(tokens), len(written)))

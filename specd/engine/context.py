@@ -245,7 +245,7 @@ class ContextSelector:
                 return True  # the cursor moved on meanwhile: a new proposal follows
             old = caches.get(warming.key)
             if old is not None:  # keep what the typing-through continuation needs
-                warming.state.last_prefix, warming.state.last_completion = old.last_prefix, old.last_completion
+                warming.state.carry_memory(old)
             caches.put(warming.key, warming.state)
             caches.enforce_budget(keep=warming.key)
             doc.active = warming.chunks

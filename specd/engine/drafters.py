@@ -37,7 +37,9 @@ class Drafter(Protocol):
 
 class LookupDrafter:
     """Longest n-gram match of the context's tail: the context itself (the current document's
-    prompt plus what has been generated), then other open buffers, then the workspace corpus."""
+    prompt plus what has been generated; its matches may run periodic, ``NgramIndex.find``),
+    then whatever else the engine passes in priority order: this document's recent completions
+    (``lookup:suggested``), other open buffers, the workspace corpus."""
 
     def __init__(self, context_index: NgramIndex, others: Sequence[tuple[str, NgramIndex]]):
         self.context_index = context_index
@@ -45,7 +47,8 @@ class LookupDrafter:
 
     def propose(self, seq: Sequence[int], k: int) -> Draft:
         self.context_index.sync(seq)  # incremental: only the newly accepted tokens are indexed
-        match = lookup(seq, k, [("lookup:current", self.context_index), *self.others])
+        match = lookup(seq, k, [("lookup:current", self.context_index), *self.others],
+                       holding_tail=self.context_index)
         if match is None:
             return EMPTY
         return Draft(match.tokens, match.source, None, match.ngram)

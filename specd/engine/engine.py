@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 PREFILL_SLICE = 64  # tokens per idle prefill forward: a new request waits for one slice at most
 MAX_OTHER_BUFFERS = 8  # open buffers searched by lookup, most recently edited first
 ANONYMOUS = "<anonymous>"
+SUGGESTION_LEAD = 8  # prompt tokens indexed before each remembered completion, so its start matches too
 
 
 @dataclass
@@ -366,7 +367,8 @@ class Engine:
                  text: str, offset: int, prompt: Prompt) -> DraftPlanner:
         lookup = continuation = model = None
         if settings.use_lookup:
-            lookup = LookupDrafter(state.context_index, self._lookup_sources(req.uri))
+            suggested = [("lookup:suggested", index) for index in state.suggestions]
+            lookup = LookupDrafter(state.context_index, suggested + self._lookup_sources(req.uri))
             continuation = self._continuation(state, text, offset, prompt)
         if settings.use_draft:
             model = ModelDrafter(state.draft, self.vocab_size, settings.sampling, self.options.draft_confidence,
@@ -400,6 +402,7 @@ class Engine:
                                      cancel=cancel, generator=settings.generator, constraint=constraint)
         completion = stop.text()
         state.last_prefix, state.last_completion = text[:offset], completion
+        state.remember(prompt.ids[-SUGGESTION_LEAD:], outcome.tokens)
         if settings.kv_reuse:
             self.caches.put(key, state)
             self.caches.enforce_budget(keep=key)

@@ -195,6 +195,9 @@ class KVState:
         self.ids = []
 
 
+SUGGESTIONS_KEPT = 4  # completions per document indexed for lookup
+
+
 @dataclass
 class DocumentState:
     """What the engine keeps per document between requests: both models' KV states."""
@@ -204,7 +207,20 @@ class DocumentState:
     context_index: NgramIndex = field(default_factory=NgramIndex)  # lookup index of the last context
     last_prefix: str = ""  # text before the cursor at the last request ...
     last_completion: str = ""  # ... and what was completed there
+    suggestions: list[NgramIndex] = field(default_factory=list)  # recent completions, newest first
     last_used: float = field(default_factory=time.monotonic)
+
+    def remember(self, lead: Sequence[int], tokens: Sequence[int]) -> None:
+        """Index a completion (``tokens``, after the prompt's last ``lead`` tokens) for lookup:
+        the next request on this document, one keystroke later, mostly rewrites it."""
+        if tokens:
+            self.suggestions.insert(0, NgramIndex([*lead, *tokens]))
+            del self.suggestions[SUGGESTIONS_KEPT:]
+
+    def carry_memory(self, old: "DocumentState") -> None:
+        """Take over what ``old`` remembered of this document's suggestions (a re-warmed state)."""
+        self.last_prefix, self.last_completion = old.last_prefix, old.last_completion
+        self.suggestions = old.suggestions
 
     def nbytes(self) -> int:
         return self.target.nbytes() + (self.draft.nbytes() if self.draft else 0)

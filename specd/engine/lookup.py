@@ -72,9 +72,15 @@ class NgramIndex:
         self.truncate(keep)
         self.extend(tokens[keep:])
 
-    def find(self, tail: Sequence[int], k: int) -> tuple[list[int], int]:
+    def find(self, tail: Sequence[int], k: int, periodic: bool = False) -> tuple[list[int], int]:
         """Continuation (up to k tokens) after the most recent occurrence of the longest
-        matching suffix n-gram of ``tail`` (MIN_N <= n <= MAX_N); ([], 0) when none."""
+        matching suffix n-gram of ``tail`` (MIN_N <= n <= MAX_N); ([], 0) when none.
+
+        ``periodic``: this index holds ``tail`` itself (the context being written). A match d
+        tokens back then says the text repeats with period d, and the continuation runs on past
+        the end of what is held, copying what it has just proposed (as LZ77 copies overlap): in
+        a run like ``0, 0, 0`` or ``'s', 's',`` the most recent match is a token or three back,
+        and without this the proposal would stop at the tail after d tokens."""
         if len(tail) < MIN_N:
             return [], 0
         positions = self._ends.get((tail[-2], tail[-1]))
@@ -100,14 +106,21 @@ class NgramIndex:
                 break
         if best_end < 0:
             return [], 0
-        return tokens[best_end:best_end + k].tolist(), best_n
+        proposal = tokens[best_end:best_end + k].tolist()
+        if periodic:
+            period = size - best_end
+            while len(proposal) < k:
+                proposal.append(proposal[len(proposal) - period])
+        return proposal, best_n
 
 
-def lookup(tail: Sequence[int], k: int, indexes: Sequence[tuple[str, NgramIndex]]) -> Match | None:
-    """Search the indexes in priority order; the longest n-gram wins, ties go to the earlier index."""
+def lookup(tail: Sequence[int], k: int, indexes: Sequence[tuple[str, NgramIndex]],
+           holding_tail: NgramIndex | None = None) -> Match | None:
+    """Search the indexes in priority order; the longest n-gram wins, ties go to the earlier index.
+    ``holding_tail``: the index whose tokens are ``tail`` itself (its matches may run periodic)."""
     best: Match | None = None
     for source, index in indexes:
-        tokens, n = index.find(tail, k)
+        tokens, n = index.find(tail, k, periodic=index is holding_tail)
         if tokens and (best is None or n > best.ngram):
             best = Match(tokens, n, source)
             if n >= index.max_n:
