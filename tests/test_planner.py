@@ -116,7 +116,7 @@ def test_record_learns_acceptance_and_costs():
     planner = DraftPlanner(mem)
     for _ in range(50):
         planner.record(Draft([1, 2, 3, 4], "lookup:current", None, 2), 0, ms=12.0)
-    assert mem.of("lookup/short").alpha < 0.05
+    assert mem.of("lookup/short").first < 0.05
     assert mem.costs.target_ms(5) == pytest.approx(12.0, rel=0.01)
     assert planner.stats["lookup:current"].proposed == 200
 
@@ -162,3 +162,43 @@ def test_a_lookup_match_passed_over_is_probed_now_and_then():
     assert [len(d) for d in drafts].count(0) == 2 * PROBE_EVERY - 2
     assert [i for i, d in enumerate(drafts) if d.tokens] == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]
     assert all(len(d) == 4 for d in drafts if d.tokens)
+
+
+def test_drafts_that_stand_whole_or_not_at_all_are_drafted_whole():
+    """Lookup drafts are mostly right or wrong from their first token: acceptance is learnt as
+    two rates (the first token, then each later one), and a kind whose 8-token drafts stand
+    whole 40% of the time and fail at once otherwise is drafted at full length. One geometric
+    rate of 0.4 per token (each token a coin toss until the first rejection) would expect 0.66
+    tokens of an 8-token draft, and cut it to two."""
+    acceptance = Acceptance.prior(0.5, 0.5)
+    for i in range(100):
+        acceptance.record(8, 8 if i % 5 < 2 else 0)
+    assert acceptance.first == pytest.approx(0.4, abs=0.05)
+    assert acceptance.then > 0.9
+    assert acceptance.expected(8) == pytest.approx(3.2, abs=0.4)
+    assert Acceptance.prior(0.4, 0.4).expected(8) < 0.7
+    mem = memory(CPU)
+    mem.acceptance["lookup/trusted"] = acceptance
+    planner = DraftPlanner(mem, lookup=FixedLookup(list(range(8)), ngram=4), lookup_max=8)
+    assert len(planner.propose([1, 2, 3], 40)) == 8
+    mem.acceptance["lookup/trusted"] = Acceptance.prior(0.4, 0.4, weight=1000)
+    assert len(planner.propose([1, 2, 3], 40)) <= 2
+
+
+def test_lookup_drafts_are_priced_by_where_they_come_from():
+    """A match where the context repeats itself and one in the document's recent completions
+    are kinds of their own: measured, they stand far more often than other matches."""
+    from specd.engine.decode import draft_kind
+
+    assert draft_kind(Draft([1], "lookup:current", None, 2, repeat=True)) == "lookup/repeat"
+    assert draft_kind(Draft([1], "lookup:suggested", None, 2)) == "lookup/suggested"
+    assert draft_kind(Draft([1], "lookup:workspace", None, 4)) == "lookup/trusted"
+    assert draft_kind(Draft([1], "lookup:open", None, 2)) == "lookup/short"
+    assert draft_kind(Draft([1], "lookup:previous", None, 5)) == "lookup:previous"
+    assert draft_kind(Draft([1], "draft")) == "draft"
+    mem = memory(CPU, alphas={"lookup/repeat": 0.9, "lookup/short": 0.05})
+    planner = DraftPlanner(mem, lookup=FixedLookup(list(range(8)), ngram=2), lookup_max=8)
+    assert planner.propose([1, 2, 3], 40).tokens == []
+    planner.lookup.propose = lambda seq, k: Draft(list(range(k)), "lookup:current", None, 2, repeat=True)
+    draft = planner.propose([1, 2, 3], 40)
+    assert len(draft) == 8 and draft.repeat

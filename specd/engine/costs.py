@@ -10,12 +10,12 @@ millisecond, so it needs two things per loaded pair:
   seen. Seeded
   by ``calibrate`` at load (a few forwards of each width, off the request path) and kept current
   by every step the engine runs (exponential moving averages).
-- ``Acceptance``: per kind of draft, the probability that each drafted token stands, as a
-  geometric model (each token stands with probability alpha until the first rejection), from
+- ``Acceptance``: per kind of draft, the probability that a draft's first token stands
+  (``first``) and that each later one does once the one before it stood (``then``), from
   decayed counts so the estimate follows the text being written.
 
-Expected tokens of a step that verifies k drafted tokens: 1 + alpha (1 - alpha^k) / (1 - alpha)
-(the accepted prefix plus the target's own token after it).
+Expected tokens of a step that verifies k drafted tokens: 1 + first (1 + then (1 - then^(k-1))
+/ (1 - then)) (the accepted prefix plus the target's own token after it).
 """
 
 from __future__ import annotations
@@ -37,38 +37,62 @@ CALIBRATION_REPEATS = 3  # per width, after one warm-up forward; the median coun
 
 @dataclass
 class Acceptance:
-    """Per-token acceptance of one kind of draft (decayed counts; the prior is a few pseudo-drafts).
+    """Acceptance of one kind of draft as two rates, from decayed counts (the prior is a few
+    pseudo-drafts): ``first``, that a draft's first token stands, and ``then``, that each later
+    token stands given the one before it did. Drafts are mostly right or wrong from the start (a
+    lookup match that holds, holds for a while): one geometric rate would price a kind whose
+    drafts stand 40% of the time but run long when they do as if every token were a coin toss,
+    and cut its drafts to a token or two.
 
     A kind the planner stops choosing would never be measured again, and one bad stretch (a
     file where lookup misses) would switch it off for good: so while it goes unchosen its counts
     relax toward the prior, and it is tried again after a while (and dropped again at once if
     it still loses)."""
 
-    accepted: float
-    rejections: float
-    prior_alpha: float = 0.5
+    first_hits: float
+    first_misses: float
+    then_hits: float
+    then_misses: float
+    prior_first: float = 0.5
+    prior_then: float = 0.5
     prior_weight: float = 4.0
 
     @classmethod
-    def prior(cls, alpha: float, weight: float = 4.0) -> "Acceptance":
-        return cls(alpha * weight, (1.0 - alpha) * weight, alpha, weight)
+    def prior(cls, first: float, then: float | None = None, weight: float = 4.0) -> "Acceptance":
+        then = first if then is None else then
+        return cls(first * weight, (1.0 - first) * weight, then * weight, (1.0 - then) * weight,
+                   first, then, weight)
 
     def relax(self) -> None:
-        self.accepted += RELAX * (self.prior_alpha * self.prior_weight - self.accepted)
-        self.rejections += RELAX * ((1.0 - self.prior_alpha) * self.prior_weight - self.rejections)
+        w = self.prior_weight
+        self.first_hits += RELAX * (self.prior_first * w - self.first_hits)
+        self.first_misses += RELAX * ((1.0 - self.prior_first) * w - self.first_misses)
+        self.then_hits += RELAX * (self.prior_then * w - self.then_hits)
+        self.then_misses += RELAX * ((1.0 - self.prior_then) * w - self.then_misses)
 
     @property
-    def alpha(self) -> float:
-        return self.accepted / (self.accepted + self.rejections)
+    def first(self) -> float:
+        return self.first_hits / (self.first_hits + self.first_misses)
+
+    @property
+    def then(self) -> float:
+        return self.then_hits / (self.then_hits + self.then_misses)
 
     def record(self, proposed: int, accepted: int) -> None:
-        self.accepted = self.accepted * DECAY + accepted
-        self.rejections = self.rejections * DECAY + (1.0 if accepted < proposed else 0.0)
+        self.first_hits = self.first_hits * DECAY + (1.0 if accepted > 0 else 0.0)
+        self.first_misses = self.first_misses * DECAY + (0.0 if accepted > 0 else 1.0)
+        if accepted > 0 and proposed > 1:
+            self.then_hits = self.then_hits * DECAY + (accepted - 1)
+            self.then_misses = self.then_misses * DECAY + (1.0 if accepted < proposed else 0.0)
+
+    def expected_after_first(self, k: int) -> float:
+        """Expected later tokens standing, of k - 1, given the first stood."""
+        a = min(self.then, 0.999)
+        return a * (1.0 - a ** (k - 1)) / (1.0 - a)
 
     def expected(self, k: int) -> float:
         """Expected accepted tokens of a k-token draft."""
-        a = min(self.alpha, 0.999)
-        return a * (1.0 - a ** k) / (1.0 - a)
+        return self.first * (1.0 + self.expected_after_first(k)) if k > 0 else 0.0
 
 
 @dataclass

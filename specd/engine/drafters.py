@@ -23,6 +23,7 @@ class Draft:
     source: str
     probs: torch.Tensor | None = None  # q: [len(tokens), V], None = deterministic
     ngram: int = 0  # lookup: length of the matched n-gram
+    repeat: bool = False  # lookup: the context repeats itself (``lookup.Match.repeat``)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -51,7 +52,7 @@ class LookupDrafter:
                        holding_tail=self.context_index)
         if match is None:
             return EMPTY
-        return Draft(match.tokens, match.source, None, match.ngram)
+        return Draft(match.tokens, match.source, None, match.ngram, match.repeat)
 
 
 class ContinuationDrafter:

@@ -479,7 +479,8 @@ class Engine:
         if memory is None or self.pair is None:
             return None
         return {**memory.costs.describe(),
-                "alpha": {kind: round(a.alpha, 3) for kind, a in sorted(memory.acceptance.items())}}
+                "acceptance": {kind: {"first": round(a.first, 3), "then": round(a.then, 3)}
+                               for kind, a in sorted(memory.acceptance.items())}}
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ MAX_CANDIDATES = 64  # bigram occurrences examined per lookup, most recent first
 class Match:
     tokens: list[int]  # the proposed continuation
     ngram: int  # length of the matched tail n-gram (longer = more trustworthy)
-    source: str  # which index answered: lookup:current, lookup:open, lookup:workspace
+    source: str  # which index answered: lookup:current, lookup:suggested, lookup:open, lookup:workspace
+    repeat: bool = False  # the context repeats itself: the match is closer to the tail than the proposal is long
 
 
 class NgramIndex:
@@ -81,11 +82,17 @@ class NgramIndex:
         the end of what is held, copying what it has just proposed (as LZ77 copies overlap): in
         a run like ``0, 0, 0`` or ``'s', 's',`` the most recent match is a token or three back,
         and without this the proposal would stop at the tail after d tokens."""
+        end, n = self.locate(tail)
+        return (self.continuation(end, k, periodic), n) if n else ([], 0)
+
+    def locate(self, tail: Sequence[int]) -> tuple[int, int]:
+        """(end, n) of the most recent occurrence of the longest matching suffix n-gram of
+        ``tail``: its continuation starts at ``end``; (-1, 0) when none."""
         if len(tail) < MIN_N:
-            return [], 0
+            return -1, 0
         positions = self._ends.get((tail[-2], tail[-1]))
         if not positions:
-            return [], 0
+            return -1, 0
         tokens, size = self.tokens, len(self.tokens)
         longest = min(self.max_n, len(tail))
         best_end, best_n = -1, 0
@@ -104,14 +111,17 @@ class NgramIndex:
             examined += 1
             if examined >= MAX_CANDIDATES:
                 break
-        if best_end < 0:
-            return [], 0
-        proposal = tokens[best_end:best_end + k].tolist()
+        return best_end, best_n
+
+    def continuation(self, end: int, k: int, periodic: bool = False) -> list[int]:
+        """Up to k tokens from ``end`` on; ``periodic`` (see ``find``): k tokens, the text
+        repeating with period ``len(self) - end`` past the end of what is held."""
+        proposal = self.tokens[end:end + k].tolist()
         if periodic:
-            period = size - best_end
+            period = len(self.tokens) - end
             while len(proposal) < k:
                 proposal.append(proposal[len(proposal) - period])
-        return proposal, best_n
+        return proposal
 
 
 def lookup(tail: Sequence[int], k: int, indexes: Sequence[tuple[str, NgramIndex]],
@@ -120,9 +130,11 @@ def lookup(tail: Sequence[int], k: int, indexes: Sequence[tuple[str, NgramIndex]
     ``holding_tail``: the index whose tokens are ``tail`` itself (its matches may run periodic)."""
     best: Match | None = None
     for source, index in indexes:
-        tokens, n = index.find(tail, k, periodic=index is holding_tail)
-        if tokens and (best is None or n > best.ngram):
-            best = Match(tokens, n, source)
+        end, n = index.locate(tail)
+        if n and (best is None or n > best.ngram):
+            periodic = index is holding_tail
+            tokens = index.continuation(end, k, periodic)
+            best = Match(tokens, n, source, repeat=periodic and len(index) - end < len(tokens))
             if n >= index.max_n:
                 break
     return best
