@@ -187,16 +187,19 @@ def test_drafts_that_stand_whole_or_not_at_all_are_drafted_whole():
 
 def test_lookup_drafts_are_priced_by_where_they_come_from():
     """A match where the context repeats itself and one in the document's recent completions
-    are kinds of their own: measured, they stand far more often than other matches."""
+    are kinds of their own, each apart for 2-token matches: measured, they stand far more often
+    than other matches, and matches of 3+ tokens far more often than 2-token ones."""
     from specd.engine.decode import draft_kind
 
-    assert draft_kind(Draft([1], "lookup:current", None, 2, repeat=True)) == "lookup/repeat"
-    assert draft_kind(Draft([1], "lookup:suggested", None, 2)) == "lookup/suggested"
+    assert draft_kind(Draft([1], "lookup:current", None, 3, repeat=True)) == "lookup/repeat"
+    assert draft_kind(Draft([1], "lookup:current", None, 2, repeat=True)) == "lookup/repeat/short"
+    assert draft_kind(Draft([1], "lookup:suggested", None, 5)) == "lookup/suggested"
+    assert draft_kind(Draft([1], "lookup:suggested", None, 2)) == "lookup/suggested/short"
     assert draft_kind(Draft([1], "lookup:workspace", None, 4)) == "lookup/trusted"
     assert draft_kind(Draft([1], "lookup:open", None, 2)) == "lookup/short"
     assert draft_kind(Draft([1], "lookup:previous", None, 5)) == "lookup:previous"
     assert draft_kind(Draft([1], "draft")) == "draft"
-    mem = memory(CPU, alphas={"lookup/repeat": 0.9, "lookup/short": 0.05})
+    mem = memory(CPU, alphas={"lookup/repeat/short": 0.9, "lookup/short": 0.05})
     planner = DraftPlanner(mem, lookup=FixedLookup(list(range(8)), ngram=2), lookup_max=8)
     assert planner.propose([1, 2, 3], 40).tokens == []
     planner.lookup.propose = lambda seq, k: Draft(list(range(k)), "lookup:current", None, 2, repeat=True)
