@@ -16,7 +16,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from specd.engine.costs import Acceptance, ForwardCosts
-from specd.engine.drafters import EMPTY, ContinuationDrafter, Draft, LookupDrafter, ModelDrafter
+from specd.engine.drafters import EMPTY, SUGGESTED, ContinuationDrafter, Draft, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import KVState, Rows, common_prefix
 from specd.engine.sampling import SamplingParams, probabilities
 from specd.engine.types import Cancelled, SourceStats
@@ -25,8 +25,6 @@ PROBE_EVERY = 24  # steps without the draft model after which it is tried once, 
 PROBE_CATCH_UP = 64  # ... if catching it up costs at most this many tokens
 PROBE_LENGTH = 4  # tokens of a lookup match tried after PROBE_EVERY steps of passing matches over
 TRUSTED_NGRAM = 3  # lookup matches this long are their own kind of draft (they stand far more often)
-
-SUGGESTED = "lookup:suggested"  # the source of matches in the document's recent completions
 
 PRIORS = {  # (first, then): acceptance of a draft's first token, and of each later one, before anything is measured
     ContinuationDrafter.source: (0.9, 0.9),

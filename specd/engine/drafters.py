@@ -30,6 +30,7 @@ class Draft:
 
 
 EMPTY = Draft([], "none")
+SUGGESTED = "lookup:suggested"  # lookup's source for matches in the document's recent completions
 
 
 class Drafter(Protocol):

@@ -22,7 +22,7 @@ from specd.engine.corpus import Corpus, OpenBuffers, common_affixes
 from specd.engine.costs import calibrate
 from specd.engine.decode import DraftPlanner, PlannerMemory, speculative_decode
 from specd.engine.healing import HealingConstraint, HealingVocabulary
-from specd.engine.drafters import ContinuationDrafter, LookupDrafter, ModelDrafter
+from specd.engine.drafters import SUGGESTED, ContinuationDrafter, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
 from specd.engine.models import ModelPair, load_pair
@@ -367,7 +367,7 @@ class Engine:
                  text: str, offset: int, prompt: Prompt) -> DraftPlanner:
         lookup = continuation = model = None
         if settings.use_lookup:
-            suggested = [("lookup:suggested", index) for index in state.suggestions]
+            suggested = [(SUGGESTED, index) for index in state.suggestions]
             lookup = LookupDrafter(state.context_index, suggested + self._lookup_sources(req.uri))
             continuation = self._continuation(state, text, offset, prompt)
         if settings.use_draft:
