@@ -39,7 +39,7 @@ class Drafter(Protocol):
 
 class LookupDrafter:
     """Longest n-gram match of the context's tail: the context itself (the current document's
-    prompt plus what has been generated; its matches may run periodic, ``NgramIndex.find``),
+    prompt plus what has been generated; its matches may run periodic, ``NgramIndex.continuation``),
     then whatever else the engine passes in priority order: this document's recent completions
     (``lookup:suggested``), other open buffers, the workspace corpus."""
 

@@ -401,9 +401,9 @@ class Engine:
                                      settings.max_tokens, stop, deadline=started + settings.budget_s,
                                      cancel=cancel, generator=settings.generator, constraint=constraint)
         completion = stop.text()
-        state.last_prefix, state.last_completion = text[:offset], completion
-        state.remember(prompt.ids[-SUGGESTION_LEAD:], outcome.tokens)
-        if settings.kv_reuse:
+        if settings.kv_reuse:  # what the document's next request drafts from
+            state.last_prefix, state.last_completion = text[:offset], completion
+            state.remember(prompt.ids[-SUGGESTION_LEAD:], outcome.tokens)
             self.caches.put(key, state)
             self.caches.enforce_budget(keep=key)
         self._count(planner.stats)

@@ -73,18 +73,6 @@ class NgramIndex:
         self.truncate(keep)
         self.extend(tokens[keep:])
 
-    def find(self, tail: Sequence[int], k: int, periodic: bool = False) -> tuple[list[int], int]:
-        """Continuation (up to k tokens) after the most recent occurrence of the longest
-        matching suffix n-gram of ``tail`` (MIN_N <= n <= MAX_N); ([], 0) when none.
-
-        ``periodic``: this index holds ``tail`` itself (the context being written). A match d
-        tokens back then says the text repeats with period d, and the continuation runs on past
-        the end of what is held, copying what it has just proposed (as LZ77 copies overlap): in
-        a run like ``0, 0, 0`` or ``'s', 's',`` the most recent match is a token or three back,
-        and without this the proposal would stop at the tail after d tokens."""
-        end, n = self.locate(tail)
-        return (self.continuation(end, k, periodic), n) if n else ([], 0)
-
     def locate(self, tail: Sequence[int]) -> tuple[int, int]:
         """(end, n) of the most recent occurrence of the longest matching suffix n-gram of
         ``tail``: its continuation starts at ``end``; (-1, 0) when none."""
@@ -114,8 +102,13 @@ class NgramIndex:
         return best_end, best_n
 
     def continuation(self, end: int, k: int, periodic: bool = False) -> list[int]:
-        """Up to k tokens from ``end`` on; ``periodic`` (see ``find``): k tokens, the text
-        repeating with period ``len(self) - end`` past the end of what is held."""
+        """Up to k tokens from ``end`` on.
+
+        ``periodic``: this index holds the tail itself (the context being written). A match d
+        tokens back then says the text repeats with period d, and the continuation runs on past
+        the end of what is held, copying what it has just proposed (as LZ77 copies overlap), to
+        k tokens: in a run like ``0, 0, 0`` or ``'s', 's',`` the most recent match is a token or
+        three back, and without this the proposal would stop at the tail after d tokens."""
         proposal = self.tokens[end:end + k].tolist()
         if periodic:
             period = len(self.tokens) - end
