@@ -88,3 +88,41 @@ def test_lookup_drafts_from_other_open_buffers(engines, sample_source):
     assert_lossless(engine, result, MAX_TOKENS)
     assert result.token_ids == reference.token_ids
     assert result.sources["lookup:open"].accepted > 0
+
+
+def test_token_trees_run_in_the_engine_and_stay_lossless(engines, sample_source):
+    """The current document holds the cursor's last lines twice, the earlier copy followed by
+    text the target will not write; another buffer holds them followed by what it will write.
+    The planner verifies both sources' drafts in one forward (a token tree) and the output is the
+    target's. (Which branch stands, token by token: tests/test_token_tree.py.)"""
+    engine = engines["llama"]["random"]
+    tail = sample_source[2900:3000]
+    text = sample_source[:2700] + tail + "\n@@~~ decoy ~~@@\n" + sample_source[2700:3000]
+    plain = dict(max_tokens=MAX_TOKENS, stop_at_block_end=False, use_draft_model=False)
+    reference = engine.complete(CompletionRequest(text=text, offset=len(text), use_lookup=False, **plain))
+    engine.open_document("file:///holds-the-answer.py", sample_source[2800:3000] + reference.text)
+    try:
+        result = engine.complete(CompletionRequest(uri="file:///tree.py", text=text, offset=len(text), **plain))
+    finally:
+        engine.close_document("file:///holds-the-answer.py")
+    assert_lossless(engine, result, MAX_TOKENS)
+    assert result.token_ids == reference.token_ids
+    assert result.sources["tree"].steps > 0, result.sources
+    assert result.sources["lookup:open"].accepted > 0
+
+
+def test_sampling_and_the_setting_off_verify_chains_only(engines, sample_source):
+    engine = engines["llama"]["random"]
+    text = sample_source[:3000]
+    request = dict(text=text, offset=len(text), max_tokens=MAX_TOKENS, stop_at_block_end=False, use_draft_model=False)
+    sampled = engine.complete(CompletionRequest(uri="file:///sampled.py", temperature=0.8, seed=1, **request))
+    assert "tree" not in sampled.sources
+    engine.options.token_tree = False
+    try:
+        greedy = engine.complete(CompletionRequest(uri="file:///no-tree.py", **request))
+    finally:
+        engine.options.token_tree = True
+    assert "tree" not in greedy.sources
+    assert_lossless(engine, greedy, MAX_TOKENS)
+    with_trees = engine.complete(CompletionRequest(uri="file:///trees.py", **request))
+    assert with_trees.token_ids == greedy.token_ids

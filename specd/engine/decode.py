@@ -16,7 +16,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from specd.engine.costs import Acceptance, ForwardCosts
-from specd.engine.drafters import EMPTY, SUGGESTED, ContinuationDrafter, Draft, LookupDrafter, ModelDrafter
+from specd.engine.drafters import EMPTY, SUGGESTED, ContinuationDrafter, Draft, DraftTree, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import KVState, Rows, common_prefix
 from specd.engine.sampling import SamplingParams, probabilities
 from specd.engine.types import Cancelled, SourceStats
@@ -25,6 +25,8 @@ PROBE_EVERY = 24  # steps without the draft model after which it is tried once, 
 PROBE_CATCH_UP = 64  # ... if catching it up costs at most this many tokens
 PROBE_LENGTH = 4  # tokens of a lookup match tried after PROBE_EVERY steps of passing matches over
 TRUSTED_NGRAM = 3  # lookup matches this long are their own kind of draft (they stand far more often)
+TREE_BRANCHES = 3  # most drafts a token tree verifies side by side
+TREE = "tree"  # SourceStats of token trees: steps, branches beyond the first (proposed), and won (accepted)
 
 PRIORS = {  # (first, then): acceptance of a draft's first token, and of each later one, before anything is measured
     ContinuationDrafter.source: (0.9, 0.9),
@@ -87,6 +89,7 @@ class DraftPlanner:
     continuation: ContinuationDrafter | None = None
     lookup_max: int = 16
     draft_max: int = 8
+    trees: bool = False  # may verify several drafts as a token tree (greedy, a forward path that runs trees)
     stats: dict[str, SourceStats] = field(default_factory=dict)
 
     def _best_length(self, kind: str, available: int, extra_ms: Callable[[int], float]) -> tuple[int, float]:
@@ -99,7 +102,7 @@ class DraftPlanner:
                 best_k, best_rate = k, rate
         return best_k, best_rate
 
-    def propose(self, seq: Sequence[int], room: int) -> Draft:
+    def propose(self, seq: Sequence[int], room: int) -> Draft | DraftTree:
         if room <= 0:
             return EMPTY
         best, best_rate = EMPTY, 1.0 / self.memory.costs.step_ms(1, 1)
@@ -110,8 +113,12 @@ class DraftPlanner:
                 candidates.append(draft)
             else:
                 self.continuation = None  # diverged or used up: it never proposes again
+        alternatives = list(candidates)  # what a token tree may add beside the chosen draft
         if self.lookup is not None:
-            candidates.append(self.lookup.propose(seq, min(room, self.lookup_max)))
+            k = min(room, self.lookup_max)
+            matches = self.lookup.propose_all(seq, k) if self.trees else [self.lookup.propose(seq, k)]
+            candidates.append(matches[0] if matches else EMPTY)
+            alternatives += matches
         unchosen = []
         probe = None
         for draft in candidates:
@@ -142,11 +149,54 @@ class DraftPlanner:
                 draft = self.model.propose(seq, k)
                 self.memory.costs.record_draft(catch_up, self.model.state.forwards - forwards,
                                                (time.perf_counter() - started) * 1000)
-                return draft
+                return self._tree(draft, alternatives)
             self.memory.steps_since_model += 1
             unchosen.append(ModelDrafter.source)
         self._relax([kind for kind in unchosen if not best.tokens or kind != draft_kind(best)])
-        return best
+        return self._tree(best, alternatives)
+
+    def _tree(self, chosen: Draft, alternatives: list[Draft]) -> Draft | DraftTree:
+        """``chosen``, or a token tree of it and the alternatives (other sources' drafts) that
+        raise the expected tokens per millisecond enough to pay for a wider forward, at most
+        ``TREE_BRANCHES`` drafts. An alternative adds what it proposes from where it leaves the
+        chosen draft (its first token, or one after a shared start), cut to its best length;
+        where another branch already leaves at that point with that token, it adds nothing.
+
+        Expected tokens: the chosen draft's as a chain, plus for each branch leaving it after m
+        shared tokens, P(the chosen draft's first m stand) P(the branch's next token stands)
+        (1 + its later tokens expected), that next-token probability its kind's (first or then),
+        capped by what the branches leaving at the same point leave (only one token stands)."""
+        if not (self.trees and chosen.tokens and alternatives):
+            return chosen
+        costs, main = self.memory.costs, self.memory.of(draft_kind(chosen))
+        tokens = 1.0 + main.expected(len(chosen))
+        width = 1 + len(chosen)
+        rate = tokens / costs.step_ms(width, tokens)
+        branches, taken = [chosen], set()
+        left = [1.0 - main.first] + [1.0 - main.then] * (len(chosen) - 1)  # per point of leaving
+        for draft in alternatives:
+            if len(branches) >= TREE_BRANCHES:
+                break
+            shared = common_prefix(draft.tokens, chosen.tokens)
+            if shared >= min(len(draft), len(chosen)) or (shared, draft.tokens[shared]) in taken:
+                continue
+            acceptance = self.memory.of(draft_kind(draft))
+            reach = 1.0 if shared == 0 else main.first * main.then ** (shared - 1)
+            odds = min(acceptance.first if shared == 0 else acceptance.then, left[shared])
+            best_k, best_rate = 0, rate
+            for k in range(1, len(draft) - shared + 1):
+                more = tokens + reach * odds * (1.0 + acceptance.expected_after_first(k))
+                branch_rate = more / costs.step_ms(width + k, more)
+                if branch_rate > best_rate:
+                    best_k, best_rate = k, branch_rate
+            if best_k:
+                branches.append(dataclasses.replace(draft, tokens=draft.tokens[:shared + best_k]))
+                taken.add((shared, draft.tokens[shared]))
+                tokens += reach * odds * (1.0 + acceptance.expected_after_first(best_k))
+                width += best_k
+                rate = best_rate
+                left[shared] -= odds
+        return chosen if len(branches) == 1 else DraftTree.of(branches)
 
     def _relax(self, kinds: list[str]) -> None:
         """Kinds that could have drafted this step and did not: their estimates drift back
@@ -185,6 +235,23 @@ class DraftPlanner:
         stats.steps += 1
         self.memory.of(draft_kind(draft)).record(len(draft), accepted)
 
+    def record_tree(self, tree: DraftTree, accepted: Sequence[int], ms: float | None = None,
+                    head_row_ms: float = 0.0) -> None:
+        """``record`` for a token tree whose path ``accepted`` (tokens) stood: each branch is
+        recorded as the draft it is, with the tokens of it that stood; the forward as one of the
+        tree's width. ``stats[TREE]``: trees, branches beyond the first, and how many trees a token
+        off the first branch stood in."""
+        if ms is not None:
+            self.memory.costs.record_target(len(tree) + 1, ms)
+        if head_row_ms > 0:
+            self.memory.costs.record_head_row(head_row_ms)
+        for draft in tree.branches:
+            self.record(draft, common_prefix(draft.tokens, accepted))
+        stats = self.stats.setdefault(TREE, SourceStats())
+        stats.steps += 1
+        stats.proposed += len(tree.branches) - 1
+        stats.accepted += 1 if common_prefix(accepted, tree.branches[0].tokens) < len(accepted) else 0
+
 
 class Constraint(Protocol):
     """Masks the target's logits (token healing): ``rows`` for a forward's rows [k + 1, V]
@@ -209,6 +276,27 @@ def verify_greedy(rows: Rows, draft: Draft, out: Sequence[int],
         if n == k or choice != draft.tokens[n]:
             return n, choice
         n += 1
+
+
+def verify_tree_greedy(rows: Rows, tree: DraftTree, out: Sequence[int],
+                       constraint: Constraint | None = None) -> tuple[list[int], int]:
+    """``verify_greedy`` down a token tree (row 0: after the pending token; row i + 1: after
+    node i): from the root, follow the child whose token is the target's argmax while there is
+    one. Returns the path of nodes that stood and the target's own token after them; rows off the
+    path are never computed."""
+    children = tree.children()
+    node, path, stood = -1, [], []
+    while True:
+        logits = rows.row(node + 1)
+        if constraint is not None:
+            logits = constraint.row(logits, [*out, *stood])
+        choice = int(logits.argmax())
+        child = children.get(node, {}).get(choice)
+        if child is None:
+            return path, choice
+        path.append(child)
+        stood.append(choice)
+        node = child
 
 
 def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
@@ -284,19 +372,28 @@ def speculative_decode(
         room = max_tokens - len(out) - 1  # one token of each step is the target's own
         draft = planner.propose(seq, room)
         step_started = time.perf_counter()
-        rows = target.extend_rows([seq[-1], *draft.tokens])  # k + 1 rows of logits, one forward
         forwards += 1
-        if sampling.greedy:
-            accepted, own = verify_greedy(rows, draft, out, constraint)
+        if isinstance(draft, DraftTree):  # the planner builds trees only for greedy decoding
+            rows = target.extend_tree([seq[-1], *draft.tokens], [-1, *(parent + 1 for parent in draft.parents)])
+            path, own = verify_tree_greedy(rows, draft, out, constraint)
+            step_ms = (time.perf_counter() - step_started) * 1000
+            stood = [draft.tokens[node] for node in path]
+            planner.record_tree(draft, stood, step_ms - rows.head_ms, rows.head_ms / max(rows.computed, 1))
+            target.keep(len(seq) - 1, [0, *(node + 1 for node in path)])  # seq[-1] and the path that stood
+            new = [*stood, own]
         else:
-            logits = rows.dense()
-            if constraint is not None:
-                logits = constraint.rows(logits, out, draft.tokens)
-            accepted, own = verify(logits, draft, sampling, generator)  # reads the logits: a device sync
-        step_ms = (time.perf_counter() - step_started) * 1000
-        planner.record(draft, accepted, step_ms - rows.head_ms, rows.head_ms / max(rows.computed, 1))
-        target.rollback(len(seq) + accepted)  # keep seq[-1] and the accepted drafts
-        new = [*draft.tokens[:accepted], own]
+            rows = target.extend_rows([seq[-1], *draft.tokens])  # k + 1 rows of logits, one forward
+            if sampling.greedy:
+                accepted, own = verify_greedy(rows, draft, out, constraint)
+            else:
+                logits = rows.dense()
+                if constraint is not None:
+                    logits = constraint.rows(logits, out, draft.tokens)
+                accepted, own = verify(logits, draft, sampling, generator)  # reads the logits: a device sync
+            step_ms = (time.perf_counter() - step_started) * 1000
+            planner.record(draft, accepted, step_ms - rows.head_ms, rows.head_ms / max(rows.computed, 1))
+            target.rollback(len(seq) + accepted)  # keep seq[-1] and the accepted drafts
+            new = [*draft.tokens[:accepted], own]
         if not out:
             first_token_s = time.monotonic() - start
         seq.extend(new)

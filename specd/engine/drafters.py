@@ -13,7 +13,7 @@ from typing import Protocol, Sequence
 import torch
 
 from specd.engine.kvcache import KVState
-from specd.engine.lookup import MAX_N, NgramIndex, lookup
+from specd.engine.lookup import MAX_N, NgramIndex, candidates, lookup
 from specd.engine.sampling import SamplingParams, probabilities, sample
 
 
@@ -30,6 +30,44 @@ class Draft:
 
 
 EMPTY = Draft([], "none")
+
+
+@dataclass
+class DraftTree:
+    """Drafts verified side by side in one target forward (token-tree verification): a trie of
+    their tokens under the pending token. ``tokens[i]`` is node i, ``parents[i]`` its parent node
+    (-1: the pending token); drafts that share a prefix share its nodes. ``branches`` are the
+    drafts, the planner's first choice first."""
+
+    tokens: list[int]
+    parents: list[int]
+    branches: list[Draft]
+
+    @classmethod
+    def of(cls, branches: Sequence[Draft]) -> "DraftTree":
+        tokens: list[int] = []
+        parents: list[int] = []
+        children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for draft in branches:
+            node = -1
+            for token in draft.tokens:
+                child = children.get((node, token))
+                if child is None:
+                    child = children[(node, token)] = len(tokens)
+                    tokens.append(token)
+                    parents.append(node)
+                node = child
+        return cls(tokens, parents, list(branches))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def children(self) -> dict[int, dict[int, int]]:
+        """node (-1: the pending token) -> {token: child node}."""
+        out: dict[int, dict[int, int]] = {}
+        for node, (token, parent) in enumerate(zip(self.tokens, self.parents)):
+            out.setdefault(parent, {})[token] = node
+        return out
 SUGGESTED = "lookup:suggested"  # lookup's source for matches in the document's recent completions
 
 
@@ -54,6 +92,13 @@ class LookupDrafter:
         if match is None:
             return EMPTY
         return Draft(match.tokens, match.source, None, match.ngram, match.repeat)
+
+    def propose_all(self, seq: Sequence[int], k: int) -> list[Draft]:
+        """Every source's match (``propose``'s first), for a token tree."""
+        self.context_index.sync(seq)
+        matches = candidates(seq, k, [("lookup:current", self.context_index), *self.others],
+                             holding_tail=self.context_index)
+        return [Draft(m.tokens, m.source, None, m.ngram, m.repeat) for m in matches]
 
 
 class ContinuationDrafter:

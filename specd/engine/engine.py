@@ -20,7 +20,7 @@ from specd.engine import compat
 from specd.engine.context import ContextSelector
 from specd.engine.corpus import Corpus, OpenBuffers, common_affixes
 from specd.engine.costs import calibrate
-from specd.engine.decode import DraftPlanner, PlannerMemory, speculative_decode
+from specd.engine.decode import TREE_BRANCHES, DraftPlanner, PlannerMemory, speculative_decode
 from specd.engine.healing import HealingConstraint, HealingVocabulary
 from specd.engine.drafters import SUGGESTED, ContinuationDrafter, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
@@ -60,6 +60,7 @@ class EngineOptions:
     token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it
     draft_max: int = 8
     lookup_max: int = 16
+    token_tree: bool = True  # several drafts in one verify forward where the planner expects it to pay
     draft_confidence: float = 0.3
     cache_budget_mb: int = 2048
     time_budget_ms: int = 5000
@@ -136,10 +137,16 @@ class Engine:
         self.planning = PlannerMemory(calibrate(
             lambda: self._kv("target"), (lambda: self._kv("draft")) if pair.draft is not None else None,
             min(m.get_input_embeddings().weight.shape[0] for m in (pair.target, pair.draft) if m is not None),
-            max(self.options.lookup_max, self.options.draft_max) + 1, pair.device))
+            self._widest_verify(), pair.device))
         log.info("forward costs: %s", self.planning.costs.describe())
         log.info("engine ready: target %s, draft %s, FIM family %s (%s layout), device %s",
                  pair.target_name, pair.draft_name, self.template.name, self.prompts.layout, pair.device)
+
+    def _widest_verify(self) -> int:
+        """The widest target forward the planner may run: a chain, or a token tree of
+        ``TREE_BRANCHES`` drafts."""
+        chain = max(self.options.lookup_max, self.options.draft_max) + 1
+        return chain + (TREE_BRANCHES - 1) * self.options.lookup_max if self.options.token_tree else chain
 
     def _forward_path(self, model, source: str, pair: ModelPair):
         """(path, why): llama.cpp's forward when engine.forward_backend asks for it and it can
@@ -374,7 +381,8 @@ class Engine:
             model = ModelDrafter(state.draft, self.vocab_size, settings.sampling, self.options.draft_confidence,
                                  settings.generator)
         return DraftPlanner(self.planning, lookup=lookup, model=model, continuation=continuation,
-                            lookup_max=self.options.lookup_max, draft_max=self.options.draft_max)
+                            lookup_max=self.options.lookup_max, draft_max=self.options.draft_max,
+                            trees=self.options.token_tree and settings.sampling.greedy and state.target.trees)
 
     def _complete(self, req: CompletionRequest, text: str, offset: int,
                   cancel: threading.Event | None) -> CompletionResult:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -446,33 +447,46 @@ class LeanForward:
     def consistent(cache: StaticCache, length: int) -> bool:
         return cache.length == length  # a failed forward never moves the length
 
+    trees = True  # forward(parents=...) runs a token tree; keep() keeps one path of it
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: StaticCache, last_only: bool = False,
-                head: bool = True) -> torch.Tensor:
+                head: bool = True, parents: Sequence[int] | None = None) -> torch.Tensor:
         """Run ``input_ids`` [1, T] at positions cache.length .. cache.length + T - 1; return
         float32 logits [T, V] ([1, V] when last_only; on CPU with 4+ rows a transposed view, see
         ``_lm_head``), or with ``head=False`` the final hidden states [T, D] for ``self.head``
         to turn into logits row by row (``lazy_head``). ``cache.length`` moves only when the
         whole forward succeeded: a failure anywhere leaves it where it was (the slots it wrote
-        lie past the length, harmless)."""
+        lie past the length, harmless).
+
+        ``parents``: the new tokens are a tree, not a sequence (token-tree verification):
+        ``parents[i]`` is the index of token i's parent among them, -1 for the root (the first
+        token, whose parent is the cache's last). Token i sits at position cache.length +
+        depth(i) and sees the cache and its own ancestors only; its K/V take slot
+        cache.length + i, and ``keep`` then moves one root-to-leaf path's slots into place."""
         start = cache.length
         width = input_ids.shape[1]
         if input_ids.shape[0] != 1 or width == 0:
             raise ValueError(f"input_ids must be [1, T] with T >= 1, not {list(input_ids.shape)}")
         end = start + width
-        if self.positions is not None and end > self.positions.num_embeddings:
-            raise ValueError(f"position {end - 1} is past the model's {self.positions.num_embeddings} learned positions")
+        depths = None if parents is None else _tree_depths(parents, width)
+        last_position = end - 1 if depths is None else start + max(depths)
+        if self.positions is not None and last_position >= self.positions.num_embeddings:
+            raise ValueError(f"position {last_position} is past the model's {self.positions.num_embeddings} learned positions")
         cache.reserve(end)
+        device = input_ids.device
+        positions = None if depths is None else torch.tensor(depths, device=device) + start
         cos = sin = None
         if self.rotary is not None:
-            cos, sin = self._rope(start, end, input_ids.device)  # [T, 1, D]: broadcast over heads
+            cos, sin = self._rope(start, end, device, positions)  # [T, 1, D]: broadcast over heads
         masks: dict[int | None, Mask] = {}  # per sliding window
         x = F.embedding(input_ids[0], self.embed.weight)  # x: [T, hidden]
-        if self.positions is not None:
-            x.add_(self.positions.weight[start:end])  # learned absolute positions, as HF adds them
+        if self.positions is not None:  # learned absolute positions, as HF adds them
+            x.add_(self.positions.weight[start:end] if positions is None else self.positions.weight[positions])
         for layer, kv in zip(self.layers, cache.kv):
             if layer.window not in masks:
-                masks[layer.window] = self._mask(start, end, layer.window, input_ids.device)
+                masks[layer.window] = (self._mask(start, end, layer.window, device) if parents is None else
+                                       self._tree_mask(start, parents, depths, layer.window, device))
             x = self._decoder_layer(layer, x, kv, cos, sin, start, end, masks[layer.window])
         if last_only:
             x = x[-1:]
@@ -483,6 +497,22 @@ class LeanForward:
         logits = self._lm_head(x)
         cache.length = end
         return logits.float()
+
+    @staticmethod
+    def keep(cache: StaticCache, start: int, slots: Sequence[int]) -> None:
+        """After a tree forward from ``start``: keep the first ``start`` positions and then the
+        K/V of ``slots`` (a root-to-leaf path, increasing), moved to start, start + 1, ...;
+        the rest is dropped. A path that already lies in place (the first branch) moves nothing."""
+        if not 0 <= start <= cache.length or any(not start <= s < cache.length for s in slots):
+            raise ValueError(f"cannot keep slots {list(slots)} after {start} of a cache of {cache.length}")
+        moved = [(i, s) for i, s in enumerate(slots, start) if i != s]
+        if moved:
+            with torch.inference_mode():
+                first = moved[0][0]
+                source = torch.tensor(list(slots[first - start:]), device=cache.kv[0].device)
+                for kv in cache.kv:
+                    kv[:, :, first:start + len(slots)] = kv[:, :, source]  # the gather copies first
+        cache.length = start + len(slots)
 
     @torch.inference_mode()
     def head(self, x: torch.Tensor) -> torch.Tensor:
@@ -568,14 +598,40 @@ class LeanForward:
         bias.masked_fill_(~allowed, float("-inf"))
         return first, bias if width >= WIDE else bias.repeat(self.heads // self.kv_heads, 1)
 
-    def _rope(self, start: int, end: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sign-folded sin [T, 1, D] for positions start .. end - 1, from tables computed
-        as HF's rotary embedding computes them (float32, then the model's dtype); the tables
-        grow by doubling."""
+    def _tree_mask(self, start: int, parents: Sequence[int], depths: list[int], window: int | None,
+                   device: torch.device) -> Mask:
+        """``_mask`` for a token tree (``forward(parents=...)``): token i sees the cache and the
+        tree's tokens on its own root path; a sliding window counts positions (depths), not slots."""
+        width = len(parents)
+        end_position = start + max(depths)
+        first = 0 if window is None else max(0, start - window + 1)
+        allowed = torch.zeros(width, start + width - first, dtype=torch.bool)
+        allowed[:, :start - first] = True
+        for i, parent in enumerate(parents):
+            row = allowed[i, start - first:]
+            if parent >= 0:
+                row.copy_(allowed[parent, start - first:])
+            row[i] = True
+        if window is not None and end_position - window + 1 > first:
+            key = torch.cat([torch.arange(first, start), torch.tensor(depths) + start]).unsqueeze(0)
+            query = (torch.tensor(depths) + start).unsqueeze(1)
+            allowed &= key > query - window
+        bias = torch.zeros(allowed.shape, dtype=self.embed.weight.dtype)
+        bias.masked_fill_(~allowed, float("-inf"))
+        bias = bias.to(device)
+        return first, bias if width >= WIDE else bias.repeat(self.heads // self.kv_heads, 1)
+
+    def _rope(self, start: int, end: int, device: torch.device,
+              positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin [T, 1, D] for positions start .. end - 1 (or ``positions``,
+        a token tree's, none past end - 1), from tables computed as HF's rotary embedding
+        computes them (float32, then the model's dtype); the tables grow by doubling."""
         dtype = self.embed.weight.dtype  # the model's, also after a .to() since the tables were built
         if self._cos.shape[0] < end or self._cos.device != device or self._cos.dtype != dtype:
             size = max(end, min(2 * self._cos.shape[0], self.max_positions), INITIAL_CAPACITY)
             self._cos, self._sin = self._rope_tables(size, device)
+        if positions is not None:
+            return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
         return self._cos[start:end].unsqueeze(1), self._sin[start:end].unsqueeze(1)
 
     def _rope_tables(self, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -590,6 +646,20 @@ class LeanForward:
             sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
             dtype = self.embed.weight.dtype
             return cos.to(dtype), sin.to(dtype)
+
+
+def _tree_depths(parents: Sequence[int], width: int) -> list[int]:
+    """Depth of each token of a tree given as parent indexes (-1: the root, depth 0); every
+    parent comes before its children, and only the first token is a root."""
+    if len(parents) != width:
+        raise ValueError(f"{len(parents)} parents for {width} tokens")
+    depths: list[int] = []
+    for i, parent in enumerate(parents):
+        if (parent < 0) != (i == 0) or parent >= i:
+            raise ValueError(f"not a token tree: token {i} has parent {parent} (the first token is "
+                             "the only root, and parents come before their children)")
+        depths.append(0 if parent < 0 else depths[parent] + 1)
+    return depths
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -144,6 +144,34 @@ class KVState:
             return DenseRows(self.extend(new_ids))
         return LazyRows(self._forward(new_ids, head=False), self.path.head)
 
+    @property
+    def trees(self) -> bool:
+        """Whether this state's forward path runs token trees (``extend_tree``)."""
+        return getattr(self.path, "trees", False)
+
+    def extend_tree(self, new_ids: Sequence[int], parents: Sequence[int]) -> Rows:
+        """``extend_rows`` for a token tree (``parents[i]``: index of token i's parent among
+        ``new_ids``, -1 for the first): row i is the next-token distribution after the cache and
+        token i's root path. The cache then holds the whole tree in slot order; ``keep`` keeps one
+        path of it. Only where ``trees``."""
+        if not self.trees:
+            raise ValueError(f"the {self.path.name} forward runs no token trees")
+        if not getattr(self.path, "lazy_head", False):
+            return DenseRows(self._forward(new_ids, parents=parents))
+        return LazyRows(self._forward(new_ids, head=False, parents=parents), self.path.head)
+
+    def keep(self, start: int, nodes: Sequence[int]) -> None:
+        """After ``extend_tree`` from ``start`` held tokens: keep those and the tree's ``nodes``
+        (indexes of a root-to-leaf path, in order), which move into place after them. Should the
+        move fail, the state starts empty and the error is raised."""
+        slots = [start + node for node in nodes]
+        try:
+            self.path.keep(self.cache, start, slots)
+        except BaseException:
+            self.reset()
+            raise
+        self.ids[start:] = [self.ids[slot] for slot in slots]
+
     def _forward(self, new_ids: Sequence[int], **kwargs: Any) -> torch.Tensor:
         input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
         try:

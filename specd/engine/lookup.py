@@ -117,6 +117,20 @@ class NgramIndex:
         return proposal
 
 
+def candidates(tail: Sequence[int], k: int, indexes: Sequence[tuple[str, NgramIndex]],
+               holding_tail: NgramIndex | None = None) -> list[Match]:
+    """Every index's match, best first as ``lookup`` ranks them (longer n-gram, then the earlier
+    index): the candidates a token tree verifies side by side."""
+    found = []
+    for order, (source, index) in enumerate(indexes):
+        end, n = index.locate(tail)
+        if n:
+            periodic = index is holding_tail
+            tokens = index.continuation(end, k, periodic)
+            found.append((-n, order, Match(tokens, n, source, repeat=periodic and len(index) - end < len(tokens))))
+    return [match for _, _, match in sorted(found, key=lambda item: item[:2])]
+
+
 def lookup(tail: Sequence[int], k: int, indexes: Sequence[tuple[str, NgramIndex]],
            holding_tail: NgramIndex | None = None) -> Match | None:
     """Search the indexes in priority order; the longest n-gram wins, ties go to the earlier index.
