@@ -2,7 +2,9 @@
 
 Invariant between steps: the target's KV cache holds ``seq[:-1]``; ``seq[-1]`` is pending, so
 each step runs ``[seq[-1], d_1 .. d_k]`` through the target and gets k + 1 next-token
-distributions at once (the last prompt token rides along with the first step).
+distributions at once (the last prompt token rides along with the first step). Where the
+planner builds a token tree (greedy, a forward path that runs trees), the step runs
+``[seq[-1], tree nodes]`` instead and keeps the path that stood (``KVState.keep``).
 """
 
 from __future__ import annotations
