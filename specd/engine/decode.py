@@ -29,6 +29,7 @@ PROBE_LENGTH = 4  # tokens of a lookup match tried after PROBE_EVERY steps of pa
 TRUSTED_NGRAM = 3  # lookup matches this long are their own kind of draft (they stand far more often)
 TREE_BRANCHES = 3  # most drafts a token tree verifies side by side
 TREE = "tree"  # SourceStats of token trees: steps, branches beyond the first (proposed), and won (accepted)
+CONTESTED = "/contested"  # a kind's acceptance where another source's draft starts with another token
 
 PRIORS = {  # (first, then): acceptance of a draft's first token, and of each later one, before anything is measured
     ContinuationDrafter.source: (0.9, 0.9),
@@ -69,7 +70,7 @@ class PlannerMemory:
 
     def of(self, kind: str) -> Acceptance:
         if kind not in self.acceptance:
-            self.acceptance[kind] = Acceptance.prior(*PRIORS.get(kind, (0.3, 0.5)))
+            self.acceptance[kind] = Acceptance.prior(*PRIORS.get(kind.removesuffix(CONTESTED), (0.3, 0.5)))
         return self.acceptance[kind]
 
 
@@ -93,6 +94,7 @@ class DraftPlanner:
     draft_max: int = 8
     trees: bool = False  # may verify several drafts as a token tree (greedy, a forward path that runs trees)
     stats: dict[str, SourceStats] = field(default_factory=dict)
+    contested: str | None = None  # the chosen draft's kind + CONTESTED when another source disagreed this step
 
     def _best_length(self, kind: str, available: int, extra_ms: Callable[[int], float]) -> tuple[int, float]:
         acceptance, costs = self.memory.of(kind), self.memory.costs
@@ -168,9 +170,18 @@ class DraftPlanner:
         shared tokens, P(the chosen draft's first m stand) P(the branch's next token stands)
         (1 + its later tokens expected), that next-token probability its kind's (first or then),
         capped by what the branches leaving at the same point leave (only one token stands)."""
+        self.contested = None
         if not (self.trees and chosen.tokens and alternatives):
             return chosen
-        costs, main = self.memory.costs, self.memory.of(draft_kind(chosen))
+        if any(draft.tokens and draft.tokens[0] != chosen.tokens[0] for draft in alternatives):
+            # Where two sources disagree, the chosen one is right less often than it is overall:
+            # its first token is priced (and measured, ``record``) as its own kind's, contested.
+            self.contested = draft_kind(chosen) + CONTESTED
+        costs = self.memory.costs
+        main = self.memory.of(draft_kind(chosen))
+        if self.contested is not None:
+            contested = self.memory.of(self.contested)
+            main = dataclasses.replace(main, first_hits=contested.first_hits, first_misses=contested.first_misses)
         tokens = 1.0 + main.expected(len(chosen))
         width = 1 + len(chosen)
         rate = tokens / costs.step_ms(width, tokens)
@@ -227,6 +238,7 @@ class DraftPlanner:
         each (0: the rows came with the forward)."""
         if ms is not None:
             self.memory.costs.record_target(len(draft) + 1, ms)
+            self._record_contested(accepted > 0)
         if head_row_ms > 0:
             self.memory.costs.record_head_row(head_row_ms)
         if not draft.tokens:
@@ -237,6 +249,11 @@ class DraftPlanner:
         stats.steps += 1
         self.memory.of(draft_kind(draft)).record(len(draft), accepted)
 
+    def _record_contested(self, first_stood: bool) -> None:
+        if self.contested is not None:
+            self.memory.of(self.contested).record(1, 1 if first_stood else 0)
+            self.contested = None
+
     def record_tree(self, tree: DraftTree, accepted: Sequence[int], ms: float | None = None,
                     head_row_ms: float = 0.0) -> None:
         """``record`` for a token tree whose path ``accepted`` (tokens) stood: each branch is
@@ -245,6 +262,7 @@ class DraftPlanner:
         off the first branch stood in."""
         if ms is not None:
             self.memory.costs.record_target(len(tree) + 1, ms)
+            self._record_contested(common_prefix(tree.branches[0].tokens, accepted) > 0)
         if head_row_ms > 0:
             self.memory.costs.record_head_row(head_row_ms)
         for draft in tree.branches:
