@@ -205,3 +205,77 @@ def test_lookup_drafts_are_priced_by_where_they_come_from():
     planner.lookup.propose = lambda seq, k: Draft(list(range(k)), "lookup:current", None, 2, repeat=True)
     draft = planner.propose([1, 2, 3], 40)
     assert len(draft) == 8 and draft.repeat
+
+
+class ManyLookups:
+    """Stands in for LookupDrafter with several sources' matches, best first."""
+
+    def __init__(self, *drafts):
+        self.drafts = list(drafts)
+
+    def propose(self, seq, k):
+        return self.drafts[0]
+
+    def propose_all(self, seq, k):
+        return [Draft(d.tokens[:k], d.source, None, d.ngram) for d in self.drafts]
+
+
+CURRENT = Draft([1, 2, 3, 4], "lookup:current", None, 4)
+SUGGESTED = Draft([9, 8, 7, 6], "lookup:suggested", None, 4)
+
+
+def tree_planner(target_ms, contested_first, trees=True, **alphas):
+    mem = memory(target_ms)
+    mem.acceptance["lookup/trusted"] = Acceptance.prior(0.9, 0.9, weight=1000)
+    mem.acceptance["lookup/suggested"] = Acceptance.prior(0.9, 0.9, weight=1000)
+    mem.acceptance["lookup/trusted/contested"] = Acceptance.prior(contested_first, 0.9, weight=1000)
+    return DraftPlanner(mem, lookup=ManyLookups(CURRENT, SUGGESTED), trees=trees)
+
+
+FLAT = {1: 10.0, 2: 10.2, 4: 10.4, 8: 10.8, 16: 11.6, 32: 13.0}  # a GPU-like table: width is nearly free
+
+
+def test_two_sources_that_disagree_are_verified_as_a_tree_where_width_is_cheap():
+    from specd.engine.drafters import DraftTree
+    planner = tree_planner(FLAT, contested_first=0.5)
+    tree = planner.propose([0], 16)
+    assert isinstance(tree, DraftTree)
+    assert [b.source for b in tree.branches] == ["lookup:current", "lookup:suggested"]
+    assert tree.tokens == [1, 2, 3, 4, 9, 8, 7, 6] and tree.parents == [-1, 0, 1, 2, -1, 4, 5, 6]
+
+
+def test_no_tree_where_the_chosen_draft_wins_its_contests_or_width_is_dear():
+    assert planner_draft(tree_planner(FLAT, contested_first=0.999)).source == "lookup:current"
+    assert planner_draft(tree_planner(CPU, contested_first=0.9)).source == "lookup:current"
+    assert planner_draft(tree_planner(FLAT, contested_first=0.5, trees=False)).source == "lookup:current"
+
+
+def planner_draft(planner):
+    draft = planner.propose([0], 16)
+    assert isinstance(draft, Draft), draft
+    return draft
+
+
+def test_contests_are_measured_and_a_tree_is_recorded_per_branch():
+    from specd.engine.decode import TREE
+    planner = tree_planner(FLAT, contested_first=0.5)
+    tree = planner.propose([0], 16)
+    assert planner.contested == "lookup/trusted/contested"
+    before = planner.memory.of("lookup/trusted/contested").first
+    planner.record_tree(tree, [9, 8], ms=10.5)  # the second branch stood for two tokens
+    assert planner.memory.of("lookup/trusted/contested").first < before
+    assert planner.stats[TREE].steps == 1 and planner.stats[TREE].accepted == 1
+    assert planner.stats["lookup:suggested"].accepted == 2 and planner.stats["lookup:current"].accepted == 0
+    assert planner.contested is None  # measured once
+
+
+def test_a_branch_that_leaves_the_chosen_draft_later_shares_its_start():
+    from specd.engine.drafters import DraftTree
+    mem = memory(FLAT)
+    mem.acceptance["lookup/trusted"] = Acceptance.prior(0.9, 0.5, weight=1000)
+    mem.acceptance["lookup/suggested"] = Acceptance.prior(0.9, 0.9, weight=1000)
+    planner = DraftPlanner(mem, lookup=ManyLookups(CURRENT, Draft([1, 2, 5, 5], "lookup:suggested", None, 4)),
+                           trees=True)
+    tree = planner.propose([0], 16)
+    assert isinstance(tree, DraftTree)
+    assert tree.tokens == [1, 2, 3, 4, 5, 5] and tree.parents == [-1, 0, 1, 2, 1, 4]
