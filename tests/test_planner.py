@@ -229,6 +229,7 @@ def tree_planner(target_ms, contested_first, trees=True, **alphas):
     mem.acceptance["lookup/trusted"] = Acceptance.prior(0.9, 0.9, weight=1000)
     mem.acceptance["lookup/suggested"] = Acceptance.prior(0.9, 0.9, weight=1000)
     mem.acceptance["lookup/trusted/contested"] = Acceptance.prior(contested_first, 0.9, weight=1000)
+    mem.acceptance["lookup/suggested/rival"] = Acceptance.prior(0.9, weight=4)
     return DraftPlanner(mem, lookup=ManyLookups(CURRENT, SUGGESTED), trees=trees)
 
 
@@ -260,13 +261,23 @@ def test_contests_are_measured_and_a_tree_is_recorded_per_branch():
     from specd.engine.decode import TREE
     planner = tree_planner(FLAT, contested_first=0.5)
     tree = planner.propose([0], 16)
-    assert planner.contested == "lookup/trusted/contested"
-    before = planner.memory.of("lookup/trusted/contested").first
+    assert planner.contest == [("lookup/trusted/contested", 1), ("lookup/suggested/rival", 9)]
+    chosen, rival = (planner.memory.of(kind).first for kind, _ in planner.contest)
     planner.record_tree(tree, [9, 8], ms=10.5)  # the second branch stood for two tokens
-    assert planner.memory.of("lookup/trusted/contested").first < before
+    planner.settle(9)
+    assert planner.memory.of("lookup/trusted/contested").first < chosen
+    assert planner.memory.of("lookup/suggested/rival").first > rival
     assert planner.stats[TREE].steps == 1 and planner.stats[TREE].accepted == 1
     assert planner.stats["lookup:suggested"].accepted == 2 and planner.stats["lookup:current"].accepted == 0
-    assert planner.contested is None  # measured once
+    assert planner.contest == []  # measured once
+
+
+def test_a_contest_is_measured_where_no_tree_was_built():
+    planner = tree_planner(CPU, contested_first=0.9)
+    assert planner_draft(planner).source == "lookup:current"
+    rival = planner.memory.of("lookup/suggested/rival").first
+    planner.settle(9)  # the target wrote what the rival left out proposed
+    assert planner.memory.of("lookup/suggested/rival").first > rival
 
 
 def test_a_branch_that_leaves_the_chosen_draft_later_shares_its_start():

@@ -29,7 +29,8 @@ PROBE_LENGTH = 4  # tokens of a lookup match tried after PROBE_EVERY steps of pa
 TRUSTED_NGRAM = 3  # lookup matches this long are their own kind of draft (they stand far more often)
 TREE_BRANCHES = 3  # most drafts a token tree verifies side by side
 TREE = "tree"  # SourceStats of token trees: steps, branches beyond the first (proposed), and won (accepted)
-CONTESTED = "/contested"  # a kind's acceptance where another source's draft starts with another token
+CONTESTED = "/contested"  # a kind's acceptance where another source's draft starts with another token ...
+RIVAL = "/rival"  # ... and that of the other source's draft there (measured on every such step, tree or not)
 
 PRIORS = {  # (first, then): acceptance of a draft's first token, and of each later one, before anything is measured
     ContinuationDrafter.source: (0.9, 0.9),
@@ -70,7 +71,8 @@ class PlannerMemory:
 
     def of(self, kind: str) -> Acceptance:
         if kind not in self.acceptance:
-            self.acceptance[kind] = Acceptance.prior(*PRIORS.get(kind.removesuffix(CONTESTED), (0.3, 0.5)))
+            base = kind.removesuffix(CONTESTED).removesuffix(RIVAL)
+            self.acceptance[kind] = Acceptance.prior(*PRIORS.get(base, (0.3, 0.5)))
         return self.acceptance[kind]
 
 
@@ -94,7 +96,9 @@ class DraftPlanner:
     draft_max: int = 8
     trees: bool = False  # may verify several drafts as a token tree (greedy, a forward path that runs trees)
     stats: dict[str, SourceStats] = field(default_factory=dict)
-    contested: str | None = None  # the chosen draft's kind + CONTESTED when another source disagreed this step
+    # This step's contest, when another source's draft started with another token than the
+    # chosen one: (kind + CONTESTED, its first token), and each rival's (kind + RIVAL, first token)
+    contest: list[tuple[str, int]] = field(default_factory=list)
 
     def _best_length(self, kind: str, available: int, extra_ms: Callable[[int], float]) -> tuple[int, float]:
         acceptance, costs = self.memory.of(kind), self.memory.costs
@@ -170,17 +174,21 @@ class DraftPlanner:
         shared tokens, P(the chosen draft's first m stand) P(the branch's next token stands)
         (1 + its later tokens expected), that next-token probability its kind's (first or then),
         capped by what the branches leaving at the same point leave (only one token stands)."""
-        self.contested = None
+        self.contest = []
         if not (self.trees and chosen.tokens and alternatives):
             return chosen
-        if any(draft.tokens and draft.tokens[0] != chosen.tokens[0] for draft in alternatives):
-            # Where two sources disagree, the chosen one is right less often than it is overall:
-            # its first token is priced (and measured, ``record``) as its own kind's, contested.
-            self.contested = draft_kind(chosen) + CONTESTED
+        rivals = {}
+        for draft in alternatives:
+            if draft.tokens and draft.tokens[0] != chosen.tokens[0]:
+                rivals.setdefault(draft.tokens[0], draft_kind(draft) + RIVAL)
         costs = self.memory.costs
         main = self.memory.of(draft_kind(chosen))
-        if self.contested is not None:
-            contested = self.memory.of(self.contested)
+        if rivals:
+            # Where sources disagree, each is right less often than it is overall (often neither
+            # is): the first tokens are priced as measured in such contests (``settle``).
+            self.contest = [(draft_kind(chosen) + CONTESTED, chosen.tokens[0]),
+                            *((kind, token) for token, kind in rivals.items())]
+            contested = self.memory.of(self.contest[0][0])
             main = dataclasses.replace(main, first_hits=contested.first_hits, first_misses=contested.first_misses)
         tokens = 1.0 + main.expected(len(chosen))
         width = 1 + len(chosen)
@@ -195,7 +203,8 @@ class DraftPlanner:
                 continue
             acceptance = self.memory.of(draft_kind(draft))
             reach = 1.0 if shared == 0 else main.first * main.then ** (shared - 1)
-            odds = min(acceptance.first if shared == 0 else acceptance.then, left[shared])
+            next_stands = self.memory.of(rivals[draft.tokens[0]]).first if shared == 0 else acceptance.then
+            odds = min(next_stands, left[shared])
             best_k, best_rate = 0, rate
             for k in range(1, len(draft) - shared + 1):
                 more = tokens + reach * odds * (1.0 + acceptance.expected_after_first(k))
@@ -238,7 +247,6 @@ class DraftPlanner:
         each (0: the rows came with the forward)."""
         if ms is not None:
             self.memory.costs.record_target(len(draft) + 1, ms)
-            self._record_contested(accepted > 0)
         if head_row_ms > 0:
             self.memory.costs.record_head_row(head_row_ms)
         if not draft.tokens:
@@ -249,10 +257,13 @@ class DraftPlanner:
         stats.steps += 1
         self.memory.of(draft_kind(draft)).record(len(draft), accepted)
 
-    def _record_contested(self, first_stood: bool) -> None:
-        if self.contested is not None:
-            self.memory.of(self.contested).record(1, 1 if first_stood else 0)
-            self.contested = None
+    def settle(self, first: int) -> None:
+        """After a step whose first new token was ``first`` (the target's): which side of this
+        step's contest, if any, was right, whether it was verified as a tree or not (a rival
+        left out would have stood iff its first token is the target's)."""
+        for kind, token in self.contest:
+            self.memory.of(kind).record(1, 1 if token == first else 0)
+        self.contest = []
 
     def record_tree(self, tree: DraftTree, accepted: Sequence[int], ms: float | None = None,
                     head_row_ms: float = 0.0) -> None:
@@ -262,7 +273,6 @@ class DraftPlanner:
         off the first branch stood in."""
         if ms is not None:
             self.memory.costs.record_target(len(tree) + 1, ms)
-            self._record_contested(common_prefix(tree.branches[0].tokens, accepted) > 0)
         if head_row_ms > 0:
             self.memory.costs.record_head_row(head_row_ms)
         for draft in tree.branches:
@@ -414,6 +424,7 @@ def speculative_decode(
             planner.record(draft, accepted, step_ms - rows.head_ms, rows.head_ms / max(rows.computed, 1))
             target.rollback(len(seq) + accepted)  # keep seq[-1] and the accepted drafts
             new = [*draft.tokens[:accepted], own]
+        planner.settle(new[0])
         if not out:
             first_token_s = time.monotonic() - start
         seq.extend(new)
