@@ -215,6 +215,7 @@ def test_bench_kv_reuse_shows_in_edit_replay(bench_run):
     # ones the engine's planner chooses on a random tiny pair is the engine's business).
     assert any(methods[m]["acceptance"] for m in ("specd", "specd_no_draft", "specd_no_lookup"))
     assert methods["specd_no_draft"]["acceptance"].get("draft") is None
+    assert methods["specd_no_tree"]["acceptance"].get("tree") is None  # chains only
     assert not any(source.startswith("lookup") for source in methods["specd_no_lookup"]["acceptance"])
 
 

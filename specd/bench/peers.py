@@ -28,7 +28,9 @@ building the prompt.
 - ``specd_llamacpp``: specd with ``engine.forward_backend = llamacpp`` (its decoding on llama.cpp's
   forward, same weights), a second engine on the same loaded pair; ``specd`` runs as configured.
 - ``specd`` and its ablations (``specd_no_draft``, ``specd_no_lookup``, ``specd_no_reuse``,
-  ``specd_no_workspace``): the engine with parts switched off.
+  ``specd_no_workspace``, ``specd_no_tree``): the engine with parts switched off
+  (``specd_no_tree``: a second engine on the same loaded pair with ``engine.token_tree`` off,
+  its own calibration and planner memory).
 
 All methods generate greedily with the same token limit and the same stop set (end-of-text and
 FIM tokens); the indentation block-end rule is off, since HF peers cannot apply it, so the
@@ -59,7 +61,7 @@ HF_PEERS = ("hf_greedy", "hf_prefix_cache", "hf_assisted", "hf_lookup")
 LLAMACPP_PEERS = ("llamacpp", "llamacpp_lookup")
 PEERS = HF_PEERS + LLAMACPP_PEERS  # what every method's speed is stated against
 SPECD_METHODS = ("specd", "specd_llamacpp", "specd_no_draft", "specd_no_lookup", "specd_no_reuse",
-                 "specd_no_workspace")
+                 "specd_no_workspace", "specd_no_tree")
 NEEDS_LLAMACPP = frozenset({*LLAMACPP_PEERS, "specd_llamacpp"})
 ALL_METHODS = PEERS + SPECD_METHODS
 NEEDS_DRAFT = frozenset({"hf_assisted", "specd_no_lookup"})
@@ -321,19 +323,24 @@ def sync_workspace(engine: Engine, files: dict[str, str]) -> None:
         pass
 
 
+def sibling(engine: Engine, **options) -> Engine:
+    """``engine`` itself where its options already say so, else a second engine on the same
+    loaded pair with those options changed (its own forward paths, calibration and planner)."""
+    from dataclasses import replace
+
+    if all(getattr(engine.options, name) == value for name, value in options.items()):
+        return engine
+    return Engine(replace(engine.options, **options), pair=engine.pair)
+
+
 def llamacpp_sibling(engine: Engine) -> Engine:
     """An engine on the same loaded pair whose forwards run on llama.cpp (ValueError with the
     reason when they cannot)."""
-    from dataclasses import replace
-
-    if engine.options.forward_backend == "llamacpp":
-        sibling = engine
-    else:
-        sibling = Engine(replace(engine.options, forward_backend="llamacpp"), pair=engine.pair)
-    path, why = sibling.paths["target"]
+    sibling_engine = sibling(engine, forward_backend="llamacpp")
+    path, why = sibling_engine.paths["target"]
     if path.name != "llamacpp":
         raise ValueError(why or f"the target runs on the {path.name} path")
-    return sibling
+    return sibling_engine
 
 
 def make_method(name: str, engine: Engine, max_tokens: int, gguf: str | None = None, threads: int = 1,
@@ -373,4 +380,6 @@ def _make_method(name: str, engine: Engine, max_tokens: int, gguf: str | None, t
         return SpecdMethod(name, engine, max_tokens, has_draft, True, False)
     if name == "specd_no_workspace":
         return SpecdMethod(name, engine, max_tokens, has_draft, True, True, use_workspace=False)
+    if name == "specd_no_tree":
+        return SpecdMethod(name, sibling(engine, token_tree=False), max_tokens, has_draft, True, True)
     raise ValueError(f"unknown method {name!r} (known: {', '.join(ALL_METHODS)})")
