@@ -124,9 +124,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                choices=("torch", "llamacpp")),
         "draft_max": Key(int, 8, "most tokens the draft model proposes per step", _at_most(256)),
         "lookup_max": Key(int, 16, "most tokens prompt lookup proposes per step", _at_most(256)),
-        "token_tree": Key(bool, True, "greedy decoding on the lean forward: verify other sources' drafts beside the "
-                                      "chosen one in the same target forward (a token tree), where the planner "
-                                      "expects that to pay for the wider forward"),
+        "token_tree": Key(bool, True, "on the lean forward: verify other sources' drafts beside the chosen one "
+                                      "in the same target forward (a token tree), where the planner expects that "
+                                      "to pay for the wider forward"),
         "draft_confidence": Key(float, 0.3, "draft model stops a chain below this probability", _probability),
         "cache_budget_mb": Key(int, 2048, "memory for per-document KV caches, MiB", _at_most(1 << 24, " MiB")),
         "time_budget_ms": Key(int, 5000, "wall-clock limit per completion, ms", _at_most(DAY_MS, " ms")),

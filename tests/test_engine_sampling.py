@@ -97,6 +97,9 @@ class FixedPlanner:
         self.cut += len(draft) < asked
         return draft
 
+    def settle(self, first: int) -> None:
+        pass  # no contests to measure: one source
+
     def record(self, draft: Draft, accepted: int, ms: float | None = None, head_row_ms: float = 0.0) -> None:
         if draft.tokens:
             stats = self.stats.setdefault(draft.source, SourceStats())
@@ -355,3 +358,115 @@ def test_chi_square_detects_a_biased_sampler(engine, sample_source):
     draws = torch.multinomial(p1, DRAWS, replacement=True, generator=generator).tolist()
     biased = Counter(draws[: DRAWS // 2] + [int(p1.argmax())] * (DRAWS - DRAWS // 2))
     assert chi_square_pvalue(biased, p1, DRAWS) < ALPHA
+
+
+# -- token trees ------------------------------------------------------------------------------
+
+class BigramTreePath:
+    """A forward path over a bigram table that runs token trees (``KVState.extend_tree``): a
+    bigram's row depends on a node's own token only, so what a tree test checks is that each
+    node's row is read where it belongs and the kept path is the one that stood."""
+
+    name = "bigram"
+    trees = True
+
+    def __init__(self, table: torch.Tensor):
+        self.table = table
+
+    def new_cache(self) -> list:
+        return []
+
+    def forward(self, input_ids, cache, last_only=False, parents=None):
+        cache.extend(input_ids[0].tolist())
+        logits = self.table[input_ids[0]].log()
+        return logits[-1:] if last_only else logits
+
+    def crop(self, cache, length):
+        del cache[length:]
+
+    def keep(self, cache, start, slots):
+        cache[start:] = [cache[slot] for slot in slots]
+
+    def consistent(self, cache, length):
+        return len(cache) == length
+
+    def nbytes(self, cache):
+        return 0
+
+
+class TreePlanner(FixedPlanner):
+    """A draft-model chain and two fixed lookup drafts, one starting as the chain may, one not,
+    verified as one tree every step."""
+
+    def __init__(self, drafter, length: int, lookups: list[list[int]]):
+        super().__init__(drafter, length)
+        self.lookups = lookups
+        self.trees = 0
+
+    def propose(self, seq, room):
+        asked = min(room, self.length)
+        if asked <= 0:
+            return Draft([], "none")
+        branches = [self.drafter.propose(seq, asked)]
+        branches += [Draft(tokens[:asked], "lookup:open") for tokens in self.lookups]
+        self.trees += 1
+        return drafters.DraftTree.of(branches)
+
+    def record_tree(self, tree, accepted, ms=None, head_row_ms=0.0):
+        for draft in tree.branches:
+            self.record(draft, sum(1 for a, b in zip(draft.tokens, accepted) if a == b))
+
+
+def test_token_trees_keep_the_target_distribution():
+    """Sampled decoding where every step verifies a tree of a draft-model chain and two lookup
+    drafts (one shares the target's likeliest start, one not): the joint law of the first three
+    tokens matches the target's exactly."""
+    sampling = SamplingParams(temperature=1.0)
+    target = KVState(Bigram(BIGRAM_P), BigramTreePath(BIGRAM_P))
+    draft_state = KVState(Bigram(BIGRAM_Q))
+    prompt = [3, 0]
+    target.extend(prompt[:-1])
+    generator = torch.Generator().manual_seed(7)
+    drafter = ModelDrafter(draft_state, BIGRAM_P.shape[1], sampling, 0.0, generator)
+    planner = TreePlanner(drafter, 3, lookups=[[0, 2, 3], [4, 4]])
+    joint = Counter()
+    for _ in range(CHAIN_DRAWS):
+        target.rollback(len(prompt) - 1)
+        out = speculative_decode(target, list(prompt), planner, sampling, max_tokens=CHAIN_TOKENS,
+                                 stop=lambda t: None, deadline=math.inf, generator=generator)
+        joint[tuple(out.tokens[:CHAIN_TOKENS])] += 1
+        assert target.ids == prompt + out.tokens[:-1]  # the cache kept the path that stood
+    assert chi_square_pvalue(joint, bigram_law(prompt[-1], CHAIN_TOKENS), CHAIN_DRAWS) > ALPHA
+    assert planner.stats["lookup:open"].accepted > 0 and planner.stats["draft"].accepted > 0
+
+
+def test_a_biased_tree_rule_is_caught(monkeypatch):
+    """The same check fails when the rule is wrong: here, when no draft stands, the lookup
+    draft that was just rejected comes out as the target's own token a third of the time (as if
+    a rejected point mass were left in p)."""
+    from specd.engine import decode
+
+    original = decode.verify_tree
+
+    def biased(rows, tree, sampling, generator, out, constraint=None):
+        path, own = original(rows, tree, sampling, generator, out, constraint)
+        if not path and torch.rand((), generator=generator).item() < 1 / 3:
+            return [], tree.branches[-1].tokens[0]  # the lookup draft, rejected, drawn anyway
+        return path, own
+
+    monkeypatch.setattr(decode, "verify_tree", biased)
+    sampling = SamplingParams(temperature=1.0)
+    target = KVState(Bigram(BIGRAM_P), BigramTreePath(BIGRAM_P))
+    prompt = [3, 0]
+    target.extend(prompt[:-1])
+    generator = torch.Generator().manual_seed(7)
+    drafter = ModelDrafter(KVState(Bigram(BIGRAM_Q)), BIGRAM_P.shape[1], sampling, 0.0, generator)
+    planner = TreePlanner(drafter, 1, lookups=[[4]])
+    first = Counter()
+    for _ in range(CHAIN_DRAWS):
+        target.rollback(len(prompt) - 1)
+        out = speculative_decode(target, list(prompt), planner, sampling, max_tokens=2,
+                                 stop=lambda t: None, deadline=math.inf, generator=generator)
+        first[out.tokens[0]] += 1
+    assert planner.trees >= CHAIN_DRAWS
+    assert chi_square_pvalue(first, BIGRAM_P[0], CHAIN_DRAWS) < ALPHA

@@ -3,7 +3,7 @@
 Invariant between steps: the target's KV cache holds ``seq[:-1]``; ``seq[-1]`` is pending, so
 each step runs ``[seq[-1], d_1 .. d_k]`` through the target and gets k + 1 next-token
 distributions at once (the last prompt token rides along with the first step). Where the
-planner builds a token tree (greedy, a forward path that runs trees), the step runs
+planner builds a token tree (on a forward path that runs trees), the step runs
 ``[seq[-1], tree nodes]`` instead and keeps the path that stood (``KVState.keep``).
 """
 
@@ -94,7 +94,7 @@ class DraftPlanner:
     continuation: ContinuationDrafter | None = None
     lookup_max: int = 16
     draft_max: int = 8
-    trees: bool = False  # may verify several drafts as a token tree (greedy, a forward path that runs trees)
+    trees: bool = False  # may verify several drafts as a token tree (a forward path that runs trees)
     stats: dict[str, SourceStats] = field(default_factory=dict)
     # This step's contest, when another source's draft started with another token than the
     # chosen one: (kind + CONTESTED, its first token), and each rival's (kind + RIVAL, first token)
@@ -329,6 +329,41 @@ def verify_tree_greedy(rows: Rows, tree: DraftTree, out: Sequence[int],
         node = child
 
 
+def verify_tree(rows: Rows, tree: DraftTree, sampling: SamplingParams, generator: torch.Generator | None,
+                out: Sequence[int], constraint: Constraint | None = None) -> tuple[list[int], int]:
+    """Speculative sampling down a token tree: at each node, the drafts offered after it are
+    tested in turn as SpecInfer's multi-draft rule tests them, each as one step of ``verify``:
+    draft d drawn from q stands with probability min(1, p(d) / q(d)) under the current p, and if
+    it does not, p becomes norm(max(0, p - q)) for the next (a point mass: p with d removed).
+    The first that stands moves down to its node; when none does, the target's own token is
+    drawn from what p has become. Each test is an exact rejection step for a draft drawn
+    independently of the others, so the token that comes out follows the target's p, as for a
+    chain. Returns the path of nodes that stood and the target's own token after them."""
+    offers = tree.offers()
+    node, path, stood = -1, [], []
+    while True:
+        logits = rows.row(node + 1)
+        if constraint is not None:
+            logits = constraint.row(logits, [*out, *stood])
+        p = probabilities(logits, sampling)
+        for child, token, q in offers.get(node, []):
+            q_token = q[token].item() if q is not None else 1.0
+            if torch.rand((), generator=generator).item() < min(1.0, p[token].item() / q_token):
+                break
+            if q is not None:
+                residual = (p - q).clamp(min=0.0)
+            else:
+                residual = p.clone()
+                residual[token] = 0.0
+            if residual.sum() > 0:  # else p == q up to rounding: any draw from p is right
+                p = residual / residual.sum()
+        else:
+            return path, int(torch.multinomial(p, 1, generator=generator))
+        path.append(child)
+        stood.append(token)
+        node = child
+
+
 def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
            generator: torch.Generator | None) -> tuple[int, int]:
     """Accepted draft count n and the target's own next token after them.
@@ -403,9 +438,12 @@ def speculative_decode(
         draft = planner.propose(seq, room)
         step_started = time.perf_counter()
         forwards += 1
-        if isinstance(draft, DraftTree):  # the planner builds trees only for greedy decoding
+        if isinstance(draft, DraftTree):
             rows = target.extend_tree([seq[-1], *draft.tokens], [-1, *(parent + 1 for parent in draft.parents)])
-            path, own = verify_tree_greedy(rows, draft, out, constraint)
+            if sampling.greedy:
+                path, own = verify_tree_greedy(rows, draft, out, constraint)
+            else:
+                path, own = verify_tree(rows, draft, sampling, generator, out, constraint)
             step_ms = (time.perf_counter() - step_started) * 1000
             stood = [draft.tokens[node] for node in path]
             planner.record_tree(draft, stood, step_ms - rows.head_ms, rows.head_ms / max(rows.computed, 1))

@@ -68,6 +68,25 @@ class DraftTree:
         for node, (token, parent) in enumerate(zip(self.tokens, self.parents)):
             out.setdefault(parent, {})[token] = node
         return out
+
+    def offers(self) -> dict[int, list[tuple[int, int, torch.Tensor | None]]]:
+        """node -> the drafts offered after it, in branch order, as (child node, token, q):
+        q is the drafting distribution the token was drawn from (a draft-model branch), or None
+        for a point mass (lookup; offered once per node and token, a second would never stand)."""
+        children = self.children()
+        out: dict[int, list[tuple[int, int, torch.Tensor | None]]] = {}
+        seen: set[tuple[int, int]] = set()
+        for draft in self.branches:
+            node = -1
+            for depth, token in enumerate(draft.tokens):
+                child = children[node][token]
+                if draft.probs is not None:
+                    out.setdefault(node, []).append((child, token, draft.probs[depth]))
+                elif (node, token) not in seen:
+                    seen.add((node, token))
+                    out.setdefault(node, []).append((child, token, None))
+                node = child
+        return out
 SUGGESTED = "lookup:suggested"  # lookup's source for matches in the document's recent completions
 
 

@@ -382,7 +382,7 @@ class Engine:
                                  settings.generator)
         return DraftPlanner(self.planning, lookup=lookup, model=model, continuation=continuation,
                             lookup_max=self.options.lookup_max, draft_max=self.options.draft_max,
-                            trees=self.options.token_tree and settings.sampling.greedy and state.target.trees)
+                            trees=self.options.token_tree and state.target.trees)
 
     def _complete(self, req: CompletionRequest, text: str, offset: int,
                   cancel: threading.Event | None) -> CompletionResult:
