@@ -234,3 +234,42 @@ def test_fault_in_the_draft_models_extend(engine, sample_source):
         engine.complete(request(uri, sample_source, cursor))
     assert fault.calls == 3
     assert_recovered(engine, uri, sample_source, cursor)
+
+
+def test_fault_in_a_token_tree_forward(engine, sample_source, monkeypatch):
+    """A tree verify that fails mid-layer (the lean path; transformers' runs no trees, so its
+    decode never gets there) leaves the document's cache as it was before the step. The rival
+    drafts: the text holds its last lines twice (the earlier copy followed by a decoy), and
+    another buffer holds them followed by what the target writes (as in test_engine_lossless)."""
+    uri = "file:///fault-tree.py"
+    text = sample_source[:2700] + sample_source[2900:3000] + "\n@@~~ decoy ~~@@\n" + sample_source[2700:3000]
+    plain = dict(uri=uri, text=text, offset=len(text), max_tokens=MAX_TOKENS, stop_at_block_end=False,
+                 use_draft_model=False)
+    reference = engine.complete(CompletionRequest(**plain | {"use_lookup": False}))  # caches the document's state
+    engine.open_document("file:///holds-the-answer.py", sample_source[2800:3000] + reference.text)
+    trees = []
+    original = KVState.extend_tree
+
+    def failing(state, new_ids, parents):
+        trees.append(len(new_ids))
+        with Fault(state.model, nth=1):
+            return original(state, new_ids, parents)
+
+    monkeypatch.setattr(KVState, "extend_tree", failing)
+    try:
+        if engine.paths["target"][0].name == "hf":
+            result = engine.complete(CompletionRequest(**plain))
+            assert not trees and "tree" not in result.sources and result.token_ids == reference.token_ids
+            return
+        with pytest.raises(RuntimeError, match="injected"):
+            engine.complete(CompletionRequest(**plain))
+        assert trees, "a tree was verified"
+        monkeypatch.setattr(KVState, "extend_tree", original)
+        state = engine.caches.get(uri)
+        assert_consistent(state.target)
+        again = engine.complete(CompletionRequest(**plain))
+        assert again.token_ids == reference.token_ids
+        assert_lossless(engine, again, MAX_TOKENS)
+        assert_consistent(state.target)
+    finally:
+        engine.close_document("file:///holds-the-answer.py")
