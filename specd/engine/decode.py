@@ -172,8 +172,10 @@ class DraftPlanner:
 
         Expected tokens: the chosen draft's as a chain, plus for each branch leaving it after m
         shared tokens, P(the chosen draft's first m stand) P(the branch's next token stands)
-        (1 + its later tokens expected), that next-token probability its kind's (first or then),
-        capped by what the branches leaving at the same point leave (only one token stands)."""
+        (1 + its later tokens expected): that next-token probability is its kind's rate as a
+        rival in a contest when it leaves at the first token (and the chosen draft's first token is
+        then priced at its kind's contested rate), else its kind's ``then``; capped by what the
+        branches leaving at the same point leave (only one token stands there)."""
         self.contest = []
         if not (self.trees and chosen.tokens and alternatives):
             return chosen
