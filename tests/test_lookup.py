@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specd.engine.lookup import NgramIndex, lookup
+from specd.engine.lookup import NgramIndex, candidates, lookup
 
 TOKENS = st.lists(st.integers(0, 6), max_size=60)
 
@@ -95,3 +95,23 @@ def test_a_periodic_proposal_continues_the_period_of_its_match(tokens, k):
     period = next(d for d in range(1, len(tokens)) if tokens[len(tokens) - d:len(tokens) - d + len(plain)] == plain
                   and tokens[len(tokens) - d - n:len(tokens) - d] == tokens[len(tokens) - n:])
     assert all(written[i] == written[i - period] for i in range(len(tokens), len(written)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), max_size=40), min_size=1, max_size=4),
+       st.lists(st.integers(0, 3), min_size=2, max_size=8))
+def test_candidates_rank_every_sources_match_as_lookup_does(sources, tail):
+    """``candidates`` (the drafts a token tree verifies side by side): one per source that
+    matches, the best first, and that first is what ``lookup`` proposes."""
+    indexes = [(f"s{i}", NgramIndex(tokens)) for i, tokens in enumerate(sources)]
+    found = candidates(tail, 6, indexes)
+    best = lookup(tail, 6, indexes)
+    assert (best is None) == (not found)
+    if best is not None:
+        assert found[0] == best
+    assert len({m.source for m in found}) == len(found)
+    assert [m.ngram for m in found] == sorted((m.ngram for m in found), reverse=True)
+    for match in found:
+        index = dict(indexes)[match.source]
+        end, n = index.locate(tail)
+        assert n == match.ngram and match.tokens == index.continuation(end, 6)
