@@ -293,6 +293,32 @@ class Constraint(Protocol):
     def row(self, logits: torch.Tensor, before: Sequence[int]) -> torch.Tensor: ...
 
 
+def _row(rows: Rows, i: int, constraint: Constraint | None, before: Sequence[int]) -> torch.Tensor:
+    """Row i of the logits, masked by the constraint after ``before`` when there is one."""
+    logits = rows.row(i)
+    return logits if constraint is None else constraint.row(logits, before)
+
+
+def _stands(p: torch.Tensor, token: int, q: torch.Tensor | None, generator: torch.Generator | None) -> bool:
+    """One step of speculative sampling: a draft ``token`` drawn from q (None: a point mass,
+    q(token) = 1) stands with probability min(1, p(token) / q(token))."""
+    q_token = q[token].item() if q is not None else 1.0
+    return torch.rand((), generator=generator).item() < min(1.0, p[token].item() / q_token)
+
+
+def _rejected(p: torch.Tensor, token: int, q: torch.Tensor | None) -> torch.Tensor:
+    """What p becomes once a draft ``token`` drawn from q was rejected: norm(max(0, p - q)); for a
+    point mass, p with the token removed; p itself where that leaves nothing (p == q up to
+    rounding: any draw from p is right)."""
+    if q is not None:
+        residual = (p - q).clamp(min=0.0)
+    else:
+        residual = p.clone()
+        residual[token] = 0.0
+    total = residual.sum()
+    return p if total <= 0 else residual / total
+
+
 def verify_greedy(rows: Rows, draft: Draft, out: Sequence[int],
                   constraint: Constraint | None = None) -> tuple[int, int]:
     """Greedy verification reading rows only as far as the draft stands: a draft token stands
@@ -301,10 +327,7 @@ def verify_greedy(rows: Rows, draft: Draft, out: Sequence[int],
     never computed (``LazyRows``)."""
     n, k = 0, len(draft)
     while True:
-        logits = rows.row(n)
-        if constraint is not None:
-            logits = constraint.row(logits, [*out, *draft.tokens[:n]])
-        choice = int(logits.argmax())
+        choice = int(_row(rows, n, constraint, [*out, *draft.tokens[:n]]).argmax())
         if n == k or choice != draft.tokens[n]:
             return n, choice
         n += 1
@@ -319,10 +342,7 @@ def verify_tree_greedy(rows: Rows, tree: DraftTree, out: Sequence[int],
     children = tree.children()
     node, path, stood = -1, [], []
     while True:
-        logits = rows.row(node + 1)
-        if constraint is not None:
-            logits = constraint.row(logits, [*out, *stood])
-        choice = int(logits.argmax())
+        choice = int(_row(rows, node + 1, constraint, [*out, *stood]).argmax())
         child = children.get(node, {}).get(choice)
         if child is None:
             return path, choice
@@ -344,21 +364,11 @@ def verify_tree(rows: Rows, tree: DraftTree, sampling: SamplingParams, generator
     offers = tree.offers()
     node, path, stood = -1, [], []
     while True:
-        logits = rows.row(node + 1)
-        if constraint is not None:
-            logits = constraint.row(logits, [*out, *stood])
-        p = probabilities(logits, sampling)
+        p = probabilities(_row(rows, node + 1, constraint, [*out, *stood]), sampling)
         for child, token, q in offers.get(node, []):
-            q_token = q[token].item() if q is not None else 1.0
-            if torch.rand((), generator=generator).item() < min(1.0, p[token].item() / q_token):
+            if _stands(p, token, q, generator):
                 break
-            if q is not None:
-                residual = (p - q).clamp(min=0.0)
-            else:
-                residual = p.clone()
-                residual[token] = 0.0
-            if residual.sum() > 0:  # else p == q up to rounding: any draw from p is right
-                p = residual / residual.sum()
+            p = _rejected(p, token, q)
         else:
             return path, int(torch.multinomial(p, 1, generator=generator))
         path.append(child)
@@ -386,18 +396,9 @@ def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
         # Speculative sampling: accept d with probability min(1, p(d) / q(d)); on rejection
         # draw from norm(max(0, p - q)). A lookup draft is a point mass: q(d) = 1, so accept
         # with p(d), and the residual is p with d removed.
-        q_token = draft.probs[i, token].item() if draft.probs is not None else 1.0
-        u = torch.rand((), generator=generator).item()
-        if u < min(1.0, p[i, token].item() / q_token):
-            continue
-        if draft.probs is not None:
-            residual = (p[i] - draft.probs[i]).clamp(min=0.0)
-        else:
-            residual = p[i].clone()
-            residual[token] = 0.0
-        if residual.sum() <= 0:  # p == q up to rounding: any draw from p is right
-            residual = p[i]
-        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+        q = draft.probs[i] if draft.probs is not None else None
+        if not _stands(p[i], token, q, generator):
+            return i, int(torch.multinomial(_rejected(p[i], token, q), 1, generator=generator))
     return k, int(torch.multinomial(p[k], 1, generator=generator))
 
 

@@ -125,10 +125,13 @@ def candidates(tail: Sequence[int], k: int, indexes: Sequence[tuple[str, NgramIn
     for order, (source, index) in enumerate(indexes):
         end, n = index.locate(tail)
         if n:
-            periodic = index is holding_tail
-            tokens = index.continuation(end, k, periodic)
-            found.append((-n, order, Match(tokens, n, source, repeat=periodic and len(index) - end < len(tokens))))
+            found.append((-n, order, _match(source, index, end, n, k, index is holding_tail)))
     return [match for _, _, match in sorted(found, key=lambda item: item[:2])]
+
+
+def _match(source: str, index: NgramIndex, end: int, n: int, k: int, periodic: bool) -> Match:
+    tokens = index.continuation(end, k, periodic)
+    return Match(tokens, n, source, repeat=periodic and len(index) - end < len(tokens))
 
 
 def lookup(tail: Sequence[int], k: int, indexes: Sequence[tuple[str, NgramIndex]],
@@ -139,9 +142,7 @@ def lookup(tail: Sequence[int], k: int, indexes: Sequence[tuple[str, NgramIndex]
     for source, index in indexes:
         end, n = index.locate(tail)
         if n and (best is None or n > best.ngram):
-            periodic = index is holding_tail
-            tokens = index.continuation(end, k, periodic)
-            best = Match(tokens, n, source, repeat=periodic and len(index) - end < len(tokens))
+            best = _match(source, index, end, n, k, index is holding_tail)
             if n >= index.max_n:
                 break
     return best
