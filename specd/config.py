@@ -118,6 +118,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                                "(one-row steps ~1.3x faster, logits rows ~2x); costs the weights' "
                                                "memory again; auto = on for float32 models up to 2 GiB",
                                   choices=("auto", "on", "off")),
+        "numpy_products": Key(str, "auto", "lean forward on a CPU (float32, transposed weights): run products "
+                                           "of 1-16 rows (decode steps, verifies, logits rows) through numpy's "
+                                           "BLAS (OpenBLAS in numpy's wheels) instead of torch's; auto = where "
+                                           "a few forwards timed at load say it is faster",
+                              choices=("auto", "on", "off")),
         "forward_backend": Key(str, "torch", "what runs the forwards: torch (the lean path or transformers'), or "
                                              "llamacpp (llama.cpp's CPU kernels on a GGUF written from the same "
                                              "weights; needs llama-cpp-python; Llama/Mistral/Qwen2, CPU only)",

@@ -24,13 +24,14 @@ EDIT_TEXT = st.text(alphabet=st.sampled_from(list("abcdefxyz_ ()[]:=.,'\"\n    \
 @pytest.fixture(scope="module")
 def engines(tiny_pairs, tiny_root):
     """Per arch: one engine whose draft is the tiny random model (rejections) and one whose
-    draft is the target plus noise (partial acceptance)."""
+    draft is the target plus noise (partial acceptance); the first runs every product on
+    torch, the second every product of 1-16 rows through numpy's BLAS (engine.numpy_products)."""
     out = {}
     for arch, (target, draft) in tiny_pairs.items():
         near = make_near_draft(target, tiny_root / arch / "near-draft")
         out[arch] = {
-            "random": make_engine(target, draft, prefix_tokens=384, suffix_tokens=128),
-            "near": make_engine(target, near, prefix_tokens=384, suffix_tokens=128),
+            "random": make_engine(target, draft, prefix_tokens=384, suffix_tokens=128, numpy_products="off"),
+            "near": make_engine(target, near, prefix_tokens=384, suffix_tokens=128, numpy_products="on"),
         }
     return out
 
@@ -67,6 +68,7 @@ def test_near_draft_is_accepted_and_still_lossless(arch, engines, sample_source)
     """With a draft close to the target, drafts are accepted (fewer target forwards than
     tokens), and the output is still exactly the target's."""
     engine = engines[arch]["near"]
+    assert all(path.host_rows == (1, 16) for path, _ in engine.paths.values())  # numpy's BLAS
     offset = sample_source.index("    def sell")
     result = engine.complete(CompletionRequest(uri=f"file:///near-{arch}.py", text=sample_source, offset=offset,
                                                max_tokens=MAX_TOKENS, stop_at_block_end=False,

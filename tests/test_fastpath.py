@@ -24,7 +24,15 @@ from transformers.pytorch_utils import Conv1D
 from specd.engine import compat
 from specd.engine.decode import verify, verify_greedy
 from specd.engine.drafters import Draft
-from specd.engine.fastpath import LeanForward, StaticCache, _projection, unsupported_reason
+from specd.engine.fastpath import (
+    HOST_ROWS,
+    NO_HOST,
+    LeanForward,
+    StaticCache,
+    _projection,
+    host_blas,
+    unsupported_reason,
+)
 from specd.engine.kvcache import KVState, LazyRows
 from specd.engine.sampling import SamplingParams
 from tiny import make_model
@@ -115,10 +123,13 @@ def test_supported_models_have_no_reason(model):
     assert unsupported_reason(model) is None
 
 
-@pytest.mark.parametrize("transposed", ["on", "off"])
+@pytest.mark.parametrize("transposed", ["on", "off", "numpy"])
 def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, transposed):
-    lean = LeanForward(model, transposed_weights=transposed)
-    assert (lean.copied_bytes > 0) == (transposed == "on")
+    """"numpy": the transposed weights, with every product of 1-16 rows through numpy's BLAS."""
+    lean = LeanForward(model, transposed_weights="off" if transposed == "off" else "on")
+    assert (lean.copied_bytes > 0) == (transposed != "off")
+    if transposed == "numpy":
+        assert lean.host_products("on") == (1, HOST_ROWS)
     cache, hf_cache = lean.new_cache(), compat.new_cache(model)
     for i, width in enumerate(STEPS):
         step = ids(width, seed=i)
@@ -166,12 +177,15 @@ def test_every_product_route_computes_the_module(kind, copy):
             param.normal_()
     product = _projection(module, copy)
     assert (product.nbytes_copied() > 0) == copy
-    for rows in (1, 2, 3, 8, 9, 70):
+    host = product.routed((1, HOST_ROWS))  # through numpy's BLAS, where the [in, out] layout is held
+    assert (host.host is not None) == (copy or kind == "conv1d")
+    for rows in (1, 2, 3, 8, 9, 16, 17, 70):
         x = torch.randn(rows, 32)
         with torch.inference_mode():
-            out = product(x)
-        assert out.shape == (rows, 48)
+            out, out_host = product(x), host(x)
+        assert out.shape == out_host.shape == (rows, 48)
         assert_close(out, module(x).detach())
+        assert_close(out_host, module(x).detach())
 
 
 def test_auto_holds_transposed_weights_for_float32_on_a_cpu_only():
@@ -185,6 +199,30 @@ def test_auto_holds_transposed_weights_for_float32_on_a_cpu_only():
     assert bf16.copied_bytes == 0 and bf16.description == "static KV cache"
     with pytest.raises(ValueError, match="auto, on or off"):
         LeanForward(model, transposed_weights="yes")
+
+
+def test_host_products_route_as_set_and_measured():
+    """numpy_products: "off" routes nothing, "on" every product of 1-16 rows, "auto" what its
+    timed forwards chose (one of the four ranges), said in the description; a model held in
+    another dtype never takes numpy's route; numpy's BLAS runs on one thread, torch's keep theirs."""
+    from threadpoolctl import threadpool_info
+
+    model = tiny("llama", layers=1)
+    lean = LeanForward(model)
+    threads = torch.get_num_threads()
+    assert lean.host_products("off") == NO_HOST and "numpy" not in lean.description
+    assert lean.host_products("on") == (1, HOST_ROWS)
+    assert all(m.host_rows == (1, HOST_ROWS) for layer in lean.layers for m in layer.matmuls())
+    assert f"products of 1-{HOST_ROWS} rows through numpy's BLAS ({host_blas()})" in lean.description
+    assert torch.get_num_threads() == threads
+    numpy_blas = [lib for lib in threadpool_info() if lib["user_api"] == "blas" and "numpy" in lib["filepath"]]
+    assert numpy_blas and all(lib["num_threads"] == 1 for lib in numpy_blas)
+    chosen = lean.host_products("auto", repeats=2)
+    assert chosen in (NO_HOST, (1, 1), (2, HOST_ROWS), (1, HOST_ROWS))
+    assert lean.host_rows == chosen and "numpy/torch measured" in lean.description
+    assert LeanForward(tiny("llama", layers=1).to(torch.bfloat16)).host_products("on") == NO_HOST
+    with pytest.raises(ValueError, match="auto, on or off"):
+        lean.host_products("yes")
 
 
 def test_rollback_by_length_then_extend_equals_a_fresh_run():

@@ -260,6 +260,7 @@ def _metadata(args: argparse.Namespace, engine, wall_s: float) -> dict[str, Any]
         "dtype": str(engine.pair.dtype).removeprefix("torch."),
         "fim_family": engine.template.name,
         "fim_layout": prompt_layout(engine),
+        "forward": engine.stats()["forward"],  # the specd engine's paths, and what the lean one measured
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

@@ -56,6 +56,7 @@ class EngineOptions:
     kv_reuse: bool = True
     fast_forward: bool = True  # the lean static-cache forward where the architecture allows
     transposed_weights: str = "auto"  # auto | on | off (fastpath.LeanForward)
+    numpy_products: str = "auto"  # auto | on | off (fastpath.LeanForward.host_products)
     forward_backend: str = "torch"  # torch | llamacpp (specd.llamacpp.forward)
     token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it
     draft_max: int = 8
@@ -133,7 +134,8 @@ class Engine:
         self.paths = {role: self._forward_path(model, sources[role], pair)
                       for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
         for role, (path, why) in self.paths.items():
-            log.info("%s forward: %s%s", role, path.name, f" ({why})" if why else "")
+            detail = why or getattr(path, "description", "")
+            log.info("%s forward: %s%s", role, path.name, f" ({detail})" if detail else "")
         self.planning = PlannerMemory(calibrate(
             lambda: self._kv("target"), (lambda: self._kv("draft")) if pair.draft is not None else None,
             min(m.get_input_embeddings().weight.shape[0] for m in (pair.target, pair.draft) if m is not None),
@@ -152,11 +154,11 @@ class Engine:
         """(path, why): llama.cpp's forward when engine.forward_backend asks for it and it can
         serve this model (else the torch choice, with why), else ``choose_forward_path``'s."""
         if self.options.forward_backend != "llamacpp":
-            return choose_forward_path(model, self.options.fast_forward, self.options.transposed_weights)
+            return choose_forward_path(model, self.options)
         try:
             return llamacpp_forward(model, source, pair, self.options), None
         except Exception as err:  # not installed, not exportable, not on a CPU: say so, serve on torch
-            path, why = choose_forward_path(model, self.options.fast_forward, self.options.transposed_weights)
+            path, why = choose_forward_path(model, self.options)
             reason = f"engine.forward_backend llamacpp unavailable: {str(err).splitlines()[0]}"
             log.warning("%s; using the %s forward", reason, path.name)
             return path, reason + (f"; {why}" if why else "")
@@ -477,7 +479,8 @@ class Engine:
             "oom_retries": self.oom_retries,
             "acceptance": acceptance,
             "planner": self._planner_stats(),
-            "forward": {role: {"path": path.name, "why": why} for role, (path, why) in self.paths.items()}
+            "forward": {role: {"path": path.name, "why": why, "detail": getattr(path, "description", None)}
+                        for role, (path, why) in self.paths.items()}
             if self.pair is not None else None,
             "threads": torch.get_num_threads(),
         }
@@ -538,17 +541,20 @@ def fit_prompt_budget(prefix: int, suffix: int, context: int, window: int | None
     return fitted
 
 
-def choose_forward_path(model, enabled: bool, transposed_weights: str = "auto"):
-    """(path, why): the lean static-cache forward where it serves the model exactly, else
+def choose_forward_path(model, options: EngineOptions):
+    """(path, why): the lean static-cache forward where it serves the model exactly (its
+    products routed as ``engine.numpy_products`` says, measured here when auto), else
     transformers' own (why says what stands in the way)."""
     from specd.engine.fastpath import LeanForward, unsupported_reason
 
-    if not enabled:
+    if not options.fast_forward:
         return compat.HFForward(model), "engine.fast_forward is off"
     reason = unsupported_reason(model)
     if reason is not None:
         return compat.HFForward(model), reason
-    return LeanForward(model, transposed_weights), None
+    lean = LeanForward(model, options.transposed_weights)
+    lean.host_products(options.numpy_products)
+    return lean, None
 
 
 INEXACT_ON_LLAMACPP = ("gpt2", "gpt_bigcode")  # model types llama.cpp runs with other numerics (see below)

@@ -34,9 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import statistics
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -60,6 +64,11 @@ INITIAL_CAPACITY = 256  # positions a new cache holds before its first growth
 CAUSAL = torch.empty(0, dtype=torch.bool)  # marks "is_causal" in place of a mask tensor
 WIDE = 64  # forwards at least this wide (prefills) attend per head; narrower ones group the queries
 NARROW_ROWS = 8  # products of at most this many rows run as (W @ x.T).T on a CPU (see _Matmul)
+HOST_ROWS = 16  # products of at most this many rows may run through numpy's BLAS (see host_products)
+HOST_CONTEXT = 256  # tokens of context behind host_products' timed forwards
+HOST_REPEATS = 11  # timed forwards per width and route (after one warm-up round)
+HOST_MARGIN = 0.97  # numpy's BLAS takes a width class only when at least 3% faster (ties stay on torch)
+NO_HOST = (1, 0)  # an empty range of rows: no product runs through numpy
 TRANSPOSED_WEIGHTS_MAX_BYTES = 2 << 30  # transposed_weights="auto": copy the weights of models up to this size
 Mask = tuple[int, torch.Tensor | None]  # (first key slot attended, additive mask / CAUSAL / None)
 
@@ -143,6 +152,35 @@ def _gpt2_family_reason(model: PreTrainedModel) -> str | None:
     if _norm_kind(body.ln_f) != "layer":
         return f"final norm is a {type(body.ln_f).__name__}"
     return None
+
+
+def _host_blas_libraries() -> list:
+    """threadpoolctl's controllers of the BLAS libraries numpy runs on (not torch's own: a torch
+    build that links OpenBLAS keeps its threads)."""
+    from threadpoolctl import ThreadpoolController
+
+    torch_dir = os.path.dirname(torch.__file__)
+    return [lib for lib in ThreadpoolController().select(user_api="blas").lib_controllers
+            if not lib.filepath.startswith(torch_dir)]
+
+
+@functools.cache
+def limit_host_threads() -> None:
+    """numpy's BLAS on one thread: the products it takes are a few rows, where threads cost more
+    than they share, and OpenBLAS's idle threads spin on the cores torch's threads need."""
+    for lib in _host_blas_libraries():
+        lib.set_num_threads(1)
+
+
+@functools.cache
+def host_blas() -> str:
+    """numpy's BLAS, e.g. "openblas 0.3.31" (for descriptions)."""
+    libraries = sorted(_host_blas_libraries(),  # numpy's own first (scipy may bring another)
+                       key=lambda lib: not os.path.basename(os.path.dirname(lib.filepath)).startswith("numpy"))
+    if not libraries:
+        return "numpy's BLAS"
+    lib = libraries[0]
+    return f"{lib.internal_api} {lib.version}" if lib.version else lib.internal_api
 
 
 def _copies_pay(model: PreTrainedModel) -> bool:
@@ -229,16 +267,26 @@ class _Matmul:
     2-8 rows ~1.3-1.9x faster as ``(out_in @ x.T).T`` than as either; wider products, prefills,
     are alike every way and run as transformers runs them, as does everything not measured
     (other dtypes, GPUs; one row without the [in, out] copy). The result of the transposed route
-    is a transposed view [T, out]: every consumer here takes it as it is or reshapes it."""
+    is a transposed view [T, out]: every consumer here takes it as it is or reshapes it.
+
+    ``host_rows``: products of that many rows go to numpy's BLAS instead (``x @ in_out`` in
+    numpy, on the same memory), where ``LeanForward.host_products`` measured it faster: numpy's
+    wheels bring OpenBLAS, whose kernels for a few rows stream a matrix that is not in the
+    cache better than MKL's here (one cold row of the demo target's LM head: 0.65 vs 0.94 ms)."""
 
     out_in: torch.Tensor | None
     in_out: torch.Tensor | None
     bias: torch.Tensor | None
     narrow: int  # the most rows that take the (out_in @ x.T).T route (0: never: a GPU, not float32)
     sizes: tuple[int, ...] = ()  # output features of each part of a fused product, in order
+    host: np.ndarray | None = None  # in_out as numpy sees it (the same memory), see host_rows
+    host_rows: tuple[int, int] = NO_HOST  # products of lo..hi rows run through numpy's BLAS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
+        if self.host_rows[0] <= rows <= self.host_rows[1]:
+            out = torch.from_numpy(np.matmul(x.numpy(), self.host))
+            return out if self.bias is None else out.add_(self.bias)
         if self.in_out is not None and (rows == 1 or self.out_in is None):
             return torch.mm(x, self.in_out) if self.bias is None else torch.addmm(self.bias, x, self.in_out)
         if 1 < rows <= self.narrow:
@@ -246,6 +294,15 @@ class _Matmul:
                 return torch.mm(self.out_in, x.t()).t()
             return torch.addmm(self.bias.unsqueeze(1), self.out_in, x.t()).t()
         return F.linear(x, self.out_in, self.bias)
+
+    def routed(self, rows: tuple[int, int]) -> "_Matmul":
+        """This product with ``rows`` (lo, hi) through numpy's BLAS; where it holds no [in, out]
+        layout (the one that BLAS streams for few rows), unchanged."""
+        if self.in_out is None or self.in_out.device.type != "cpu" or self.in_out.dtype != torch.float32:
+            return self
+        empty = rows[0] > rows[1]
+        return dataclasses.replace(self, host=None if empty else self.in_out.detach().numpy(),
+                                   host_rows=NO_HOST if empty else rows)
 
     def nbytes_copied(self) -> int:
         """Bytes this product holds beyond the module's own weight (the second layout)."""
@@ -308,6 +365,12 @@ class _Layer:
     def matmuls(self) -> list[_Matmul]:
         return [m for m in (self.qkv, self.o, self.gate_up, self.up, self.down) if m is not None]
 
+    def routed(self, rows: tuple[int, int]) -> "_Layer":
+        """This layer with its products of ``rows`` through numpy's BLAS (``_Matmul.routed``)."""
+        return dataclasses.replace(self, **{name: getattr(self, name).routed(rows)
+                                            for name in ("qkv", "o", "gate_up", "up", "down")
+                                            if getattr(self, name) is not None})
+
 
 def _norm(module: nn.Module) -> _Norm:
     if _norm_kind(module) == "layer":
@@ -366,13 +429,73 @@ class LeanForward:
         self.copied_bytes = sum(m.nbytes_copied() for layer in self.layers for m in layer.matmuls()) + \
             self.lm_head.nbytes_copied()
         self._cos = self._sin = torch.empty(0)  # rotary tables [positions, head_dim], see _rope
+        self.host_rows = NO_HOST
+        self.host_note = ""  # what host_products measured, for the description
 
     @property
     def description(self) -> str:
         """What ``specd doctor`` says of this path."""
-        if not self.copied_bytes:
-            return "static KV cache"
-        return f"static KV cache, weights also held transposed (+{self.copied_bytes / 2**20:.0f} MiB)"
+        parts = ["static KV cache"]
+        if self.copied_bytes:
+            parts.append(f"weights also held transposed (+{self.copied_bytes / 2**20:.0f} MiB)")
+        if self.host_rows != NO_HOST:
+            lo, hi = self.host_rows
+            parts.append(f"products of {lo}{'' if lo == hi else f'-{hi}'} rows through numpy's BLAS"
+                         f" ({host_blas()})")
+        if self.host_note:
+            parts.append(self.host_note)
+        return ", ".join(parts)
+
+    def route_products(self, rows: tuple[int, int]) -> None:
+        """Run every product (the LM head's too) of ``rows`` = (lo, hi) rows through numpy's
+        BLAS; ``NO_HOST`` for none. Only products held in the [in, out] layout take it (float32 on
+        a CPU: ``transposed_weights``, or GPT-2's Conv1D as stored)."""
+        self.layers = [layer.routed(rows) for layer in self.layers]
+        self.lm_head = self.lm_head.routed(rows)
+        self.host_rows = NO_HOST if rows[0] > rows[1] or self.lm_head.host is None else rows
+
+    def host_products(self, setting: str = "auto", repeats: int = HOST_REPEATS) -> tuple[int, int]:
+        """Choose which products run through numpy's BLAS (``route_products``): "off" none, "on"
+        every product of 1-``HOST_ROWS`` rows, "auto" what measures faster on this machine: a
+        one-token step (every product one row) and an 8-token verify (products of 8 rows), each
+        timed both ways, interleaved, ``repeats`` times after ``HOST_CONTEXT`` tokens; one-row
+        products go to numpy if its step was faster by ``HOST_MARGIN``, 2-``HOST_ROWS`` rows if
+        its verify was (so a tie, within this machine's noise, stays on torch).
+        numpy's BLAS runs on one thread (``limit_host_threads``). Returns the rows chosen."""
+        if setting not in ("auto", "on", "off"):
+            raise ValueError(f"host products must be auto, on or off, not {setting!r}")
+        weight = self.embed.weight
+        eligible = weight.device.type == "cpu" and weight.dtype == torch.float32 and \
+            self.lm_head.in_out is not None
+        if setting == "off" or not eligible:
+            self.route_products(NO_HOST)
+            return self.host_rows
+        limit_host_threads()
+        if setting == "on":
+            self.route_products((1, HOST_ROWS))
+            return self.host_rows
+        generator = torch.Generator().manual_seed(0)
+        vocab = self.embed.weight.shape[0]
+        cache = self.new_cache(HOST_CONTEXT + 16)
+        self.forward(torch.randint(0, vocab, (1, HOST_CONTEXT), generator=generator), cache, last_only=True)
+        times: dict[tuple[int, bool], list[float]] = {}
+        for width in (1, 8):
+            ids = torch.randint(0, vocab, (1, width), generator=generator)
+            for i in range(repeats + 1):
+                for host in ((False, True) if i % 2 else (True, False)):
+                    self.route_products((1, HOST_ROWS) if host else NO_HOST)
+                    started = time.perf_counter()
+                    self.forward(ids, cache, last_only=True)
+                    if i:  # the first round warms up
+                        times.setdefault((width, host), []).append(time.perf_counter() - started)
+                    cache.length = HOST_CONTEXT
+        median = {key: statistics.median(values) * 1000 for key, values in times.items()}
+        one = median[1, True] < HOST_MARGIN * median[1, False]
+        few = median[8, True] < HOST_MARGIN * median[8, False]
+        self.host_note = (f"numpy/torch measured {median[1, True]:.2f}/{median[1, False]:.2f} ms a step, "
+                          f"{median[8, True]:.2f}/{median[8, False]:.2f} ms an 8-token verify")
+        self.route_products((1 if one else 2, HOST_ROWS if few else 1))
+        return self.host_rows
 
     def _describe_llama(self, model: PreTrainedModel, copy: bool) -> None:
         config, body = model.config, model.model
