@@ -102,12 +102,16 @@ class DraftPlanner:
 
     def _best_length(self, kind: str, available: int, extra_ms: Callable[[int], float]) -> tuple[int, float]:
         acceptance, costs = self.memory.of(kind), self.memory.costs
+        first, then = acceptance.first, min(acceptance.then, 0.999)
         best_k, best_rate = 0, 0.0
+        later, power = 0.0, 1.0  # acceptance.expected_after_first(k), summed as k grows
         for k in range(1, available + 1):
-            tokens = 1.0 + acceptance.expected(k)  # also the rows verification reads
+            tokens = 1.0 + first * (1.0 + later)  # 1 + acceptance.expected(k): also the rows read
             rate = tokens / (costs.step_ms(k + 1, tokens) + extra_ms(k))
             if rate > best_rate:
                 best_k, best_rate = k, rate
+            power *= then
+            later += power
         return best_k, best_rate
 
     def propose(self, seq: Sequence[int], room: int) -> Draft | DraftTree:
