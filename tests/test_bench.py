@@ -161,6 +161,8 @@ def test_bench_json_schema(bench_run):
         assert key in report
     assert report["command"].startswith("specd bench ") and "--threads 1" in report["command"]
     assert report["threads"] == 1
+    # the specd engine's forward paths, with what the lean one measured (engine.numpy_products)
+    assert report["forward"]["target"]["path"] == "lean" and "static KV cache" in report["forward"]["target"]["detail"]
     assert set(report["workloads"]) == set(WORKLOADS)
     assert report["settings"]["edit_replay_requests"] == 24
     assistant = report["hf_settings"]["hf_assisted"]
@@ -315,6 +317,24 @@ def test_idle_time_after_an_edit_warms_both_caches_and_changes_no_output(llama_p
 
 def _runs(outputs: list[list[int]], ms: float) -> list[Run]:
     return [Run(tokens, ms, max(1, len(tokens)), ms / 4, 100, 0) for tokens in outputs]
+
+
+def test_ablation_engines_share_the_forward_paths_their_options_leave_alike(llama_pair):
+    """specd_no_tree's engine runs on specd's own forward paths (one copy of the transposed
+    weights, one measured choice of routes); an engine whose options change the paths builds
+    its own."""
+    from dataclasses import replace
+
+    from engine_helpers import make_engine
+    from specd.bench.peers import sibling
+
+    engine = make_engine(*llama_pair, prefix_tokens=192, suffix_tokens=64)
+    no_tree = sibling(engine, token_tree=False)
+    assert no_tree is not engine and no_tree.paths is engine.paths
+    assert no_tree.planning is not engine.planning  # its own calibration and planner memory
+    other = sibling(engine, numpy_products="off" if engine.options.numpy_products != "off" else "on")
+    assert other.paths["target"][0] is not engine.paths["target"][0]
+    assert engine.share_paths(replace(engine.options, forward_backend="llamacpp")) is None
 
 
 def test_empty_references_are_counted_and_prove_nothing():

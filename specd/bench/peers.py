@@ -325,12 +325,15 @@ def sync_workspace(engine: Engine, files: dict[str, str]) -> None:
 
 def sibling(engine: Engine, **options) -> Engine:
     """``engine`` itself where its options already say so, else a second engine on the same
-    loaded pair with those options changed (its own forward paths, calibration and planner)."""
+    loaded pair with those options changed (its own calibration and planner; the same forward
+    paths where the options leave them alike, ``Engine.share_paths``, so an ablation differs
+    from ``specd`` only in what it turns off)."""
     from dataclasses import replace
 
     if all(getattr(engine.options, name) == value for name, value in options.items()):
         return engine
-    return Engine(replace(engine.options, **options), pair=engine.pair)
+    changed = replace(engine.options, **options)
+    return Engine(changed, pair=engine.pair, paths=engine.share_paths(changed))
 
 
 def llamacpp_sibling(engine: Engine) -> Engine:

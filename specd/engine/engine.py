@@ -76,6 +76,11 @@ class EngineOptions:
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
+# The options that decide which forward paths an engine builds (``Engine.share_paths``).
+FORWARD_OPTIONS = ("target", "draft", "device", "dtype", "trust_remote_code", "fast_forward",
+                   "transposed_weights", "numpy_products", "forward_backend")
+
+
 @dataclass
 class _Document:
     text: str
@@ -85,7 +90,9 @@ class _Document:
 
 class Engine:
     def __init__(self, options: EngineOptions, pair: ModelPair | None = None,
-                 loader: Callable[[EngineOptions], ModelPair] | None = None):
+                 loader: Callable[[EngineOptions], ModelPair] | None = None, paths: dict | None = None):
+        """``paths``: forward paths to run ``pair`` on, built by another engine on the same pair
+        (``share_paths``); None builds them here."""
         self.options = options
         self._loader = loader or _load_from_options
         self._docs: dict[str, _Document] = {}
@@ -104,7 +111,7 @@ class Engine:
         self.planning: PlannerMemory | None = None  # forward costs and acceptance of the loaded pair
         self.paths: dict = {}  # role -> (forward path, why not lean)
         if pair is not None:
-            self._install(pair)
+            self._install(pair, paths)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -118,7 +125,7 @@ class Engine:
         engine.ensure_loaded()
         return engine
 
-    def _install(self, pair: ModelPair) -> None:
+    def _install(self, pair: ModelPair, paths: dict | None = None) -> None:
         self.pair = pair
         self.template = detect_family(pair.tokenizer, pair.target_name, self.options.fim_family)
         prefix, suffix, context = fit_prompt_budget(
@@ -131,8 +138,9 @@ class Engine:
         self.healing = HealingVocabulary(pair.tokenizer, self.vocab_size)
         self.prompts.healing = self.healing
         sources = {"target": pair.target_name, "draft": pair.draft_name}
-        self.paths = {role: self._forward_path(model, sources[role], pair)
-                      for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
+        self.paths = paths if paths is not None else {
+            role: self._forward_path(model, sources[role], pair)
+            for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
         for role, (path, why) in self.paths.items():
             detail = why or getattr(path, "description", "")
             log.info("%s forward: %s%s", role, path.name, f" ({detail})" if detail else "")
@@ -162,6 +170,15 @@ class Engine:
             reason = f"engine.forward_backend llamacpp unavailable: {str(err).splitlines()[0]}"
             log.warning("%s; using the %s forward", reason, path.name)
             return path, reason + (f"; {why}" if why else "")
+
+    def share_paths(self, options: EngineOptions) -> dict | None:
+        """This engine's forward paths, for a second engine on the same pair with ``options``,
+        when those would build the same ones: torch's paths hold no per-engine state (each
+        document's cache is its own), and sharing them keeps one copy of the transposed weights
+        and one measured choice of routes (``numpy_products``), so the two engines differ only
+        in what their options change. llama.cpp's path holds its KV sequences: never shared."""
+        same = all(getattr(options, name) == getattr(self.options, name) for name in FORWARD_OPTIONS)
+        return self.paths if same and self.paths and options.forward_backend == "torch" else None
 
     @property
     def loaded(self) -> bool:
