@@ -155,8 +155,8 @@ def _gpt2_family_reason(model: PreTrainedModel) -> str | None:
 
 
 def _host_blas_libraries() -> list:
-    """threadpoolctl's controllers of the BLAS libraries numpy runs on (not torch's own: a torch
-    build that links OpenBLAS keeps its threads)."""
+    """threadpoolctl's controllers of the BLAS libraries numpy may run on, torch's own excepted
+    (a torch build that bundles OpenBLAS keeps its threads)."""
     from threadpoolctl import ThreadpoolController
 
     torch_dir = os.path.dirname(torch.__file__)
@@ -167,9 +167,12 @@ def _host_blas_libraries() -> list:
 @functools.cache
 def limit_host_threads() -> None:
     """numpy's BLAS on one thread: the products it takes are a few rows, where threads cost more
-    than they share, and OpenBLAS's idle threads spin on the cores torch's threads need."""
+    than they share, and OpenBLAS's idle threads spin on the cores torch's threads need. An MKL
+    is left alone: where numpy runs on MKL (conda), torch may share that very library, and torch
+    sets its threads."""
     for lib in _host_blas_libraries():
-        lib.set_num_threads(1)
+        if lib.internal_api != "mkl":
+            lib.set_num_threads(1)
 
 
 @functools.cache
