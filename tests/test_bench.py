@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from specd.bench.peers import ALL_METHODS, PEERS, Run
+from specd.bench.peers import ABLATIONS, ALL_METHODS, PEERS, Run
 from specd.bench.report import format_table, goals, percentile, quality, summarize_workload
 from specd.bench.workloads import (
     REPLAY_STEPS,
@@ -183,6 +183,11 @@ def test_bench_json_schema(bench_run):
             assert len(s["ms"]) == completions
             assert s["mean_tokens_per_forward"] > 0
             assert set(s["speedup_vs"]) == set(s["decode_speedup_vs"]) == set(PEERS) - {method}
+            if method == "specd":  # paired against each ablation, with a goal per ablation
+                assert set(s["vs_ablations"]) == set(ABLATIONS)
+                assert all(r > 0 for r in s["vs_ablations"].values())
+                goals = {g["goal"] for g in report["goals"] if g["workload"] == name}
+                assert {f"specd vs {a} (paired)" for a in ABLATIONS} <= goals
             for peer, ratio in s["speedup_vs"].items():
                 peer_median = workload["methods"][peer]["median_ms"]
                 assert ratio == pytest.approx(peer_median / s["median_ms"], rel=1e-2, abs=1e-3)
@@ -233,6 +238,7 @@ def test_bench_table_prints_ratios(bench_run):
     assert "specd_no_reuse" in table and "vs hf_prefix_cache" in table
     for column in ("1st tok ms", "decode ms", "prompt reused", "decode vs hf_greedy"):
         assert column in table
+    assert "specd vs its ablations, paired" in table and "specd vs specd_no_tree (paired)" in table
 
 
 def test_bench_rejects_unknown_names(capsys):

@@ -62,6 +62,7 @@ LLAMACPP_PEERS = ("llamacpp", "llamacpp_lookup")
 PEERS = HF_PEERS + LLAMACPP_PEERS  # what every method's speed is stated against
 SPECD_METHODS = ("specd", "specd_llamacpp", "specd_no_draft", "specd_no_lookup", "specd_no_reuse",
                  "specd_no_workspace", "specd_no_tree")
+ABLATIONS = tuple(m for m in SPECD_METHODS if m.startswith("specd_no_"))  # specd with one thing off
 NEEDS_LLAMACPP = frozenset({*LLAMACPP_PEERS, "specd_llamacpp"})
 ALL_METHODS = PEERS + SPECD_METHODS
 NEEDS_DRAFT = frozenset({"hf_assisted", "specd_no_lookup"})
