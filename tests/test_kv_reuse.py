@@ -255,16 +255,20 @@ def test_prefill_in_pieces_resumes_and_keeps_the_common_prefix(llama_pair, sampl
 
 def test_releasing_the_models_frees_them_and_their_forward_paths(llama_pair):
     """Idle unload must give the memory back: nothing the engine keeps (forward paths with their
-    transposed weight copies, caches, planner) may hold the models after ``release``."""
+    transposed weight copies, caches, planner) may hold the models after ``release``. A loaded
+    engine has frozen the heap (``settle_heap``: full collections skip the models); release
+    unfreezes it, or a model in a reference cycle would never be freed."""
     import gc
     import weakref
 
     target, draft = llama_pair
     engine = make_engine(target, draft)
+    assert gc.get_freeze_count() > 0
     engine.complete(request("def f(x):\n    return x\n", 13))
     models = [weakref.ref(engine.pair.target), weakref.ref(engine.pair.draft)]
     assert engine.paths["target"][0].copied_bytes > 0  # float32 on a CPU: the lean path with copies
     engine.release()
+    assert gc.get_freeze_count() == 0
     gc.collect()
     assert [ref() for ref in models] == [None, None]
     assert engine.stats()["forward"] is None

@@ -44,7 +44,7 @@ def test_incremental_updates_equal_a_fresh_build(first, second, keep):
     index.sync(target)
     fresh = NgramIndex(target)
     assert index.tokens == fresh.tokens
-    assert index._ends == fresh._ends
+    assert index._last == fresh._last and index._prev == fresh._prev
     for cut in range(len(target) + 1):
         assert find(index, target[:cut], 4) == find(fresh, target[:cut], 4)
 
@@ -115,3 +115,19 @@ def test_candidates_rank_every_sources_match_as_lookup_does(sources, tail):
         index = dict(indexes)[match.source]
         end, n = index.locate(tail)
         assert n == match.ngram and match.tokens == index.continuation(end, 6)
+
+
+def test_indexing_leaves_nothing_for_the_garbage_collector_to_walk():
+    """An index holds ints and arrays only (bigram keys are ints, not tuples): building one over
+    thousands of tokens adds a handful of objects the cyclic collector tracks, not one per token
+    (the daemon's full collections walk every tracked object that is not frozen)."""
+    import gc
+
+    tokens = [(i * 7919) % 5000 for i in range(20000)]
+    gc.collect()
+    before = len(gc.get_objects())
+    index = NgramIndex(tokens)
+    index.extend(tokens[:3000])
+    index.truncate(21000)
+    assert index.locate(tokens[100:110]) != (-1, 0)
+    assert len(gc.get_objects()) - before < 50

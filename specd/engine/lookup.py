@@ -1,10 +1,13 @@
 """Prompt lookup: an incremental n-gram index over token sequences. Pure Python, no model.
 
-Each ``NgramIndex`` keys every bigram of its token list to the positions just after it (a
-compact ``array``, increasing). A lookup takes the candidates of the tail's bigram, most recent
-first, and extends each match backwards up to ``MAX_N`` tokens; the longest wins. Memory is
-about 4 bytes per token plus one entry per distinct bigram, so whole workspaces fit. Appending
-and truncating touch only the changed tail: no rescans.
+Each ``NgramIndex`` keys every bigram of its token list to the last position just after it,
+and chains each position to the previous one after the same bigram (``_prev``, an array beside
+the tokens). A lookup walks the tail's bigram's chain, most recent first, and extends each match
+backwards up to ``MAX_N`` tokens; the longest wins. Memory is about 12 bytes per token plus one
+dict entry per distinct bigram, so whole workspaces fit; and an index holds ints and two arrays
+only, nothing per bigram that CPython's cyclic garbage collector would walk (an array per bigram
+did: a workspace's worth made every full collection longer). Appending and truncating touch only
+the changed tail: no rescans.
 """
 
 from __future__ import annotations
@@ -30,35 +33,37 @@ class NgramIndex:
     def __init__(self, tokens: Iterable[int] = ()):
         self.max_n = MAX_N
         self.tokens = array("i")  # token ids fit 32 bits; compared by memcmp (corpus.common_prefix_length)
-        self._ends: dict[tuple[int, int], array] = {}
+        self._last: dict[int, int] = {}  # bigram (a, b), keyed a << 32 | b -> the last position after it
+        self._prev = array("l", (0,))  # position -> the previous position after the same bigram (0: none)
         self.extend(tokens)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def extend(self, new: Iterable[int]) -> None:
-        tokens = self.tokens
+        tokens, prev, last = self.tokens, self._prev, self._last
         start = len(tokens)
         tokens.extend(new)
-        ends = self._ends
-        for end in range(max(start, 1) + 1, len(tokens) + 1):
-            key = (tokens[end - 2], tokens[end - 1])
-            positions = ends.get(key)
-            if positions is None:
-                ends[key] = array("l", (end,))
-            else:
-                positions.append(end)
+        for end in range(start + 1, len(tokens) + 1):
+            if end < 2:
+                prev.append(0)  # no bigram ends before position 1
+                continue
+            key = tokens[end - 2] << 32 | tokens[end - 1]
+            prev.append(last.get(key, 0))
+            last[key] = end
 
     def truncate(self, length: int) -> None:
-        """Drop tokens from ``length`` on. Positions are appended in order, so each pop is the last."""
-        tokens = self.tokens
+        """Drop tokens from ``length`` on. Positions are chained in order, so each dropped one is
+        its bigram's last: the one before it becomes the last again."""
+        tokens, prev, last = self.tokens, self._prev, self._last
         for end in range(len(tokens), max(length, 1), -1):
-            key = (tokens[end - 2], tokens[end - 1])
-            positions = self._ends[key]
-            positions.pop()
-            if not positions:
-                del self._ends[key]
+            key = tokens[end - 2] << 32 | tokens[end - 1]
+            if prev[end]:
+                last[key] = prev[end]
+            else:
+                del last[key]
         del tokens[length:]
+        del prev[length + 1:]
 
     def sync(self, tokens: Sequence[int]) -> None:
         """Make the index hold ``tokens``, touching only what differs from what it holds."""
@@ -78,27 +83,24 @@ class NgramIndex:
         ``tail``: its continuation starts at ``end``; (-1, 0) when none."""
         if len(tail) < MIN_N:
             return -1, 0
-        positions = self._ends.get((tail[-2], tail[-1]))
-        if not positions:
-            return -1, 0
-        tokens, size = self.tokens, len(self.tokens)
+        end = self._last.get(tail[-2] << 32 | tail[-1], 0)
+        tokens, prev, size = self.tokens, self._prev, len(self.tokens)
         longest = min(self.max_n, len(tail))
         best_end, best_n = -1, 0
         examined = 0
-        for i in range(len(positions) - 1, -1, -1):
-            end = positions[i]
-            if end >= size:  # the tail itself: nothing follows it
-                continue
-            n = MIN_N
-            while n < longest and end - n - 1 >= 0 and tokens[end - n - 1] == tail[-n - 1]:
-                n += 1
-            if n > best_n:
-                best_end, best_n = end, n
-                if n == longest:
+        while end:  # most recent first
+            if end < size:  # (at size: the tail itself, nothing follows it)
+                n = MIN_N
+                while n < longest and end - n - 1 >= 0 and tokens[end - n - 1] == tail[-n - 1]:
+                    n += 1
+                if n > best_n:
+                    best_end, best_n = end, n
+                    if n == longest:
+                        break
+                examined += 1
+                if examined >= MAX_CANDIDATES:
                     break
-            examined += 1
-            if examined >= MAX_CANDIDATES:
-                break
+            end = prev[end]
         return best_end, best_n
 
     def continuation(self, end: int, k: int, periodic: bool = False) -> list[int]:
