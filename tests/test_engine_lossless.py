@@ -68,7 +68,7 @@ def test_near_draft_is_accepted_and_still_lossless(arch, engines, sample_source)
     """With a draft close to the target, drafts are accepted (fewer target forwards than
     tokens), and the output is still exactly the target's."""
     engine = engines[arch]["near"]
-    assert all(path.host_rows == (1, 16) for path, _ in engine.paths.values())  # numpy's BLAS
+    assert all(path.host_rows == frozenset(range(1, 17)) for path, _ in engine.paths.values())  # numpy's BLAS
     offset = sample_source.index("    def sell")
     result = engine.complete(CompletionRequest(uri=f"file:///near-{arch}.py", text=sample_source, offset=offset,
                                                max_tokens=MAX_TOKENS, stop_at_block_end=False,

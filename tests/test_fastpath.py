@@ -25,6 +25,8 @@ from specd.engine import compat
 from specd.engine.decode import verify, verify_greedy
 from specd.engine.drafters import Draft
 from specd.engine.fastpath import (
+    ALL_HOST_ROWS,
+    HOST_PROBES,
     HOST_ROWS,
     NO_HOST,
     LeanForward,
@@ -129,7 +131,7 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, trans
     lean = LeanForward(model, transposed_weights="off" if transposed == "off" else "on")
     assert (lean.copied_bytes > 0) == (transposed != "off")
     if transposed == "numpy":
-        assert lean.host_products("on") == (1, HOST_ROWS)
+        assert lean.host_products("on") == ALL_HOST_ROWS
     cache, hf_cache = lean.new_cache(), compat.new_cache(model)
     for i, width in enumerate(STEPS):
         step = ids(width, seed=i)
@@ -177,7 +179,7 @@ def test_every_product_route_computes_the_module(kind, copy):
             param.normal_()
     product = _projection(module, copy)
     assert (product.nbytes_copied() > 0) == copy
-    host = product.routed((1, HOST_ROWS))  # through numpy's BLAS, where the [in, out] layout is held
+    host = product.routed(ALL_HOST_ROWS)  # through numpy's BLAS, where the [in, out] layout is held
     assert (host.host is not None) == (copy or kind == "conv1d")
     for rows in (1, 2, 3, 8, 9, 16, 17, 70):
         x = torch.randn(rows, 32)
@@ -211,15 +213,17 @@ def test_host_products_route_as_set_and_measured():
     lean = LeanForward(model)
     threads = torch.get_num_threads()
     assert lean.host_products("off") == NO_HOST and "numpy" not in lean.description
-    assert lean.host_products("on") == (1, HOST_ROWS)
-    assert all(m.host_rows == (1, HOST_ROWS) for layer in lean.layers for m in layer.matmuls())
+    assert lean.host_products("on") == ALL_HOST_ROWS == frozenset(range(1, HOST_ROWS + 1))
+    assert all(m.host_rows == ALL_HOST_ROWS for layer in lean.layers for m in layer.matmuls())
     assert f"products of 1-{HOST_ROWS} rows through numpy's BLAS ({host_blas()})" in lean.description
     assert torch.get_num_threads() == threads
     numpy_blas = [lib for lib in threadpool_info() if lib["user_api"] == "blas" and "numpy" in lib["filepath"]]
     assert numpy_blas and all(lib["num_threads"] == 1 for lib in numpy_blas)
     chosen = lean.host_products("auto", repeats=2)
-    assert chosen in (NO_HOST, (1, 1), (2, HOST_ROWS), (1, HOST_ROWS))
+    # each probe width decides all of its row counts, or none of them
+    assert all(set(rows) <= chosen or not set(rows) & chosen for rows in HOST_PROBES.values())
     assert lean.host_rows == chosen and "numpy/torch measured" in lean.description
+    assert all(f"at width {width}" in lean.description for width in HOST_PROBES)
     assert LeanForward(tiny("llama", layers=1).to(torch.bfloat16)).host_products("on") == NO_HOST
     with pytest.raises(ValueError, match="auto, on or off"):
         lean.host_products("yes")

@@ -68,7 +68,10 @@ HOST_ROWS = 16  # products of at most this many rows may run through numpy's BLA
 HOST_CONTEXT = 256  # tokens of context behind host_products' timed forwards
 HOST_REPEATS = 11  # timed forwards per width and route (after one warm-up round)
 HOST_MARGIN = 0.97  # numpy's BLAS takes a width class only when at least 3% faster (ties stay on torch)
-NO_HOST = (1, 0)  # an empty range of rows: no product runs through numpy
+NO_HOST: frozenset[int] = frozenset()  # no product runs through numpy
+# host_products' probes: a forward of each width (key) decides the row counts (value) it stands for
+HOST_PROBES = {1: range(1, 2), 2: range(2, 4), 8: range(4, HOST_ROWS + 1)}
+ALL_HOST_ROWS = frozenset(range(1, HOST_ROWS + 1))
 TRANSPOSED_WEIGHTS_MAX_BYTES = 2 << 30  # transposed_weights="auto": copy the weights of models up to this size
 Mask = tuple[int, torch.Tensor | None]  # (first key slot attended, additive mask / CAUSAL / None)
 
@@ -152,6 +155,20 @@ def _gpt2_family_reason(model: PreTrainedModel) -> str | None:
     if _norm_kind(body.ln_f) != "layer":
         return f"final norm is a {type(body.ln_f).__name__}"
     return None
+
+
+def _spans(rows: frozenset[int]) -> str:
+    """Row counts as spans: {1, 4, 5, 6} -> "1, 4-6"."""
+    spans, ordered = [], sorted(rows)
+    start = prev = ordered[0]
+    for row in ordered[1:] + [None]:
+        if row is not None and row == prev + 1:
+            prev = row
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if row is not None:
+            start = prev = row
+    return ", ".join(spans)
 
 
 def _host_blas_libraries() -> list:
@@ -283,11 +300,11 @@ class _Matmul:
     narrow: int  # the most rows that take the (out_in @ x.T).T route (0: never: a GPU, not float32)
     sizes: tuple[int, ...] = ()  # output features of each part of a fused product, in order
     host: np.ndarray | None = None  # in_out as numpy sees it (the same memory), see host_rows
-    host_rows: tuple[int, int] = NO_HOST  # products of lo..hi rows run through numpy's BLAS
+    host_rows: frozenset[int] = NO_HOST  # products of these many rows run through numpy's BLAS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        if self.host_rows[0] <= rows <= self.host_rows[1]:
+        if rows in self.host_rows:
             out = torch.from_numpy(np.matmul(x.numpy(), self.host))
             return out if self.bias is None else out.add_(self.bias)
         if self.in_out is not None and (rows == 1 or self.out_in is None):
@@ -298,14 +315,12 @@ class _Matmul:
             return torch.addmm(self.bias.unsqueeze(1), self.out_in, x.t()).t()
         return F.linear(x, self.out_in, self.bias)
 
-    def routed(self, rows: tuple[int, int]) -> "_Matmul":
-        """This product with ``rows`` (lo, hi) through numpy's BLAS; where it holds no [in, out]
-        layout (the one that BLAS streams for few rows), unchanged."""
+    def routed(self, rows: frozenset[int]) -> "_Matmul":
+        """This product with ``rows`` (row counts) through numpy's BLAS; where it holds no
+        [in, out] layout (the one that BLAS streams for few rows), unchanged."""
         if self.in_out is None or self.in_out.device.type != "cpu" or self.in_out.dtype != torch.float32:
             return self
-        empty = rows[0] > rows[1]
-        return dataclasses.replace(self, host=None if empty else self.in_out.detach().numpy(),
-                                   host_rows=NO_HOST if empty else rows)
+        return dataclasses.replace(self, host=self.in_out.detach().numpy() if rows else None, host_rows=rows)
 
     def nbytes_copied(self) -> int:
         """Bytes this product holds beyond the module's own weight (the second layout)."""
@@ -368,7 +383,7 @@ class _Layer:
     def matmuls(self) -> list[_Matmul]:
         return [m for m in (self.qkv, self.o, self.gate_up, self.up, self.down) if m is not None]
 
-    def routed(self, rows: tuple[int, int]) -> "_Layer":
+    def routed(self, rows: frozenset[int]) -> "_Layer":
         """This layer with its products of ``rows`` through numpy's BLAS (``_Matmul.routed``)."""
         return dataclasses.replace(self, **{name: getattr(self, name).routed(rows)
                                             for name in ("qkv", "o", "gate_up", "up", "down")
@@ -441,30 +456,29 @@ class LeanForward:
         parts = ["static KV cache"]
         if self.copied_bytes:
             parts.append(f"weights also held transposed (+{self.copied_bytes / 2**20:.0f} MiB)")
-        if self.host_rows != NO_HOST:
-            lo, hi = self.host_rows
-            parts.append(f"products of {lo}{'' if lo == hi else f'-{hi}'} rows through numpy's BLAS"
-                         f" ({host_blas()})")
+        if self.host_rows:
+            rows = "1 row" if self.host_rows == {1} else f"{_spans(self.host_rows)} rows"
+            parts.append(f"products of {rows} through numpy's BLAS ({host_blas()})")
         if self.host_note:
             parts.append(self.host_note)
         return ", ".join(parts)
 
-    def route_products(self, rows: tuple[int, int]) -> None:
-        """Run every product (the LM head's too) of ``rows`` = (lo, hi) rows through numpy's
-        BLAS; ``NO_HOST`` for none. Only products held in the [in, out] layout take it (float32 on
-        a CPU: ``transposed_weights``, or GPT-2's Conv1D as stored)."""
+    def route_products(self, rows: frozenset[int]) -> None:
+        """Run every product (the LM head's too) of ``rows`` (row counts) through numpy's BLAS;
+        ``NO_HOST`` for none. Only products held in the [in, out] layout take it (float32 on a
+        CPU: ``transposed_weights``, or GPT-2's Conv1D as stored)."""
         self.layers = [layer.routed(rows) for layer in self.layers]
         self.lm_head = self.lm_head.routed(rows)
-        self.host_rows = NO_HOST if rows[0] > rows[1] or self.lm_head.host is None else rows
+        self.host_rows = rows if self.lm_head.host is not None else NO_HOST
 
-    def host_products(self, setting: str = "auto", repeats: int = HOST_REPEATS) -> tuple[int, int]:
+    def host_products(self, setting: str = "auto", repeats: int = HOST_REPEATS) -> frozenset[int]:
         """Choose which products run through numpy's BLAS (``route_products``): "off" none, "on"
         every product of 1-``HOST_ROWS`` rows, "auto" what measures faster on this machine: a
-        one-token step (every product one row) and an 8-token verify (products of 8 rows), each
-        timed both ways, interleaved, ``repeats`` times after ``HOST_CONTEXT`` tokens; one-row
-        products go to numpy if its step was faster by ``HOST_MARGIN``, 2-``HOST_ROWS`` rows if
-        its verify was (so a tie, within this machine's noise, stays on torch).
-        numpy's BLAS runs on one thread (``limit_host_threads``). Returns the rows chosen."""
+        forward of each ``HOST_PROBES`` width (1: a decode step; 2: a short verify; 8), timed both
+        ways, interleaved, ``repeats`` times after ``HOST_CONTEXT`` tokens; the row counts a
+        probe stands for go to numpy if its forward was faster there by ``HOST_MARGIN`` (so a
+        tie, within this machine's noise, stays on torch). numpy's BLAS runs on one thread
+        (``limit_host_threads``). Returns the row counts chosen."""
         if setting not in ("auto", "on", "off"):
             raise ValueError(f"host products must be auto, on or off, not {setting!r}")
         weight = self.embed.weight
@@ -475,29 +489,29 @@ class LeanForward:
             return self.host_rows
         limit_host_threads()
         if setting == "on":
-            self.route_products((1, HOST_ROWS))
+            self.route_products(ALL_HOST_ROWS)
             return self.host_rows
         generator = torch.Generator().manual_seed(0)
         vocab = self.embed.weight.shape[0]
         cache = self.new_cache(HOST_CONTEXT + 16)
         self.forward(torch.randint(0, vocab, (1, HOST_CONTEXT), generator=generator), cache, last_only=True)
         times: dict[tuple[int, bool], list[float]] = {}
-        for width in (1, 8):
+        for width in HOST_PROBES:
             ids = torch.randint(0, vocab, (1, width), generator=generator)
             for i in range(repeats + 1):
                 for host in ((False, True) if i % 2 else (True, False)):
-                    self.route_products((1, HOST_ROWS) if host else NO_HOST)
+                    self.route_products(ALL_HOST_ROWS if host else NO_HOST)
                     started = time.perf_counter()
                     self.forward(ids, cache, last_only=True)
                     if i:  # the first round warms up
                         times.setdefault((width, host), []).append(time.perf_counter() - started)
                     cache.length = HOST_CONTEXT
         median = {key: statistics.median(values) * 1000 for key, values in times.items()}
-        one = median[1, True] < HOST_MARGIN * median[1, False]
-        few = median[8, True] < HOST_MARGIN * median[8, False]
-        self.host_note = (f"numpy/torch measured {median[1, True]:.2f}/{median[1, False]:.2f} ms a step, "
-                          f"{median[8, True]:.2f}/{median[8, False]:.2f} ms an 8-token verify")
-        self.route_products((1 if one else 2, HOST_ROWS if few else 1))
+        chosen = frozenset(rows for width, rows in HOST_PROBES.items()
+                           if median[width, True] < HOST_MARGIN * median[width, False] for rows in rows)
+        self.host_note = "numpy/torch measured " + ", ".join(
+            f"{median[width, True]:.2f}/{median[width, False]:.2f} ms at width {width}" for width in HOST_PROBES)
+        self.route_products(chosen)
         return self.host_rows
 
     def _describe_llama(self, model: PreTrainedModel, copy: bool) -> None:
