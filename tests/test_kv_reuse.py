@@ -277,6 +277,20 @@ def test_releasing_the_models_frees_them_and_their_forward_paths(llama_pair):
     assert engine.complete(request("def f(x):\n    return x\n", 13)).token_ids
 
 
+def test_finished_workspace_indexing_freezes_what_it_built(llama_pair):
+    """The workspace's indexes live as long as the engine: once idle time has indexed the
+    pending files, they are frozen too (full collections skip them), as the models were at load."""
+    import gc
+
+    engine = make_engine(*llama_pair)
+    engine.set_corpus_file("lib/util.py", "def helper(x):\n    return x + 1\n" * 200)
+    frozen = gc.get_freeze_count()
+    while engine.index_pending_corpus(0.05):
+        pass
+    assert gc.get_freeze_count() > frozen
+    assert not engine.index_pending_corpus(0.05)  # nothing pending: no further settling
+
+
 def test_a_completion_is_remembered_and_drafts_the_next_request(spm_engine, sample_source):
     """Each completion is indexed for lookup on its document (``lookup:suggested``, the last
     ``SUGGESTIONS_KEPT``): a keystroke later the target mostly rewrites it, also when the user

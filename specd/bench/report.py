@@ -184,9 +184,9 @@ def goals(workloads: dict[str, Any]) -> list[dict[str, Any]]:
     edit-replay workload (completing lines of a file that already holds similar code), tokens per
     forward and speed against HF peers that start cold. Issues 15/16: against ``llamacpp`` (what
     users would pick instead; greedy, prompt cache on), at least 1.5x on edit replay and 1.0x on
-    every other workload. Issue 12: within 5% of each ablation, paired (``vs_ablations``). A goal is met only when specd's outputs there are identical to the
-    reference's and at least one of them is non-empty (``evidence``: completions with a non-empty
-    reference that specd matched)."""
+    every other workload. Issue 12: within 5% of each ablation, paired (``vs_ablations``). A goal
+    is met only when specd's outputs there are identical to the reference's and at least one of
+    them is non-empty (``evidence``: completions with a non-empty reference that specd matched)."""
     out: list[dict[str, Any]] = []
     for name, workload in workloads.items():
         methods = workload["methods"]

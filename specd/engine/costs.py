@@ -103,8 +103,6 @@ class ForwardCosts:
     head_row: float = 0.0  # ms per row of logits computed on demand (0: rows come with the forward)
     draft_step: float | None = None  # one draft token after a synced cache
     draft_per_token: float | None = None  # draft catch-up (prefill) per token, beyond one step
-    _sorted: list[int] = field(default_factory=list, repr=False, compare=False)
-    _sorted_key: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     def target_ms(self, width: int) -> float:
         """Interpolated between measured widths; beyond the widest, extended along the last slope."""
@@ -112,7 +110,7 @@ class ForwardCosts:
             return 1.0 + 0.05 * (width - 1)  # unmeasured: only ratios matter, assume nearly flat
         if width in self.target:
             return self.target[width]
-        known = self._widths()
+        known = sorted(self.target)
         i = bisect.bisect_left(known, width)
         if i == 0:
             return self.target[known[0]]
@@ -124,14 +122,6 @@ class ForwardCosts:
             lo, hi = known[i - 1], known[i]
         slope = (self.target[hi] - self.target[lo]) / (hi - lo)
         return max(self.target[lo] + slope * (width - lo), 1e-3)
-
-    def _widths(self) -> list[int]:
-        """The measured widths, sorted (the planner asks for many widths per step; re-sorted only
-        when a width is added or the table replaced)."""
-        key = (id(self.target), len(self.target))
-        if self._sorted_key != key:
-            self._sorted, self._sorted_key = sorted(self.target), key
-        return self._sorted
 
     def draft_ms(self, catch_up: int, steps: int) -> float:
         """A draft chain of ``steps`` tokens whose first forward also runs ``catch_up`` tokens
