@@ -123,6 +123,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                            "BLAS (OpenBLAS in numpy's wheels) instead of torch's; auto = where "
                                            "a few forwards timed at load say it is faster",
                               choices=("auto", "on", "off")),
+        "cuda_graphs": Key(str, "auto", "lean forward on a GPU: record each document's decode and verify "
+                                        "forwards (1-32 tokens) as CUDA graphs on first use and replay them, "
+                                        "one launch instead of hundreds a step; checked against the eager "
+                                        "forward at load; auto = on where the models are on CUDA",
+                           choices=("auto", "on", "off")),
         "forward_backend": Key(str, "torch", "what runs the forwards: torch (the lean path or transformers'), or "
                                              "llamacpp (llama.cpp's CPU kernels on a GGUF written from the same "
                                              "weights; needs llama-cpp-python; Llama/Mistral/Qwen2, CPU only)",

@@ -25,13 +25,16 @@ EDIT_TEXT = st.text(alphabet=st.sampled_from(list("abcdefxyz_ ()[]:=.,'\"\n    \
 def engines(tiny_pairs, tiny_root):
     """Per arch: one engine whose draft is the tiny random model (rejections) and one whose
     draft is the target plus noise (partial acceptance); the first runs every product on
-    torch, the second every product of 1-16 rows through numpy's BLAS (engine.numpy_products)."""
+    torch, the second every product of 1-16 rows through numpy's BLAS (engine.numpy_products)
+    and its decode and verify steps through the static-shape forward that CUDA graphs record
+    (engine.cuda_graphs; "eager": run, not recorded, on a CPU)."""
     out = {}
     for arch, (target, draft) in tiny_pairs.items():
         near = make_near_draft(target, tiny_root / arch / "near-draft")
         out[arch] = {
             "random": make_engine(target, draft, prefix_tokens=384, suffix_tokens=128, numpy_products="off"),
-            "near": make_engine(target, near, prefix_tokens=384, suffix_tokens=128, numpy_products="on"),
+            "near": make_engine(target, near, prefix_tokens=384, suffix_tokens=128, numpy_products="on",
+                                cuda_graphs="eager"),
         }
     return out
 
@@ -69,6 +72,7 @@ def test_near_draft_is_accepted_and_still_lossless(arch, engines, sample_source)
     tokens), and the output is still exactly the target's."""
     engine = engines[arch]["near"]
     assert all(path.host_rows == frozenset(range(1, 17)) for path, _ in engine.paths.values())  # numpy's BLAS
+    assert all(path.graphs is not None for path, _ in engine.paths.values())  # replayed steps
     offset = sample_source.index("    def sell")
     result = engine.complete(CompletionRequest(uri=f"file:///near-{arch}.py", text=sample_source, offset=offset,
                                                max_tokens=MAX_TOKENS, stop_at_block_end=False,
@@ -76,6 +80,10 @@ def test_near_draft_is_accepted_and_still_lossless(arch, engines, sample_source)
     assert_lossless(engine, result, MAX_TOKENS)
     assert result.sources["draft"].accepted > 0
     assert result.target_forwards < len(result.token_ids)
+    # the target's verifies and the draft's steps replayed recordings of their document's caches
+    state = engine.caches.get(f"file:///near-{arch}.py")
+    assert any(width > 1 and not last_only for width, last_only in state.target.cache.graphs)
+    assert (1, True) in state.draft.cache.graphs
 
 
 def test_lookup_drafts_from_other_open_buffers(engines, sample_source):

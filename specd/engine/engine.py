@@ -58,6 +58,7 @@ class EngineOptions:
     fast_forward: bool = True  # the lean static-cache forward where the architecture allows
     transposed_weights: str = "auto"  # auto | on | off (fastpath.LeanForward)
     numpy_products: str = "auto"  # auto | on | off (fastpath.LeanForward.host_products)
+    cuda_graphs: str = "auto"  # auto | on | off (fastpath.LeanForward.use_graphs)
     forward_backend: str = "torch"  # torch | llamacpp (specd.llamacpp.forward)
     token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it
     draft_max: int = 8
@@ -79,7 +80,7 @@ class EngineOptions:
 
 # The options that decide which forward paths an engine builds (``Engine.share_paths``).
 FORWARD_OPTIONS = ("target", "draft", "device", "dtype", "trust_remote_code", "fast_forward",
-                   "transposed_weights", "numpy_products", "forward_backend")
+                   "transposed_weights", "numpy_products", "cuda_graphs", "forward_backend")
 
 
 @dataclass
@@ -570,7 +571,8 @@ def fit_prompt_budget(prefix: int, suffix: int, context: int, window: int | None
 
 def choose_forward_path(model, options: EngineOptions):
     """(path, why): the lean static-cache forward where it serves the model exactly (its
-    products routed as ``engine.numpy_products`` says, measured here when auto), else
+    products routed as ``engine.numpy_products`` says, measured here when auto; its narrow
+    steps replayed from CUDA graphs as ``engine.cuda_graphs`` says), else
     transformers' own (why says what stands in the way)."""
     from specd.engine.fastpath import LeanForward, unsupported_reason
 
@@ -581,6 +583,7 @@ def choose_forward_path(model, options: EngineOptions):
         return compat.HFForward(model), reason
     lean = LeanForward(model, options.transposed_weights)
     lean.host_products(options.numpy_products)
+    lean.use_graphs(options.cuda_graphs)
     return lean, None
 
 

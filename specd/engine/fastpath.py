@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import statistics
 import time
@@ -46,6 +47,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
+
+from specd.engine.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
+
+log = logging.getLogger(__name__)
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2")
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
@@ -73,6 +78,10 @@ NO_HOST: frozenset[int] = frozenset()  # no product runs through numpy
 HOST_PROBES = {1: range(1, 2), 2: range(2, 4), 8: range(4, HOST_ROWS + 1)}
 ALL_HOST_ROWS = frozenset(range(1, HOST_ROWS + 1))
 TRANSPOSED_WEIGHTS_MAX_BYTES = 2 << 30  # transposed_weights="auto": copy the weights of models up to this size
+GRAPH_CHECK_CONTEXT = 40  # tokens behind use_graphs' check forwards
+# how far a replayed forward's logits may lie from the eager one's, relative to the largest logit
+# (the same maths; attention over the whole capacity sums in another order)
+GRAPH_TOLERANCE = {torch.float32: 1e-3, None: 5e-2}
 Mask = tuple[int, torch.Tensor | None]  # (first key slot attended, additive mask / CAUSAL / None)
 
 
@@ -238,10 +247,15 @@ class StaticCache:
     Capacity doubles when a forward needs more (one copy, amortized), up to the model's
     max_position_embeddings, and past it only as far as a forward actually reaches."""
 
-    def __init__(self, kv: list[torch.Tensor], max_positions: int):
+    def __init__(self, kv: list[torch.Tensor], max_positions: int, zeroed: bool = False):
+        """``zeroed``: every slot starts at zero, also after growth (a replayed forward attends
+        over the whole capacity under a mask, and a never-written slot holding NaN bits would
+        still poison it: NaN times a zero weight is NaN)."""
         self.kv = kv
         self.length = 0
         self.max_positions = max_positions
+        self.zeroed = zeroed
+        self.graphs: dict[tuple[int, bool], Captured] = {}  # (width, last_only): see graphs.py
 
     @property
     def capacity(self) -> int:
@@ -257,13 +271,17 @@ class StaticCache:
         capacity = max(needed, min(capacity, self.max_positions))
         grown = []
         for old in self.kv:
-            new = old.new_empty(old.shape[0], old.shape[1], capacity, old.shape[3])
+            shape = (old.shape[0], old.shape[1], capacity, old.shape[3])
+            new = old.new_zeros(shape) if self.zeroed else old.new_empty(shape)
             new[:, :, :self.length] = old[:, :, :self.length]
             grown.append(new)
         self.kv = grown
+        self.graphs.clear()  # they replay the old tensors
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.kv)
+        """K/V and the outputs of the recorded graphs (each holds its logits on the device)."""
+        held = [*self.kv, *(captured.out for captured in self.graphs.values())]
+        return sum(t.numel() * t.element_size() for t in held)
 
 
 @dataclass(frozen=True)
@@ -449,6 +467,8 @@ class LeanForward:
         self._cos = self._sin = torch.empty(0)  # rotary tables [positions, head_dim], see _rope
         self.host_rows = NO_HOST
         self.host_note = ""  # what host_products measured, for the description
+        self.graphs: CudaGraphs | EagerGraphs | None = None  # see use_graphs
+        self.graph_note = ""
 
     @property
     def description(self) -> str:
@@ -461,6 +481,8 @@ class LeanForward:
             parts.append(f"products of {rows} through numpy's BLAS ({host_blas()})")
         if self.host_note:
             parts.append(self.host_note)
+        if self.graph_note:
+            parts.append(self.graph_note)
         return ", ".join(parts)
 
     def route_products(self, rows: frozenset[int]) -> None:
@@ -558,15 +580,18 @@ class LeanForward:
     @property
     def lazy_head(self) -> bool:
         """Verification reads logits row by row (``kvcache.LazyRows``) on a CPU; on a GPU one
-        kernel for every row costs about one row, and each row read would be a device sync."""
-        return self.embed.weight.device.type == "cpu"
+        kernel for every row costs about one row, and each row read would be a device sync.
+        Replayed forwards (``use_graphs``) compute every row, as on a GPU."""
+        return self.embed.weight.device.type == "cpu" and self.graphs is None
 
     def new_cache(self, capacity: int = INITIAL_CAPACITY) -> StaticCache:
         weight = self.embed.weight
         shape = (2, self.kv_heads, min(capacity, self.max_positions), self.head_dim)
+        zeroed = self.graphs is not None  # see StaticCache
+        make = torch.zeros if zeroed else torch.empty
         with torch.inference_mode():
-            kv = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in self.layers]
-        return StaticCache(kv, self.max_positions)
+            kv = [make(shape, dtype=weight.dtype, device=weight.device) for _ in self.layers]
+        return StaticCache(kv, self.max_positions, zeroed)
 
     @staticmethod
     def cache_length(cache: StaticCache) -> int:
@@ -613,6 +638,8 @@ class LeanForward:
         last_position = end - 1 if depths is None else start + max(depths)
         if self.positions is not None and last_position >= self.positions.num_embeddings:
             raise ValueError(f"position {last_position} is past the model's {self.positions.num_embeddings} learned positions")
+        if self.graphs is not None and parents is None and head and width <= GRAPH_WIDTHS:
+            return self._replayed(input_ids, cache, last_only)
         cache.reserve(end)
         device = input_ids.device
         positions = None if depths is None else torch.tensor(depths, device=device) + start
@@ -665,12 +692,139 @@ class LeanForward:
         transposed view, which every row-wise consumer takes as it is."""
         return self.lm_head(x)
 
+    # ---- replayed forwards (CUDA graphs, see graphs.py) ----------------------------------
+
+    def use_graphs(self, setting: str = "auto") -> None:
+        """Replay sequence forwards of 1-``GRAPH_WIDTHS`` tokens from recorded graphs: "auto" and
+        "on" where the model is on a CUDA device ("on" elsewhere says why not in the
+        description), "off" never; "eager" runs the same static-shape forwards unrecorded
+        (tests). A check forward of each kind, recorded and replayed at two positions, must
+        match the eager forward, or the path stays eager and the description says why."""
+        if setting not in ("auto", "on", "off", "eager"):
+            raise ValueError(f"cuda graphs must be auto, on or off, not {setting!r}")
+        self.graphs, self.graph_note = None, ""
+        device = self.embed.weight.device
+        if setting == "off":
+            return
+        if setting != "eager" and device.type != "cuda":
+            if setting == "on":
+                self.graph_note = f"no CUDA graphs: the model is on {device.type}"
+            return
+        self.graphs = EagerGraphs() if setting == "eager" else CudaGraphs(device)
+        problem = self._check_graphs()
+        if problem is not None:
+            self.graphs, self.graph_note = None, f"CUDA graphs off: {problem}"
+            log.warning("lean forward: %s", self.graph_note)
+            return
+        self.graph_note = (f"{'CUDA graphs' if self.graphs.name == 'cuda' else 'static-shape forwards (eager)'}"
+                           f" for 1-{GRAPH_WIDTHS}-token steps, recorded per document on first use")
+
+    def _check_graphs(self) -> str | None:
+        """None if replayed forwards match eager ones on this model, else what went wrong."""
+        generator = torch.Generator().manual_seed(0)
+        vocab, device = self.embed.weight.shape[0], self.embed.weight.device
+        cache = self.new_cache(GRAPH_CHECK_CONTEXT + GRAPH_WIDTHS)
+        tolerance = GRAPH_TOLERANCE.get(self.embed.weight.dtype, GRAPH_TOLERANCE[None])
+        recorder = self.graphs
+        try:
+            with torch.inference_mode():
+                prompt = torch.randint(0, vocab, (1, GRAPH_CHECK_CONTEXT), generator=generator).to(device)
+                self.forward(prompt, cache, last_only=True)  # wider than any graph: eager
+                for width, last_only in ((1, True), (3, False)):
+                    ids = torch.randint(0, vocab, (1, width + 1), generator=generator).to(device)
+                    for shift in (0, 1):  # the second replays what the first recorded, a position on
+                        step, start = ids[:, shift:shift + width], GRAPH_CHECK_CONTEXT + shift
+                        cache.length = start
+                        replayed = self.forward(step, cache, last_only=last_only)
+                        cache.length, self.graphs = start, None
+                        try:
+                            eager = self.forward(step, cache, last_only=last_only)
+                        finally:
+                            self.graphs = recorder
+                        scale = max(1.0, eager.abs().max().item())
+                        difference = (replayed - eager).abs().max().item()
+                        if not difference <= tolerance * scale:  # NaN fails too
+                            return (f"a replayed {width}-token forward differs from the eager one by "
+                                    f"{difference:.3g} (logits up to {scale:.3g})")
+        except Exception as err:  # recording can fail where an op cannot be captured
+            return f"recording a forward failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        finally:
+            self.graphs = recorder
+        return None
+
+    def _replayed(self, input_ids: torch.Tensor, cache: StaticCache, last_only: bool) -> torch.Tensor:
+        """``forward`` of a few tokens through the cache's recorded graph for this width and
+        output (recorded now if it has none); the logits are copied out of the graph's output."""
+        start, width = cache.length, input_ids.shape[1]
+        cache.reserve(start + width)
+        key = (width, last_only)
+        captured = cache.graphs.get(key)
+        if captured is None:
+            captured = self._record(input_ids, cache, last_only)
+            cache.graphs[key] = captured
+        captured.ids.copy_(input_ids)
+        captured.start.fill_(start)
+        captured.replay()
+        logits = captured.out.clone()
+        cache.length = start + width
+        return logits
+
+    def _record(self, input_ids: torch.Tensor, cache: StaticCache, last_only: bool) -> Captured:
+        device, capacity = input_ids.device, cache.capacity
+        ids = input_ids.clone()
+        start = torch.tensor(cache.length, device=device)
+        tables = None
+        if self.rotary is not None:
+            self._rope(0, capacity, device)  # tables for every position of the cache
+            tables = (self._cos, self._sin)
+        kv = list(cache.kv)
+
+        def run() -> torch.Tensor:
+            return self._static_forward(ids, start, kv, capacity, last_only, tables)
+
+        out, replay = self.graphs.record(run)
+        return Captured(ids, start, out, replay, keep=(tables,))
+
+    def _static_forward(self, ids: torch.Tensor, start: torch.Tensor, kv: list[torch.Tensor], capacity: int,
+                        last_only: bool, tables: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        """``forward`` with the first position a device tensor: every shape is fixed by the
+        width and the capacity, nothing is read back to the host (so it can be recorded)."""
+        positions = start + torch.arange(ids.shape[1], device=ids.device)
+        cos = sin = None
+        if tables is not None:
+            cos, sin = tables[0][positions].unsqueeze(1), tables[1][positions].unsqueeze(1)
+        x = F.embedding(ids[0], self.embed.weight)
+        if self.positions is not None:
+            x.add_(self.positions.weight[positions])
+        masks: dict[int | None, Mask] = {}
+        for layer, layer_kv in zip(self.layers, kv):
+            if layer.window not in masks:
+                masks[layer.window] = (0, self._positions_mask(positions, capacity, layer.window))
+            x = self._decoder_layer(layer, x, layer_kv, cos, sin, positions, capacity, masks[layer.window])
+        if last_only:
+            x = x[-1:]
+        return self._lm_head(_apply_norm(x, self.final_norm)).float()
+
+    def _positions_mask(self, positions: torch.Tensor, capacity: int, window: int | None) -> torch.Tensor:
+        """``_mask`` over every slot of a cache of ``capacity`` for queries at ``positions``
+        (a device tensor), as the grouped queries of a narrow forward read it."""
+        key = torch.arange(capacity, device=positions.device).unsqueeze(0)  # [1, S]
+        query = positions.unsqueeze(1)  # [T, 1]
+        allowed = key <= query
+        if window is not None:
+            allowed &= key > query - window
+        bias = torch.zeros(allowed.shape, dtype=self.embed.weight.dtype, device=positions.device)
+        bias.masked_fill_(~allowed, float("-inf"))
+        return bias.repeat(self.heads // self.kv_heads, 1)
+
     # ---- one layer ----------------------------------------------------------------------
 
     def _decoder_layer(self, layer: _Layer, x: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor | None,
-                       sin: torch.Tensor | None, start: int, end: int, mask: Mask) -> torch.Tensor:
+                       sin: torch.Tensor | None, start: int | torch.Tensor, end: int, mask: Mask) -> torch.Tensor:
         """x: [T, hidden] -> [T, hidden] (updated in place: x is this forward's own activation).
-        cos/sin: rotary tables, None for a model with learned positions."""
+        cos/sin: rotary tables, None for a model with learned positions. K/V go to slots
+        start .. end - 1; in a replayed forward ``start`` is the tensor of those slots and
+        ``end`` the cache's capacity, all of which the mask's keys span."""
         width, heads, kv_heads, dim = x.shape[0], self.heads, self.kv_heads, self.head_dim
         h = _apply_norm(x, layer.attn_norm)
         qkv = layer.qkv(h)
@@ -682,8 +836,12 @@ class LeanForward:
             if cos is not None:
                 qk = _rotate(qk, cos, sin)  # qk: [T, H + KV, D], one rotation for both
             q, k = qk[:, :heads], qk[:, heads:]
-        kv[0, :, start:end] = k.transpose(0, 1)
-        kv[1, :, start:end] = v.transpose(0, 1)
+        if isinstance(start, int):
+            kv[0, :, start:end] = k.transpose(0, 1)
+            kv[1, :, start:end] = v.transpose(0, 1)
+        else:  # a replayed forward (_static_forward): start holds the new positions, on the device
+            kv[0].index_copy_(1, start, k.transpose(0, 1))
+            kv[1].index_copy_(1, start, v.transpose(0, 1))
         out = self._attend(q, kv, end, mask, layer.scale)  # out: [T, H * D]
         x.add_(layer.o(out))
         h = _apply_norm(x, layer.mlp_norm)
