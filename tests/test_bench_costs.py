@@ -148,3 +148,26 @@ def test_a_bench_measures_forward_costs_unless_told_not_to(llama_pair, corpus_di
 def test_only_and_skip_contradict(capsys):
     assert main(["bench", "--forward-costs-only", "--no-forward-costs"]) == 2
     assert "--forward-costs-only" in capsys.readouterr().err
+
+
+def test_an_engine_replaying_graphs_has_its_lean_path_measured_also_without(llama_pair):
+    """Where the engine's lean path replays CUDA graphs (here the static-shape forward run
+    eagerly, as on a CPU only tests can), the lean forward without them is measured beside it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specd.bench.costs import candidate_paths, format_forward_costs, measure_role
+    from specd.engine.fastpath import LeanForward
+
+    model = AutoModelForCausalLM.from_pretrained(llama_pair[0], dtype=torch.float32).eval()
+    lean = LeanForward(model)
+    lean.use_graphs("eager")
+    paths, unavailable = candidate_paths(model, lean)
+    assert list(paths) == ["hf", "lean", "lean_eager"] and unavailable == {}
+    assert paths["lean"] is lean and paths["lean_eager"].graphs is None
+    role = measure_role(model, lean, list(range(1, 200)), [64], [1, 2], 64, repeats=2, synchronize=lambda: None)
+    assert set(role["paths"]) == {"hf", "lean", "lean_eager"}
+    assert "verify_one_row_ms" not in role["paths"]["lean"]  # replays compute every row, as on a GPU
+    assert "verify_one_row_ms" in role["paths"]["lean_eager"]
+    table = format_forward_costs({"repeats": 2, "target": role, "draft": None})
+    assert any(line.split()[:2] == ["lean_eager", "64"] for line in table.splitlines())

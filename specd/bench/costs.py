@@ -3,8 +3,9 @@
 The engine runs each model through one of three forward paths (``compat.HFForward``, which every
 architecture can take, ``fastpath.LeanForward`` for Llama- and GPT-2-family models, or
 ``specd.llamacpp.forward.LlamaCppForward`` with ``engine.forward_backend = llamacpp``). This
-measures each one that serves the model (llama.cpp's where llama-cpp-python is installed), so
-a report says what each path buys on this machine and what a forward of each width costs:
+measures each one that serves the model (llama.cpp's where llama-cpp-python is installed; and
+``lean_eager``, the lean forward without CUDA graphs, where the engine's lean path replays them),
+so a report says what each path buys on this machine and what a forward of each width costs:
 
 - target: median ms of a forward of 1, 2, 4, 8 and 16 new tokens (a decode step up to a long
   verify) after 512 and 2048 tokens of context, and of a 1024-token prefill from empty
@@ -75,12 +76,14 @@ def candidate_paths(model, engine_path, llamacpp: Callable[[], Any] | None = Non
             paths["lean"] = LeanForward(model)
         else:
             unavailable["lean"] = reason
+    elif getattr(engine_path, "graphs", None) is not None:  # the engine replays CUDA graphs: and without?
+        paths["lean_eager"] = LeanForward(model)
     if "llamacpp" not in paths and llamacpp is not None:
         try:
             paths["llamacpp"] = llamacpp()
         except Exception as err:  # not installed, not exportable, not on the CPU
             unavailable["llamacpp"] = str(err).splitlines()[0]
-    return {name: paths[name] for name in ("hf", "lean", "llamacpp") if name in paths}, unavailable
+    return {name: paths[name] for name in ("hf", "lean", "lean_eager", "llamacpp") if name in paths}, unavailable
 
 
 def _median_ms(run: Callable[[], object], reset: Callable[[], None], repeats: int,
@@ -240,6 +243,8 @@ def _path_names(model, engine_path) -> str:
     names = ["hf"]
     if engine_path.name == "lean" or unsupported_reason(model) is None:
         names.append("lean")
+    if getattr(engine_path, "graphs", None) is not None:
+        names.append("lean_eager")
     if engine_path.name == "llamacpp" or available():
         names.append("llamacpp")
     return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names) + " paths"
@@ -278,7 +283,8 @@ def format_forward_costs(costs: dict[str, Any]) -> str:
     cap = costs.get("cap")
     limit = f"; contexts at most {cap} tokens (window {costs.get('window')} less {WINDOW_MARGIN})" if cap else ""
     lines = [f"forward costs: median ms of {costs['repeats']} forwards after a warm-up; prefill ms per 1k "
-             f"tokens{limit}; lean/hf = lean ms / hf ms (<1: lean is faster); lean:1row = what a "
+             f"tokens{limit}; lean/hf = lean ms / hf ms (<1: lean is faster); lean_eager = the lean "
+             "forward without the CUDA graphs the engine replays (when it does); lean:1row = what a "
              "verify costs on a CPU when its first drafted token is rejected (the forward, then one row "
              "of logits: the engine computes rows as verification reads them)"]
     lines += _role_lines("target", costs["target"], step_only=False)

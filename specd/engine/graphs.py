@@ -66,7 +66,8 @@ class CudaGraphs:
             run()
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: work other threads put on the device meanwhile does not void the recording
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = run()
         return out, graph.replay
 
