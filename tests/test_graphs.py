@@ -211,3 +211,37 @@ def test_a_failed_replay_leaves_the_cache_length_unchanged(monkeypatch):
     assert lean.cache_length(cache) == 22
     monkeypatch.undo()
     assert_close(lean.forward(seq[:, 22:24], cache), LeanForward(model).forward(seq, LeanForward(model).new_cache())[22:])
+
+
+def test_a_step_that_recorded_a_graph_first_is_not_timed_for_the_planner(tiny_pairs):
+    """A recording costs a few forwards once; timed as a forward of its width it would price
+    that width out for a while. The planner hears of replays only (and of every eager step)."""
+    from engine_helpers import make_engine
+    from specd.engine import CompletionRequest
+    from specd.engine.decode import _timed
+
+    class Held:
+        recordings = 3
+
+    class Rows:
+        head_ms = 1.0
+
+    started = __import__("time").perf_counter() - 0.050
+    assert 45 <= _timed(started, 3, Held, Rows) < 1000 and _timed(started, 2, Held, Rows) is None
+
+    target, draft = tiny_pairs["llama"]
+    engine = make_engine(target, draft, free_drafting=False, cuda_graphs="eager", use_draft_model=False)
+    lean = engine.paths["target"][0]
+    events = []
+    forward, record, record_target = lean.forward, lean._record, engine.planning.costs.record_target
+    lean.forward = lambda *args, **kwargs: (events.append("forward"), forward(*args, **kwargs))[1]
+    lean._record = lambda *args: (events.append("record"), record(*args))[1]
+    engine.planning.costs.record_target = lambda width, ms: (events.append(("timed", width)), record_target(width, ms))
+    text = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
+    for uri in ("file:///a.py", "file:///b.py"):
+        engine.complete(CompletionRequest(uri=uri, text=text, offset=len(text), max_tokens=12,
+                                          stop_at_block_end=False))
+    assert events.count("record") >= 2  # each document recorded its own
+    steps = "".join("F" if event == "forward" else "R" if event == "record" else "t" for event in events)
+    assert "FRt" not in steps and "FRF" in steps, steps  # a step that recorded went untimed ...
+    assert steps.count("Ft") >= 12, steps  # ... and the replays were timed

@@ -26,6 +26,7 @@ class FixedLookup:
 class _State:
     ids: list = field(default_factory=list)
     forwards: int = 0
+    recordings: int = 0  # CUDA graphs recorded (KVState.recordings)
 
 
 class CountingModel:

@@ -157,10 +157,12 @@ class DraftPlanner:
             if k:
                 self._relax(unchosen)
                 self.memory.steps_since_model = 0
-                started, forwards = time.perf_counter(), self.model.state.forwards
+                state = self.model.state
+                started, forwards, recordings = time.perf_counter(), state.forwards, state.recordings
                 draft = self.model.propose(seq, k)
-                self.memory.costs.record_draft(catch_up, self.model.state.forwards - forwards,
-                                               (time.perf_counter() - started) * 1000)
+                if state.recordings == recordings:  # a step that recorded a CUDA graph first is no measure
+                    self.memory.costs.record_draft(catch_up, state.forwards - forwards,
+                                                   (time.perf_counter() - started) * 1000)
                 return self._tree(draft, alternatives)
             self.memory.steps_since_model += 1
             unchosen.append(ModelDrafter.source)
@@ -414,6 +416,15 @@ class DecodeOutcome:
     first_token_s: float
 
 
+def _timed(started: float, recordings: int, target: KVState, rows: Rows) -> float | None:
+    """ms of a verify step since ``started``, less the rows of logits computed on demand (they
+    are priced apart); None when the forward recorded a CUDA graph first (``recordings`` moved):
+    a recording costs a few forwards once, and would price that width out for a while."""
+    if target.recordings != recordings:
+        return None
+    return (time.perf_counter() - started) * 1000 - rows.head_ms
+
+
 def speculative_decode(
     target: KVState,
     seq: list[int],
@@ -443,7 +454,7 @@ def speculative_decode(
             return DecodeOutcome(out, "time_budget", forwards, first_token_s)
         room = max_tokens - len(out) - 1  # one token of each step is the target's own
         draft = planner.propose(seq, room)
-        step_started = time.perf_counter()
+        step_started, recordings = time.perf_counter(), target.recordings
         forwards += 1
         if isinstance(draft, DraftTree):
             rows = target.extend_tree([seq[-1], *draft.tokens], [-1, *(parent + 1 for parent in draft.parents)])
@@ -451,9 +462,9 @@ def speculative_decode(
                 path, own = verify_tree_greedy(rows, draft, out, constraint)
             else:
                 path, own = verify_tree(rows, draft, sampling, generator, out, constraint)
-            step_ms = (time.perf_counter() - step_started) * 1000
+            step_ms = _timed(step_started, recordings, target, rows)
             stood = [draft.tokens[node] for node in path]
-            planner.record_tree(draft, stood, step_ms - rows.head_ms, rows.head_ms / max(rows.computed, 1))
+            planner.record_tree(draft, stood, step_ms, rows.head_ms / max(rows.computed, 1))
             target.keep(len(seq) - 1, [0, *(node + 1 for node in path)])  # seq[-1] and the path that stood
             new = [*stood, own]
         else:
@@ -465,8 +476,8 @@ def speculative_decode(
                 if constraint is not None:
                     logits = constraint.rows(logits, out, draft.tokens)
                 accepted, own = verify(logits, draft, sampling, generator)  # reads the logits: a device sync
-            step_ms = (time.perf_counter() - step_started) * 1000
-            planner.record(draft, accepted, step_ms - rows.head_ms, rows.head_ms / max(rows.computed, 1))
+            step_ms = _timed(step_started, recordings, target, rows)
+            planner.record(draft, accepted, step_ms, rows.head_ms / max(rows.computed, 1))
             target.rollback(len(seq) + accepted)  # keep seq[-1] and the accepted drafts
             new = [*draft.tokens[:accepted], own]
         planner.settle(new[0])

@@ -469,6 +469,7 @@ class LeanForward:
         self.host_note = ""  # what host_products measured, for the description
         self.graphs: CudaGraphs | EagerGraphs | None = None  # see use_graphs
         self.graph_note = ""
+        self.recordings = 0  # graphs recorded so far (the planner does not time those forwards)
 
     @property
     def description(self) -> str:
@@ -783,6 +784,7 @@ class LeanForward:
             return self._static_forward(ids, start, kv, capacity, last_only, tables)
 
         out, replay = self.graphs.record(run)
+        self.recordings += 1
         return Captured(ids, start, out, replay, keep=(tables,))
 
     def _static_forward(self, ids: torch.Tensor, start: torch.Tensor, kv: list[torch.Tensor], capacity: int,

@@ -145,6 +145,12 @@ class KVState:
         return LazyRows(self._forward(new_ids, head=False), self.path.head)
 
     @property
+    def recordings(self) -> int:
+        """CUDA graphs this state's forward path has recorded so far (``LeanForward.use_graphs``;
+        0 on every other path): a forward that recorded one first is no measure of its width."""
+        return getattr(self.path, "recordings", 0)
+
+    @property
     def trees(self) -> bool:
         """Whether this state's forward path runs token trees (``extend_tree``)."""
         return getattr(self.path, "trees", False)
