@@ -26,9 +26,12 @@ HOST_ROUND_TRIPS = ("_local_scalar_dense", "item", "nonzero", "masked_select", "
 
 
 def replaying(model) -> LeanForward:
+    """A lean forward that records every narrow forward at its first use (the engine waits for
+    a kind of step to recur, ``record_after``), so each step below runs a recording."""
     lean = LeanForward(model)
     lean.use_graphs("eager")
     assert isinstance(lean.graphs, EagerGraphs), lean.graph_note
+    lean.record_after = 1
     return lean
 
 
@@ -245,3 +248,59 @@ def test_a_step_that_recorded_a_graph_first_is_not_timed_for_the_planner(tiny_pa
     steps = "".join("F" if event == "forward" else "R" if event == "record" else "t" for event in events)
     assert "FRt" not in steps and "FRF" in steps, steps  # a step that recorded went untimed ...
     assert steps.count("Ft") >= 12, steps  # ... and the replays were timed
+
+
+def test_idle_prefill_records_what_the_next_request_replays(tiny_pairs):
+    """On a GPU the first step of each width on a new document records a graph; idle prefill
+    (what the daemon runs between keystrokes) records the usual ones ahead and makes room, so
+    the request after it replays from its first step."""
+    from engine_helpers import make_engine
+    from specd.engine import CompletionRequest
+
+    target, draft = tiny_pairs["qwen2"]
+    engine = make_engine(target, draft, cuda_graphs="eager", use_lookup=False)
+    lean, draft_lean = engine.paths["target"][0], engine.paths["draft"][0]
+    assert not lean.uses and not draft_lean.uses  # the load's check and calibration are forgotten
+    text = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n"
+    uri = "file:///first.py"
+    engine.complete(CompletionRequest(uri=uri, text=text, offset=len(text), max_tokens=10, stop_at_block_end=False))
+    used = {key for key, uses in lean.uses.items() if uses >= lean.record_after}
+    assert any(not last for _, last in used)  # verify or decode steps recurred
+
+    uri, text = "file:///second.py", "".join(f"x{i} = add({i}, {i + 1})\n" for i in range(30)) + text
+    engine.open_document(uri, text)
+    engine.update_document(uri, text + "    return", len(text) + len("    return"))
+    while engine.prefill_pending(10.0):
+        pass
+    state = engine.caches.get(uri)
+    prepared = set(state.target.cache.graphs)
+    assert prepared and prepared <= used and (1, True) in state.draft.cache.graphs
+    held = len(state.target.ids)
+    assert held + engine.options.max_tokens > 256  # more than a new cache holds: room was made
+    assert state.target.cache.capacity >= held + engine.options.max_tokens + engine._widest_verify()
+    recorded = dict(state.target.cache.graphs)
+    result = engine.complete(CompletionRequest(uri=uri, text=text + "    return", offset=len(text) + len("    return"),
+                                               max_tokens=4, stop_at_block_end=False))
+    assert result.token_ids
+    # the request replayed what idle time recorded (the cache did not grow and drop them)
+    assert all(state.target.cache.graphs[key] is captured for key, captured in recorded.items())
+
+
+def test_a_kind_of_step_is_recorded_once_it_recurs():
+    """A prefill's odd-sized last piece is asked for once: not worth a recording (a few
+    forwards' time on a GPU). A width asked for a second time is recorded then, on any cache."""
+    model = tiny("llama")
+    lean = LeanForward(model)
+    lean.use_graphs("eager")
+    assert lean.record_after == 2
+    lean.uses.clear()
+    cache, other = lean.new_cache(), lean.new_cache()
+    lean.forward(ids(40, seed=0), cache)
+    lean.forward(ids(40, seed=0), other)
+    recordings = lean.recordings  # the load-time check's
+    lean.forward(ids(29, seed=1), cache, last_only=True)  # once: eager
+    assert not cache.graphs and lean.recordings == recordings
+    lean.forward(ids(29, seed=2), other, last_only=True)  # again: recorded (on that cache)
+    assert set(other.graphs) == {(29, True)} and lean.recordings == recordings + 1
+    lean.forward(ids(29, seed=3), cache, last_only=True)  # and now on any cache at first use
+    assert set(cache.graphs) == {(29, True)} and lean.recordings == recordings + 2

@@ -151,6 +151,9 @@ class Engine:
             min(m.get_input_embeddings().weight.shape[0] for m in (pair.target, pair.draft) if m is not None),
             self._widest_verify(), pair.device))
         log.info("forward costs: %s", self.planning.costs.describe())
+        for path, _ in self.paths.values():  # which forwards to record is learnt from requests
+            if getattr(path, "uses", None):
+                path.uses.clear()
         settle_heap()
         log.info("engine ready: target %s, draft %s, FIM family %s (%s layout), device %s",
                  pair.target_name, pair.draft_name, self.template.name, self.prompts.layout, pair.device)
@@ -283,7 +286,12 @@ class Engine:
             state = self._new_state()
             self.caches.put(uri, state)
         done = state.prefill(prompt, deadline=time.monotonic() + budget_s, piece=PREFILL_SLICE)
-        if not done:
+        if done:  # on a GPU with CUDA graphs: record what the next request would (else nothing)
+            ahead = self.options.max_tokens + self._widest_verify()
+            for kv in (state.target, state.draft):
+                if kv is not None:
+                    kv.prepare(ahead)
+        else:
             with self._lock:  # not done: resume here next slice unless a newer edit came
                 self._edited.setdefault(uri, offset)
         self.caches.enforce_budget(keep=uri)

@@ -32,6 +32,7 @@ the same formula in one op, equal to it up to float32 rounding.)
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import logging
@@ -79,6 +80,9 @@ HOST_PROBES = {1: range(1, 2), 2: range(2, 4), 8: range(4, HOST_ROWS + 1)}
 ALL_HOST_ROWS = frozenset(range(1, HOST_ROWS + 1))
 TRANSPOSED_WEIGHTS_MAX_BYTES = 2 << 30  # transposed_weights="auto": copy the weights of models up to this size
 GRAPH_CHECK_CONTEXT = 40  # tokens behind use_graphs' check forwards
+RECORD_AFTER = 2  # a kind of replayed forward is recorded once asked for this many times
+PREPARED_KINDS = 6  # prepare() records the kinds of forward (width, last row only) asked for most ...
+PREPARED_PER_CALL = 2  # ... this many at a time (idle slices stay short)
 # how far a replayed forward's logits may lie from the eager one's, relative to the largest logit
 # (the same maths; attention over the whole capacity sums in another order)
 GRAPH_TOLERANCE = {torch.float32: 1e-3, None: 5e-2}
@@ -470,6 +474,10 @@ class LeanForward:
         self.graphs: CudaGraphs | EagerGraphs | None = None  # see use_graphs
         self.graph_note = ""
         self.recordings = 0  # graphs recorded so far (the planner does not time those forwards)
+        # forwards asked for, by (width, last row only): a kind is recorded once asked for
+        # ``record_after`` times (a prefill's odd-sized last piece is not worth a recording)
+        self.uses: collections.Counter[tuple[int, bool]] = collections.Counter()
+        self.record_after = RECORD_AFTER
 
     @property
     def description(self) -> str:
@@ -640,7 +648,10 @@ class LeanForward:
         if self.positions is not None and last_position >= self.positions.num_embeddings:
             raise ValueError(f"position {last_position} is past the model's {self.positions.num_embeddings} learned positions")
         if self.graphs is not None and parents is None and head and width <= GRAPH_WIDTHS:
-            return self._replayed(input_ids, cache, last_only)
+            key = (width, last_only)
+            self.uses[key] += 1
+            if key in cache.graphs or self.uses[key] >= self.record_after:
+                return self._replayed(input_ids, cache, key)
         cache.reserve(end)
         device = input_ids.device
         positions = None if depths is None else torch.tensor(depths, device=device) + start
@@ -718,7 +729,7 @@ class LeanForward:
             log.warning("lean forward: %s", self.graph_note)
             return
         self.graph_note = (f"{'CUDA graphs' if self.graphs.name == 'cuda' else 'static-shape forwards (eager)'}"
-                           f" for 1-{GRAPH_WIDTHS}-token steps, recorded per document on first use")
+                           f" for 1-{GRAPH_WIDTHS}-token steps, recorded per document once a kind of step recurs")
 
     def _check_graphs(self) -> str | None:
         """None if replayed forwards match eager ones on this model, else what went wrong."""
@@ -732,8 +743,8 @@ class LeanForward:
                 prompt = torch.randint(0, vocab, (1, GRAPH_CHECK_CONTEXT), generator=generator).to(device)
                 self.forward(prompt, cache, last_only=True)  # wider than any graph: eager
                 for width, last_only in ((1, True), (3, False)):
-                    ids = torch.randint(0, vocab, (1, width + 1), generator=generator).to(device)
-                    for shift in (0, 1):  # the second replays what the first recorded, a position on
+                    ids = torch.randint(0, vocab, (1, width + 2), generator=generator).to(device)
+                    for shift in (0, 1, 2):  # eager, then recorded, then replayed a position on
                         step, start = ids[:, shift:shift + width], GRAPH_CHECK_CONTEXT + shift
                         cache.length = start
                         replayed = self.forward(step, cache, last_only=last_only)
@@ -747,21 +758,22 @@ class LeanForward:
                         if not difference <= tolerance * scale:  # NaN fails too
                             return (f"a replayed {width}-token forward differs from the eager one by "
                                     f"{difference:.3g} (logits up to {scale:.3g})")
+                    if (width, last_only) not in cache.graphs:
+                        return f"a {width}-token forward asked for three times was never recorded"
         except Exception as err:  # recording can fail where an op cannot be captured
             return f"recording a forward failed: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
         finally:
             self.graphs = recorder
         return None
 
-    def _replayed(self, input_ids: torch.Tensor, cache: StaticCache, last_only: bool) -> torch.Tensor:
+    def _replayed(self, input_ids: torch.Tensor, cache: StaticCache, key: tuple[int, bool]) -> torch.Tensor:
         """``forward`` of a few tokens through the cache's recorded graph for this width and
         output (recorded now if it has none); the logits are copied out of the graph's output."""
         start, width = cache.length, input_ids.shape[1]
         cache.reserve(start + width)
-        key = (width, last_only)
         captured = cache.graphs.get(key)
         if captured is None:
-            captured = self._record(input_ids, cache, last_only)
+            captured = self._record(input_ids, cache, key[1])
             cache.graphs[key] = captured
         captured.ids.copy_(input_ids)
         captured.start.fill_(start)
@@ -769,6 +781,25 @@ class LeanForward:
         logits = captured.out.clone()
         cache.length = start + width
         return logits
+
+    @torch.inference_mode()
+    def prepare(self, cache: StaticCache, ahead: int, most: int = PREPARED_PER_CALL) -> int:
+        """Idle work, so that the next request replays rather than records: room for ``ahead``
+        more positions (a request that grew the cache would drop its recordings), then up to
+        ``most`` recordings this cache lacks, of the kinds of forward asked for most so far
+        (and at least ``record_after`` times). Returns how many were recorded (0 without graphs). The
+        recordings' warm-up forwards write past the cache's length only: nothing it holds changes."""
+        if self.graphs is None:
+            return 0
+        cache.reserve(cache.length + ahead)
+        wanted = [key for key, uses in self.uses.most_common(PREPARED_KINDS) if uses >= self.record_after]
+        missing = [(width, last_only) for width, last_only in wanted
+                   if (width, last_only) not in cache.graphs and cache.length + width <= cache.capacity]
+        device = self.embed.weight.device
+        for width, last_only in missing[:most]:
+            ids = torch.zeros(1, width, dtype=torch.long, device=device)
+            cache.graphs[width, last_only] = self._record(ids, cache, last_only)
+        return min(len(missing), most)
 
     def _record(self, input_ids: torch.Tensor, cache: StaticCache, last_only: bool) -> Captured:
         device, capacity = input_ids.device, cache.capacity

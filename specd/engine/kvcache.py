@@ -150,6 +150,13 @@ class KVState:
         0 on every other path): a forward that recorded one first is no measure of its width."""
         return getattr(self.path, "recordings", 0)
 
+    def prepare(self, ahead: int) -> int:
+        """Idle work for a forward path that replays recorded graphs (``LeanForward.prepare``):
+        room for ``ahead`` more tokens and the recordings the next request will want. Returns
+        how many were recorded (0 on every other path)."""
+        prepare = getattr(self.path, "prepare", None)
+        return prepare(self.cache, ahead) if prepare is not None else 0
+
     @property
     def trees(self) -> bool:
         """Whether this state's forward path runs token trees (``extend_tree``)."""
