@@ -710,8 +710,8 @@ class LeanForward:
         """Replay sequence forwards of 1-``GRAPH_WIDTHS`` tokens from recorded graphs: "auto" and
         "on" where the model is on a CUDA device ("on" elsewhere says why not in the
         description), "off" never; "eager" runs the same static-shape forwards unrecorded
-        (tests). A check forward of each kind, recorded and replayed at two positions, must
-        match the eager forward, or the path stays eager and the description says why."""
+        (tests). Check forwards of two kinds (run eagerly, recorded, then replayed a position
+        on) must match the eager forward, or the path stays eager and the description says why."""
         if setting not in ("auto", "on", "off", "eager"):
             raise ValueError(f"cuda graphs must be auto, on or off, not {setting!r}")
         self.graphs, self.graph_note = None, ""
@@ -786,9 +786,10 @@ class LeanForward:
     def prepare(self, cache: StaticCache, ahead: int, most: int = PREPARED_PER_CALL) -> int:
         """Idle work, so that the next request replays rather than records: room for ``ahead``
         more positions (a request that grew the cache would drop its recordings), then up to
-        ``most`` recordings this cache lacks, of the kinds of forward asked for most so far
-        (and at least ``record_after`` times). Returns how many were recorded (0 without graphs). The
-        recordings' warm-up forwards write past the cache's length only: nothing it holds changes."""
+        ``most`` recordings this cache lacks, of the kinds of forward asked for most so far (and
+        at least ``record_after`` times). Returns how many were recorded (0 without graphs).
+        The recordings' warm-up forwards write past the cache's length only: nothing it holds
+        changes."""
         if self.graphs is None:
             return 0
         cache.reserve(cache.length + ahead)
