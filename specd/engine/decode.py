@@ -305,6 +305,13 @@ def _row(rows: Rows, i: int, constraint: Constraint | None, before: Sequence[int
     return logits if constraint is None else constraint.row(logits, before)
 
 
+def _choice(rows: Rows, i: int, constraint: Constraint | None, before: Sequence[int]) -> int:
+    """The target's greedy token at row i (under the constraint after ``before``)."""
+    if constraint is None:
+        return rows.argmax(i)
+    return int(constraint.row(rows.row(i), before).argmax())
+
+
 def _stands(p: torch.Tensor, token: int, q: torch.Tensor | None, generator: torch.Generator | None) -> bool:
     """One step of speculative sampling: a draft ``token`` drawn from q (None: a point mass,
     q(token) = 1) stands with probability min(1, p(token) / q(token))."""
@@ -333,7 +340,7 @@ def verify_greedy(rows: Rows, draft: Draft, out: Sequence[int],
     never computed (``LazyRows``)."""
     n, k = 0, len(draft)
     while True:
-        choice = int(_row(rows, n, constraint, [*out, *draft.tokens[:n]]).argmax())
+        choice = _choice(rows, n, constraint, [*out, *draft.tokens[:n]])
         if n == k or choice != draft.tokens[n]:
             return n, choice
         n += 1
@@ -348,7 +355,7 @@ def verify_tree_greedy(rows: Rows, tree: DraftTree, out: Sequence[int],
     children = tree.children()
     node, path, stood = -1, [], []
     while True:
-        choice = int(_row(rows, node + 1, constraint, [*out, *stood]).argmax())
+        choice = _choice(rows, node + 1, constraint, [*out, *stood])
         child = children.get(node, {}).get(choice)
         if child is None:
             return path, choice

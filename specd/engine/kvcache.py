@@ -53,6 +53,7 @@ class Rows(Protocol):
 
     def __len__(self) -> int: ...
     def row(self, i: int) -> torch.Tensor: ...  # float32 [V]
+    def argmax(self, i: int) -> int: ...  # of row i, the lowest index among equals
     def dense(self) -> torch.Tensor: ...  # float32 [T, V]
 
 
@@ -64,12 +65,20 @@ class DenseRows:
 
     def __init__(self, logits: torch.Tensor):
         self.logits = logits
+        self._argmax: list[int] | None = None
 
     def __len__(self) -> int:
         return self.logits.shape[0]
 
     def row(self, i: int) -> torch.Tensor:
         return self.logits[i]
+
+    def argmax(self, i: int) -> int:
+        """Every row's argmax at the first call, in one kernel and one read: on a GPU each row's
+        own read would be a device sync."""
+        if self._argmax is None:
+            self._argmax = self.logits.argmax(-1).tolist()
+        return self._argmax[i]
 
     def dense(self) -> torch.Tensor:
         return self.logits
@@ -104,6 +113,9 @@ class LazyRows:
             row = self.rows[i] = self.head(self.hidden[i:i + 1])[0]
             self.head_ms += (time.perf_counter() - started) * 1000
         return row
+
+    def argmax(self, i: int) -> int:
+        return int(self.row(i).argmax())
 
     def dense(self) -> torch.Tensor:
         return torch.stack([self.row(i) for i in range(len(self))])
