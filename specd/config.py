@@ -132,6 +132,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                              "llamacpp (llama.cpp's CPU kernels on a GGUF written from the same "
                                              "weights; needs llama-cpp-python; Llama/Mistral/Qwen2, CPU only)",
                                choices=("torch", "llamacpp")),
+        "llamacpp_prefill": Key(str, "torch", "with forward_backend llamacpp: where a prompt that starts a "
+                                              "document's cache from empty (64+ tokens) prefills: torch (the "
+                                              "lean forward, about twice llama.cpp's speed on a CPU; its K/V are "
+                                              "handed to llama.cpp, checked at load) or llamacpp",
+                                choices=("torch", "llamacpp")),
         "draft_max": Key(int, 8, "most tokens the draft model proposes per step", _at_most(256)),
         "lookup_max": Key(int, 16, "most tokens prompt lookup proposes per step", _at_most(256)),
         "token_tree": Key(bool, True, "on the lean forward: verify other sources' drafts beside the chosen one "

@@ -45,6 +45,13 @@ def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engine_for
     assert {role: path.name for role, (path, _) in engine.paths.items()} == {"target": "llamacpp",
                                                                              "draft": "llamacpp"}
     assert engine.stats()["forward"]["target"]["path"] == "llamacpp"
+    # a document's first prompt prefills on torch and its K/V are handed to llama.cpp (handoff.py)
+    for role in ("target", "draft"):
+        assert "prefill on torch's lean forward (K/V handed over" in engine.stats()["forward"][role]["detail"]
+    handed = []
+    for path, _ in engine.paths.values():
+        real = path.torch_prefill.prefill
+        path.torch_prefill.prefill = lambda *args, real=real: (handed.append(args[0].shape[1]), real(*args))[1]
     uri = f"file:///llamacpp-{arch}.py"
     text = sample_source
     results = []
@@ -60,6 +67,7 @@ def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engine_for
                                               stop_at_block_end=False))
     check(engine, typed, MAX_TOKENS)
     assert typed.prefill_reused > 0
+    assert len(handed) == 2 and min(handed) > 300  # target and draft, the first request's whole prompt
     drafted = [r.sources["draft"] for r in results + [typed] if "draft" in r.sources]
     assert sum(s.accepted for s in drafted) > 0  # the near draft is accepted ...
     assert sum(s.proposed - s.accepted for s in drafted) > 0  # ... and rejected, both on llama.cpp

@@ -60,6 +60,7 @@ class EngineOptions:
     numpy_products: str = "auto"  # auto | on | off (fastpath.LeanForward.host_products)
     cuda_graphs: str = "auto"  # auto | on | off (fastpath.LeanForward.use_graphs)
     forward_backend: str = "torch"  # torch | llamacpp (specd.llamacpp.forward)
+    llamacpp_prefill: str = "torch"  # torch | llamacpp: where llama.cpp's prompts from empty prefill (handoff.py)
     token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it
     draft_max: int = 8
     lookup_max: int = 16
@@ -80,7 +81,7 @@ class EngineOptions:
 
 # The options that decide which forward paths an engine builds (``Engine.share_paths``).
 FORWARD_OPTIONS = ("target", "draft", "device", "dtype", "trust_remote_code", "fast_forward",
-                   "transposed_weights", "numpy_products", "cuda_graphs", "forward_backend")
+                   "transposed_weights", "numpy_products", "cuda_graphs", "forward_backend", "llamacpp_prefill")
 
 
 @dataclass
@@ -617,8 +618,17 @@ def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions
     if pair.dtype not in types:
         raise ValueError(f"weights in {pair.dtype}; the llama.cpp forward takes float32 or float16")
     window = context_window(pair) or getattr(model.config, "max_position_embeddings", 4096)
-    return LlamaCppForward(cached_gguf(source, types[pair.dtype]), budget_bytes=options.cache_budget_mb << 20,
+    path = LlamaCppForward(cached_gguf(source, types[pair.dtype]), budget_bytes=options.cache_budget_mb << 20,
                            window=window, threads=torch.get_num_threads(), kv_bytes=pair.dtype.itemsize)
+    if options.llamacpp_prefill == "torch":
+        from specd.engine.fastpath import LeanForward, unsupported_reason
+
+        reason = unsupported_reason(model)
+        if reason is None:  # the loaded weights themselves: no copies ("off"), prefills are wide
+            path.use_torch_prefill(LeanForward(model, transposed_weights="off"))
+        else:
+            path.prefill_note = f"prefills on llama.cpp: no lean torch forward for this model ({reason})"
+    return path
 
 
 def settle_heap() -> None:

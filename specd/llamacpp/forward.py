@@ -36,6 +36,7 @@ from specd.llamacpp.runtime import import_llama_cpp
 log = logging.getLogger(__name__)
 
 BATCH = 512  # tokens per llama_decode call (a longer forward runs in pieces)
+HANDOFF_TOKENS = 64  # prompts from an empty cache at least this long prefill on torch (see handoff.py)
 MAX_SEQUENCES = 16  # documents (per model) whose caches the context holds at once, budget allowing
 GGML_F32, GGML_F16 = 0, 1  # ggml_type values of the KV cache's element type
 
@@ -91,6 +92,53 @@ class LlamaCppForward:
         self.sequences = sequences
         self._free = list(range(sequences - 1, -1, -1))
         self._lock = threading.Lock()  # the free list: finalizers may run on any thread
+        self.torch_prefill = None  # a handoff.TorchPrefill: see use_torch_prefill
+        self.prefill_note = ""
+
+    @property
+    def description(self) -> str:
+        """What ``specd doctor`` says of this path."""
+        parts = [f"llama.cpp on {Path(self.path).name}, {self.sequences} sequences of {self.cells // self.sequences} cells"]
+        if self.prefill_note:
+            parts.append(self.prefill_note)
+        return ", ".join(parts)
+
+    def use_torch_prefill(self, lean) -> None:
+        """Prefill prompts of ``HANDOFF_TOKENS`` or more from an empty cache on ``lean`` (torch's
+        lean forward of the same model) and hand the K/V over (``handoff.TorchPrefill``), if a
+        probe at load shows llama.cpp decodes from them as from its own; else say why not."""
+        from specd.llamacpp.handoff import HandoffError, TorchPrefill
+
+        try:
+            self.torch_prefill = TorchPrefill.calibrate(lean, self)
+        except HandoffError as err:
+            self.torch_prefill, self.prefill_note = None, f"prefills on llama.cpp: torch's K/V cannot be handed over ({err})"
+            log.warning("llama.cpp forward: %s", self.prefill_note)
+            return
+        self.prefill_note = (f"prompts of {HANDOFF_TOKENS}+ tokens from an empty cache prefill on torch's lean forward "
+                             f"(K/V handed over, keys {self.torch_prefill.mapping}; checked at load)")
+
+    def read_state(self, cache: SequenceCache) -> bytes:
+        """The sequence's cells as ``llama_state_seq_get_data`` writes them (handoff.py)."""
+        import ctypes
+
+        ctx = self._ctx.ctx
+        size = self._llama_cpp.llama_state_seq_get_size(ctx, cache.seq)
+        buffer = (ctypes.c_uint8 * size)()
+        written = self._llama_cpp.llama_state_seq_get_data(ctx, buffer, size, cache.seq)
+        if not written:
+            raise MemoryError(f"llama.cpp wrote no state for sequence {cache.seq}")
+        return bytes(buffer)[:written]
+
+    def write_state(self, cache: SequenceCache, data: bytes) -> None:
+        """Replace the sequence's cells with ``data`` (``handoff.build``); on failure it is empty."""
+        from specd.llamacpp.handoff import HandoffError, as_ctypes
+
+        read = self._llama_cpp.llama_state_seq_set_data(self._ctx.ctx, as_ctypes(data), len(data), cache.seq)
+        if read != len(data):
+            self._ctx.kv_cache_seq_rm(cache.seq, -1, -1)
+            cache.length = 0
+            raise HandoffError(f"llama.cpp took {read} of {len(data)} bytes of sequence state")
 
     # ---- the interface KVState drives --------------------------------------------------
 
@@ -115,6 +163,13 @@ class LlamaCppForward:
         if input_ids.shape[0] != 1 or not ids:
             raise ValueError(f"input_ids must be [1, T] with T >= 1, not {list(input_ids.shape)}")
         start = cache.length
+        if self.torch_prefill is not None and start == 0 and len(ids) >= HANDOFF_TOKENS:
+            try:
+                return self.torch_prefill.prefill(input_ids, cache, last_only)
+            except BaseException:
+                self._ctx.kv_cache_seq_rm(cache.seq, -1, -1)
+                cache.length = 0
+                raise
         rows: list[np.ndarray] = []
         try:
             for offset in range(0, len(ids), BATCH):
