@@ -304,3 +304,19 @@ def test_a_kind_of_step_is_recorded_once_it_recurs():
     assert set(other.graphs) == {(29, True)} and lean.recordings == recordings + 1
     lean.forward(ids(29, seed=3), cache, last_only=True)  # and now on any cache at first use
     assert set(cache.graphs) == {(29, True)} and lean.recordings == recordings + 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (scripts/gpu-bench runs them)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graphs_record_and_replay_what_the_eager_forward_computes(dtype):
+    model = tiny("qwen2").to(device="cuda", dtype=dtype)
+    lean = LeanForward(model)
+    lean.use_graphs("auto")
+    assert lean.graphs is not None and lean.graphs.name == "cuda", lean.description
+    eager = LeanForward(model)
+    cache, reference = lean.new_cache(), eager.new_cache()
+    for i, width in enumerate((40, 1, 1, 3, 3, 1, 17, 17)):
+        step = ids(width, seed=i).cuda()
+        mine, theirs = lean.forward(step, cache), eager.forward(step, reference)
+        assert (mine - theirs).abs().max() <= (1e-3 if dtype == torch.float32 else 5e-2) * theirs.abs().max()
+    assert {(1, False), (3, False), (17, False)} <= set(cache.graphs)
