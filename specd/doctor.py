@@ -78,8 +78,7 @@ def run_doctor(args, cfg) -> int:
     print(f"  device {info['device']}, dtype {info['dtype']}, FIM family {engine.template.name} "
           f"({engine.prompts.layout} layout), loaded in {time.monotonic() - started:.1f} s")
     for role, (path, why) in engine.paths.items():
-        detail = {"lean": getattr(path, "description", ""), "llamacpp": f"llama.cpp on {getattr(path, 'path', 'GGUF')}",
-                  "hf": "transformers' forward"}.get(path.name, "")
+        detail = getattr(path, "description", "") or ("transformers' forward" if path.name == "hf" else "")
         print(f"  {role} forward: {path.name}" + (f" ({why})" if why else f" ({detail})" if detail else ""))
     costs = engine.planning.costs
     widths = ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(costs.target.items()))

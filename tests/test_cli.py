@@ -53,6 +53,17 @@ def test_doctor_loads_the_configured_pair(llama_pair):
     assert "engine.transposed_weights" in proc.stdout
 
 
+def test_doctor_says_what_the_llama_cpp_path_does(llama_pair):
+    target, draft = llama_pair
+    env = {**os.environ, "SPECD_ENGINE_FORWARD_BACKEND": "llamacpp"}
+    proc = run("doctor", "--model", str(target), "--draft-model", str(draft), env=env)
+    assert proc.returncode == 0, proc.stderr
+    for role in ("target", "draft"):
+        line = next(line for line in proc.stdout.splitlines() if line.strip().startswith(f"{role} forward:"))
+        assert line.strip().startswith(f"{role} forward: llamacpp (llama.cpp on "), line
+        assert "prefill on torch's lean forward (K/V handed over, keys interleaved; checked at load)" in line
+
+
 def test_doctor_reports_a_missing_model(tmp_path):
     proc = run("doctor", "--model", str(tmp_path / "nope"))
     assert proc.returncode == 1
