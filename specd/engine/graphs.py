@@ -13,8 +13,9 @@ kind of output (all rows or the last); the new tokens and their first position g
 small static tensors, attention runs over the cache's whole capacity under a mask built on the
 device from that position, and K/V are written at positions computed there. Nothing of a step
 is read back to the host inside the graph. A cache that grows to a new capacity drops its graphs
-(its tensors are new); a new document records its own on first use (a warm-up forward and the
-recording, a few forwards' time, once per width it uses).
+(its tensors are new). A recording costs a few forwards' time (a warm-up forward, the
+recording), so a kind of step is recorded once it recurs (``LeanForward.record_after``), on
+each document at its first use there, or ahead in idle time (``LeanForward.prepare``).
 
 ``EagerGraphs`` runs the same static-shape forward without recording, each "replay" running it
 again on the same static tensors: it is how the CPU tests check everything here but the CUDA
