@@ -276,18 +276,21 @@ def test_greedy_verification_computes_only_the_rows_it_reads(arch):
     assert rows.computed == len(draft) + 1 and rows.head_ms > 0
 
 
-def test_dense_rows_read_every_argmax_at_once_and_verify_alike():
-    """Rows that came with the forward (every path on a GPU) answer greedy verification from one
-    argmax of all rows, read once (on a GPU each row's own read would be a device sync); the
-    lowest index wins a tie, as in a row's own argmax."""
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_dense_rows_argmaxes_read_once_on_a_gpu_row_by_row_on_a_cpu(device):
+    """Rows that came with the forward (every path on a GPU) answer greedy verification on a GPU
+    from one argmax of all rows, read once (each row's own read would be a device sync), on a
+    CPU row by row (a verify reads few of its rows); the lowest index wins a tie either way."""
     logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(0))
     logits[2, 7] = logits[2, 9] = logits[2].max() + 1  # a tie
     rows = DenseRows(logits)
     reads = []
     real = logits.argmax
     rows.logits = type("Watched", (), {"argmax": lambda _, dim: (reads.append(dim), real(dim))[1],
-                                       "__getitem__": lambda _, i: logits[i], "shape": logits.shape})()
-    assert [rows.argmax(i) for i in range(6)] == [int(row.argmax()) for row in logits] and reads == [-1]
+                                       "__getitem__": lambda _, i: logits[i], "shape": logits.shape,
+                                       "device": torch.device(device)})()
+    assert [rows.argmax(i) for i in range(6)] == [int(row.argmax()) for row in logits]
+    assert reads == ([-1] if device == "cuda" else [])
     assert rows.argmax(2) == 7
     draft = Draft([int(logits[0].argmax()), int(logits[1].argmax()), 3], "lookup:current")  # the third fails
     assert verify_greedy(DenseRows(logits), draft, []) == (2, 7) == verify(logits, draft, SamplingParams(0.0), None)

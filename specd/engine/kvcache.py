@@ -74,8 +74,11 @@ class DenseRows:
         return self.logits[i]
 
     def argmax(self, i: int) -> int:
-        """Every row's argmax at the first call, in one kernel and one read: on a GPU each row's
-        own read would be a device sync."""
+        """On a GPU every row's argmax at the first call, in one kernel and one read (each row's
+        own read would be a device sync); on a CPU the row's own (reading all 17 rows of a long
+        verify cost 365 us here, the 3 a verify typically reads 91 us)."""
+        if self.logits.device.type == "cpu":
+            return int(self.logits[i].argmax())
         if self._argmax is None:
             self._argmax = self.logits.argmax(-1).tolist()
         return self._argmax[i]

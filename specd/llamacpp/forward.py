@@ -23,6 +23,7 @@ differ), so outputs match transformers' greedy; tests check it on random and tra
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import weakref
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specd.llamacpp.handoff import HandoffError, TorchPrefill, as_ctypes
 from specd.llamacpp.runtime import import_llama_cpp
 
 log = logging.getLogger(__name__)
@@ -107,8 +109,6 @@ class LlamaCppForward:
         """Prefill prompts of ``HANDOFF_TOKENS`` or more from an empty cache on ``lean`` (torch's
         lean forward of the same model) and hand the K/V over (``handoff.TorchPrefill``), if a
         probe at load shows llama.cpp decodes from them as from its own; else say why not."""
-        from specd.llamacpp.handoff import HandoffError, TorchPrefill
-
         try:
             self.torch_prefill = TorchPrefill.calibrate(lean, self)
         except HandoffError as err:
@@ -120,20 +120,16 @@ class LlamaCppForward:
 
     def read_state(self, cache: SequenceCache) -> bytes:
         """The sequence's cells as ``llama_state_seq_get_data`` writes them (handoff.py)."""
-        import ctypes
-
         ctx = self._ctx.ctx
         size = self._llama_cpp.llama_state_seq_get_size(ctx, cache.seq)
         buffer = (ctypes.c_uint8 * size)()
         written = self._llama_cpp.llama_state_seq_get_data(ctx, buffer, size, cache.seq)
         if not written:
-            raise MemoryError(f"llama.cpp wrote no state for sequence {cache.seq}")
+            raise HandoffError(f"llama.cpp wrote no state for sequence {cache.seq}")
         return bytes(buffer)[:written]
 
     def write_state(self, cache: SequenceCache, data: bytes) -> None:
         """Replace the sequence's cells with ``data`` (``handoff.build``); on failure it is empty."""
-        from specd.llamacpp.handoff import HandoffError, as_ctypes
-
         read = self._llama_cpp.llama_state_seq_set_data(self._ctx.ctx, as_ctypes(data), len(data), cache.seq)
         if read != len(data):
             self._ctx.kv_cache_seq_rm(cache.seq, -1, -1)

@@ -33,11 +33,14 @@ the format) leaves the prefill on llama.cpp, and ``specd doctor`` says why.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from specd.llamacpp.export import _permute
 
 MAGIC = 0xAF143CD8
 GGML_TYPES = {0: np.float32, 1: np.float16}  # ggml_type -> element type of K/V rows
@@ -151,14 +154,9 @@ def build(state: SequenceState, seq: int) -> bytes:
     return b"".join(parts)
 
 
-def _interleave(keys: np.ndarray, heads: int) -> np.ndarray:
-    """K [cells, heads * D] from rotate-half to interleaved rotary pairs per head (as
-    ``export._permute`` moves the projection's rows)."""
-    cells, width = keys.shape
-    return keys.reshape(cells, heads, 2, width // heads // 2).swapaxes(2, 3).reshape(cells, width)
-
-
-MAPPINGS = {"as is": lambda keys, heads: keys, "interleaved": _interleave}
+# K [cells, heads * D] as llama.cpp holds it, from transformers' layout: as it is, or with each
+# head's dims moved as the GGUF export moves the K projection's rows (``export._permute``)
+MAPPINGS = {"as is": lambda keys, heads: keys, "interleaved": lambda keys, heads: _permute(keys.T, heads).T}
 
 
 class TorchPrefill:
@@ -168,7 +166,7 @@ class TorchPrefill:
         self.lean = lean  # fastpath.LeanForward of the same model
         self.forward = forward  # the LlamaCppForward whose sequences receive the K/V
         self.mapping = mapping
-        self.template = template  # streams, stream layout, V transposition, element types
+        self.template = template  # streams, stream index, V transposition, element types (no cells)
 
     @classmethod
     def calibrate(cls, lean, forward) -> "TorchPrefill":
@@ -197,7 +195,8 @@ class TorchPrefill:
                 raise HandoffError("torch's keys are not llama.cpp's under any known rotary layout")
             if not agree(values, theirs.values):
                 raise HandoffError("torch's values are not llama.cpp's")
-            prefill = cls(lean, forward, mapping, theirs)
+            # the layout only: the probe's own cells are not kept
+            prefill = cls(lean, forward, mapping, dataclasses.replace(theirs, positions=[], keys=[], values=[]))
             prefill.prefill(probe[:, :PROBE_TOKENS], cache, last_only=True)
             got = forward.forward(step, cache, last_only=True)
             logit_scale = max(1.0, float(expected.abs().max()))
