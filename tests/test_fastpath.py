@@ -1,5 +1,5 @@
 """The lean batch-1 forward (specd.engine.fastpath) computes what HF computes, for the Llama
-family (Llama, Qwen2, Mistral, StarCoder2) and the GPT-2 family (gpt2, gpt_bigcode with and
+family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Granite) and the GPT-2 family (gpt2, gpt_bigcode with and
 without multi-query attention): logits equal to HF's DynamicCache path through prefill, decode
 and verify widths, rollback and re-extension; greedy generation equals ``model.generate``; the
 static cache grows, rolls back by length and survives a failed forward; models it cannot serve
@@ -11,12 +11,15 @@ import pytest
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    GemmaConfig,
     GPT2Config,
     GPTBigCodeConfig,
+    GraniteConfig,
     LlamaConfig,
     MistralConfig,
     OPTConfig,
     Qwen2Config,
+    Qwen3Config,
     Starcoder2Config,
 )
 from transformers.pytorch_utils import Conv1D
@@ -62,17 +65,26 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
         config = dict(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4, n_positions=1024,
                       initializer_range=0.4, bos_token_id=0, eos_token_id=0) | overrides
     else:
-        config_cls = {"mistral": MistralConfig, "starcoder2": Starcoder2Config, "opt": OPTConfig}[arch]
+        config_cls = {"mistral": MistralConfig, "starcoder2": Starcoder2Config, "opt": OPTConfig,
+                      "qwen3": Qwen3Config, "gemma": GemmaConfig, "granite": GraniteConfig}[arch]
         common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                       sliding_window=None, initializer_range=0.4)
+        if arch == "qwen3":
+            common |= dict(head_dim=24)  # Qwen3's heads need not split the hidden size
+        elif arch == "gemma":
+            common |= dict(head_dim=16, hidden_act="gelu_pytorch_tanh")
+        elif arch == "granite":  # multipliers away from 1, so the test sees each one applied
+            common |= dict(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
+                           logits_scaling=2.5)
         config = common | overrides
     torch.manual_seed(seed)
     derived = ("model_type", "architectures", "layer_types")  # layer_types follows the sliding window
     model = AutoModelForCausalLM.from_config(config_cls(**{k: v for k, v in config.items() if k not in derived}))
     # LayerNorm weights start at 1 and biases (norms', and GPT-2's projections') at 0: spread them
     # out, so the test sees every one of them used
-    spread = "norm" if arch == "starcoder2" else "ln_" if arch in ("gpt2", "gpt_bigcode") else None
+    spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite") else
+              "ln_" if arch in ("gpt2", "gpt_bigcode") else None)
     if spread is not None:
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -113,6 +125,10 @@ ARCH_CASES = {
                                                     scale_attn_by_inverse_layer_idx=True),
     "gpt_bigcode-mqa": lambda: tiny("gpt_bigcode", multi_query=True),
     "gpt_bigcode-mha": lambda: tiny("gpt_bigcode", multi_query=False),
+    "qwen3": lambda: tiny("qwen3"),
+    "qwen3-bias": lambda: tiny("qwen3", attention_bias=True),
+    "gemma": lambda: tiny("gemma"),
+    "granite": lambda: tiny("granite"),
 }
 
 
@@ -150,7 +166,8 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, trans
     assert_same_logits(last, compat.forward(model, step, hf_cache, last_only=True))
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2", "gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha"])
+@pytest.mark.parametrize("case", ["llama", "qwen2", "gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha", "qwen3",
+                                  "gemma", "granite"])
 def test_greedy_generation_equals_generate(case):
     arch, _, variant = case.partition("-")
     model = tiny(arch, layers=2, **({"multi_query": variant == "mqa"} if arch == "gpt_bigcode" else {}))
@@ -354,8 +371,11 @@ def test_crop_cannot_grow_a_cache_and_a_forward_needs_a_token():
     assert lean.cache_length(cache) == 0 and isinstance(cache, StaticCache)
 
 
-def test_bfloat16_follows_hf_rounding():
-    model = tiny("qwen2").to(torch.bfloat16)
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma", "granite"])
+def test_bfloat16_follows_hf_rounding(arch):
+    """Qwen3's head norms and Gemma's norms round as HF's do in bf16 (statistics in float32, and
+    Gemma's (1 + weight) product before the cast)."""
+    model = tiny(arch).to(torch.bfloat16)
     lean = LeanForward(model)
     cache, hf_cache = lean.new_cache(), compat.new_cache(model)
     assert cache.kv[0].dtype == torch.bfloat16

@@ -38,18 +38,26 @@ def engine_for(pair_of):
     return engine
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma", "granite"])
 def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engine_for, sample_source):
     engine = engine_for(arch)
     check = assert_lossless
     assert {role: path.name for role, (path, _) in engine.paths.items()} == {"target": "llamacpp",
                                                                              "draft": "llamacpp"}
     assert engine.stats()["forward"]["target"]["path"] == "llamacpp"
-    # a document's first prompt prefills on torch and its K/V are handed to llama.cpp (handoff.py)
-    for role in ("target", "draft"):
-        assert "prefill on torch's lean forward (K/V handed over" in engine.stats()["forward"][role]["detail"]
+    # a document's first prompt prefills on torch and its K/V are handed to llama.cpp (handoff.py).
+    # Gemma's may not be: llama.cpp's GELU (from an f16 table) moves its K/V up to ~1e-3 of their
+    # scale from torch's, and where the load check finds more it keeps the prefill on llama.cpp
+    # and says so (this test's draft; its target passes)
+    details = {role: engine.stats()["forward"][role]["detail"] for role in ("target", "draft")}
+    handing = [role for role, detail in details.items() if "prefill on torch's lean forward (K/V handed over" in detail]
+    assert arch == "gemma" or handing == ["target", "draft"]
+    assert all("prefills on llama.cpp: torch's K/V cannot be handed over" in details[role]
+               for role in details.keys() - handing)
     handed = []
     for path, _ in engine.paths.values():
+        if path.torch_prefill is None:
+            continue
         real = path.torch_prefill.prefill
         path.torch_prefill.prefill = lambda *args, real=real: (handed.append(args[0].shape[1]), real(*args))[1]
     uri = f"file:///llamacpp-{arch}.py"
@@ -67,7 +75,7 @@ def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engine_for
                                               stop_at_block_end=False))
     check(engine, typed, MAX_TOKENS)
     assert typed.prefill_reused > 0
-    assert len(handed) == 2 and min(handed) > 300  # target and draft, the first request's whole prompt
+    assert len(handed) == len(handing) and all(n > 300 for n in handed)  # the first request's whole prompt
     drafted = [r.sources["draft"] for r in results + [typed] if "draft" in r.sources]
     assert sum(s.accepted for s in drafted) > 0  # the near draft is accepted ...
     assert sum(s.proposed - s.accepted for s in drafted) > 0  # ... and rejected, both on llama.cpp

@@ -42,7 +42,8 @@ def prompt(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(1, 500, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize(("arch", "keys"), [("llama", "interleaved"), ("qwen2", "as is")])
+@pytest.mark.parametrize(("arch", "keys"), [("llama", "interleaved"), ("qwen2", "as is"), ("qwen3", "as is"),
+                                           ("granite", "interleaved")])
 def test_the_keys_rotary_layout_is_found_at_load(arch, keys, paths_for):
     handing, _, _ = paths_for(arch)
     assert handing.torch_prefill is not None and handing.torch_prefill.mapping == keys

@@ -1,7 +1,8 @@
 """Tiny random-weight model pairs built in code, so no test downloads anything.
 
 ``make_tiny_pair(root, arch)`` writes a byte-level BPE tokenizer with Qwen2.5-Coder-style FIM
-tokens and a target + draft model of the given architecture (llama, qwen2, gpt2) into
+tokens and a target + draft model of the given architecture (llama, qwen2, gpt2, qwen3, gemma,
+granite) into
 ``root/target`` and ``root/draft``, loadable with AutoModelForCausalLM / AutoTokenizer.
 
 Weights are drawn with a large init range so the next-token distribution is peaked: greedy
@@ -92,6 +93,17 @@ def make_model(arch: str, vocab_size: int, hidden: int, layers: int, seed: int, 
                              tie_word_embeddings=True, **common)
     elif arch == "gpt2":
         config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=4096, **common)
+    elif arch in ("qwen3", "gemma", "granite"):
+        from transformers import GemmaConfig, GraniteConfig, Qwen3Config
+
+        extra = {"qwen3": dict(tie_word_embeddings=True),
+                 "gemma": dict(hidden_act="gelu_pytorch_tanh"),  # Gemma ties its embeddings
+                 "granite": dict(tie_word_embeddings=False, embedding_multiplier=3.0, residual_multiplier=0.5,
+                                 attention_multiplier=0.2, logits_scaling=2.5)}[arch]
+        config_cls = {"qwen3": Qwen3Config, "gemma": GemmaConfig, "granite": GraniteConfig}[arch]
+        config = config_cls(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+                            max_position_embeddings=4096, **extra, **common)
     else:
         raise ValueError(arch)
     model = AutoModelForCausalLM.from_config(config)

@@ -10,8 +10,11 @@ themselves (no copies): it costs no weight memory and reads whatever the model h
 Two families share the cache, masks, attention and the layer step; what differs is data in
 ``_Layer`` and two fields of ``LeanForward``:
 
-- Llama family (Llama, Qwen2, Mistral, StarCoder2): rotary positions, RMSNorm (LayerNorm in
-  StarCoder2), q/k/v as nn.Linear fused here into one product, grouped-query attention;
+- Llama family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Granite): rotary positions,
+  RMSNorm (LayerNorm in StarCoder2; Gemma's scales by 1 + weight in float32), q/k/v as
+  nn.Linear fused here into one product, grouped-query attention; Qwen3 also RMS-normalises each
+  head of q and k before rotating them, Gemma scales the token embeddings by sqrt(hidden), and
+  Granite scales the embeddings, each residual branch and the logits by its config's multipliers;
 - GPT-2 family (gpt2; gpt_bigcode: StarCoderBase, SantaCoder, TinyStarCoder): learned absolute
   position embeddings added to the token embeddings, LayerNorm with bias, one fused ``c_attn``
   as the checkpoint stores it (gpt2's ``Conv1D`` keeps its weight [in, out] and runs as
@@ -53,7 +56,7 @@ from specd.engine.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
 
 log = logging.getLogger(__name__)
 
-LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2")
+LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "granite")
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GPT2_FAMILY
 # Rotary types with fixed frequencies and scale: HF computes inv_freq and attention_scaling once.
@@ -137,6 +140,10 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
                 "full_attention", "sliding_attention"):
             return f"layer {i} is {config.layer_types[i]!r}"
         attn = layer.self_attn
+        for name in ("q_norm", "k_norm"):  # Qwen3's per-head norms (OLMo2's span whole projections)
+            norm = getattr(attn, name, None)
+            if norm is not None and (_norm_kind(norm) != "rms" or tuple(norm.weight.shape) != (head_dim,)):
+                return f"layer {i}'s {name} is not an RMSNorm of each head"
         linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, *(getattr(layer.mlp, n) for n in _mlp_names(layer.mlp))]
         if any(type(m) is not nn.Linear for m in linears):
             return f"layer {i} has projections that are not plain nn.Linear"
@@ -145,6 +152,10 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
                 return f"layer {i} has a {type(norm).__name__} norm"
     if _norm_kind(body.norm) is None:
         return f"final norm is a {type(body.norm).__name__}"
+    embed = body.embed_tokens
+    if type(embed) is not nn.Embedding and not (isinstance(embed, nn.Embedding) and
+                                                type(embed).__name__ == "GemmaTextScaledWordEmbedding"):
+        return f"token embeddings are a {type(embed).__name__}"
     return None
 
 
@@ -238,6 +249,8 @@ def _mlp_names(mlp: nn.Module) -> tuple[str, ...]:
 def _norm_kind(norm: nn.Module) -> str | None:
     if type(norm) is nn.LayerNorm:
         return "layer"
+    if type(norm).__name__ == "GemmaRMSNorm" and hasattr(norm, "eps"):
+        return "gemma"
     if type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon"):
         return "rms"
     return None
@@ -294,6 +307,7 @@ class _Norm:
     bias: nn.Parameter | None
     eps: float
     rms: bool  # RMSNorm as HF computes it, else nn.LayerNorm
+    upcast: bool = False  # Gemma's: normalised and scaled by ``weight`` (= 1 + its weight) in float32, then cast
 
 
 @dataclass(frozen=True)
@@ -401,6 +415,8 @@ class _Layer:
     up: _Matmul | None  # ... or plain (StarCoder2, GPT-2): up = c_fc, down = c_proj: down(act(up(x)))
     down: _Matmul
     window: int | None  # sliding window in tokens, None for full attention
+    qk_norm: _Norm | None = None  # Qwen3: RMSNorm of each q and k head before the rotation (_head_norm)
+    residual_scale: float = 1.0  # Granite's residual_multiplier: x + scale * branch(x)
 
     def matmuls(self) -> list[_Matmul]:
         return [m for m in (self.qkv, self.o, self.gate_up, self.up, self.down) if m is not None]
@@ -413,19 +429,37 @@ class _Layer:
 
 
 def _norm(module: nn.Module) -> _Norm:
-    if _norm_kind(module) == "layer":
+    kind = _norm_kind(module)
+    if kind == "layer":
         return _Norm(module.weight, module.bias, module.eps, rms=False)
+    if kind == "gemma":  # output * (1 + weight), in float32: the sum is a small copy held here
+        with torch.no_grad():
+            return _Norm(1.0 + module.weight.float(), None, module.eps, rms=True, upcast=True)
     return _Norm(module.weight, None, module.variance_epsilon, rms=True)
+
+
+def _head_norm(q: nn.Module, k: nn.Module, heads: int, kv_heads: int) -> _Norm:
+    """Qwen3's RMSNorms of each q head and each k head as one norm over the last dim of
+    [T, heads + kv_heads, D]: its weight [heads + kv_heads, D] repeats q's weight per q head and
+    k's per k head (a small copy)."""
+    with torch.no_grad():
+        weight = torch.cat([q.weight.expand(heads, -1), k.weight.expand(kv_heads, -1)])
+    return _Norm(weight, None, q.variance_epsilon, rms=True)
 
 
 def _apply_norm(x: torch.Tensor, norm: _Norm) -> torch.Tensor:
     if not norm.rms:
         return F.layer_norm(x, norm.weight.shape, norm.weight, norm.bias, norm.eps)
     if x.dtype == torch.float32 and norm.weight.dtype == torch.float32:
+        if norm.weight.dim() > 1:  # per-head weights (_head_norm): normalise over the head dim, then scale
+            return F.rms_norm(x, norm.weight.shape[-1:], None, norm.eps).mul_(norm.weight)
         return F.rms_norm(x, norm.weight.shape, norm.weight, norm.eps)  # one fused op, same maths
-    # HF's LlamaRMSNorm / Qwen2RMSNorm: statistics in float32, cast back, then the weight.
+    # HF's RMSNorms in a half dtype: statistics in float32; Llama's cast back, then scale by the
+    # weight; Gemma's scale by (1 + weight) in float32, then cast.
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.eps)
+    if norm.upcast:
+        return (h * norm.weight).to(x.dtype)
     return norm.weight * h.to(x.dtype)
 
 
@@ -551,6 +585,10 @@ class LeanForward:
         self.head_dim = body.layers[0].self_attn.head_dim
         self.act = ACTIVATIONS[config.hidden_act]
         self.embed, self.positions, self.rotary = body.embed_tokens, None, body.rotary_emb
+        # Gemma multiplies the embeddings by a buffer cast to the weights' dtype, Granite by a float
+        scale = getattr(body.embed_tokens, "embed_scale", None)
+        self.embed_scale = scale if scale is not None else getattr(config, "embedding_multiplier", None)
+        self.logit_scale = getattr(config, "logits_scaling", None)  # Granite divides its logits by it
         self.final_norm = _norm(body.norm)
         self.layers = []
         for layer in body.layers:
@@ -564,6 +602,8 @@ class LeanForward:
                 up=None if gated else _projection(mlp.c_fc, copy),
                 down=_projection(mlp.down_proj if gated else mlp.c_proj, copy),
                 window=_sliding_window(config, attn),
+                qk_norm=_head_norm(attn.q_norm, attn.k_norm, self.heads, self.kv_heads) if hasattr(attn, "q_norm") else None,
+                residual_scale=getattr(layer, "residual_multiplier", 1.0),
             ))
 
     def _describe_gpt2(self, model: PreTrainedModel, copy: bool) -> None:
@@ -574,6 +614,7 @@ class LeanForward:
         self.head_dim = attention.head_dim
         self.act = ACTIVATIONS[config.activation_function]
         self.embed, self.positions, self.rotary = body.wte, body.wpe, None
+        self.embed_scale = self.logit_scale = None
         self.final_norm = _norm(body.ln_f)
         # gpt_bigcode without multi-query views c_attn's output per head; gpt2 and MQA split it whole
         per_head = config.model_type == "gpt_bigcode" and not config.multi_query
@@ -659,7 +700,7 @@ class LeanForward:
         if self.rotary is not None:
             cos, sin = self._rope(start, end, device, positions)  # [T, 1, D]: broadcast over heads
         masks: dict[int | None, Mask] = {}  # per sliding window
-        x = F.embedding(input_ids[0], self.embed.weight)  # x: [T, hidden]
+        x = self._embed(input_ids)  # x: [T, hidden]
         if self.positions is not None:  # learned absolute positions, as HF adds them
             x.add_(self.positions.weight[start:end] if positions is None else self.positions.weight[positions])
         for layer, kv in zip(self.layers, cache.kv):
@@ -698,11 +739,21 @@ class LeanForward:
         """float32 logits [T, V] of final hidden states ``x`` [T, D] (``forward(head=False)``)."""
         return self._lm_head(x).float()
 
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings [T, hidden] of ``input_ids`` [1, T], scaled as the model scales them."""
+        x = F.embedding(input_ids[0], self.embed.weight)
+        if self.embed_scale is None:
+            return x
+        if isinstance(self.embed_scale, torch.Tensor):  # Gemma: sqrt(hidden) rounded to the weights' dtype
+            return x.mul_(self.embed_scale.to(x.dtype))
+        return x.mul_(self.embed_scale)
+
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [T, V]. On a CPU in float32, 2 rows or more against the vocabulary-sized
         weight run as (weight @ x.T).T at every width (``_Matmul``); the result is then a
         transposed view, which every row-wise consumer takes as it is."""
-        return self.lm_head(x)
+        logits = self.lm_head(x)
+        return logits if self.logit_scale is None else logits / self.logit_scale
 
     # ---- replayed forwards (CUDA graphs, see graphs.py) ----------------------------------
 
@@ -827,7 +878,7 @@ class LeanForward:
         cos = sin = None
         if tables is not None:
             cos, sin = tables[0][positions].unsqueeze(1), tables[1][positions].unsqueeze(1)
-        x = F.embedding(ids[0], self.embed.weight)
+        x = self._embed(ids)
         if self.positions is not None:
             x.add_(self.positions.weight[positions])
         masks: dict[int | None, Mask] = {}
@@ -867,6 +918,8 @@ class LeanForward:
         else:
             qkv = qkv.reshape(width, heads + 2 * kv_heads, dim)  # [T, H + KV + KV, D]
             qk, v = qkv[:, :heads + kv_heads], qkv[:, heads + kv_heads:]
+            if layer.qk_norm is not None:
+                qk = _apply_norm(qk, layer.qk_norm)
             if cos is not None:
                 qk = _rotate(qk, cos, sin)  # qk: [T, H + KV, D], one rotation for both
             q, k = qk[:, :heads], qk[:, heads:]
@@ -877,7 +930,7 @@ class LeanForward:
             kv[0].index_copy_(1, start, k.transpose(0, 1))
             kv[1].index_copy_(1, start, v.transpose(0, 1))
         out = self._attend(q, kv, end, mask, layer.scale)  # out: [T, H * D]
-        x.add_(layer.o(out))
+        x.add_(_scaled(layer.o(out), layer.residual_scale))
         h = _apply_norm(x, layer.mlp_norm)
         if layer.gate_up is not None:
             gate_up = layer.gate_up(h)
@@ -885,7 +938,7 @@ class LeanForward:
             h = self.act(gate_up[:, :size]).mul_(gate_up[:, size:])
         else:
             h = self.act(layer.up(h))
-        return x.add_(layer.down(h))
+        return x.add_(_scaled(layer.down(h), layer.residual_scale))
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, end: int, mask: Mask, scale: float) -> torch.Tensor:
         """Attention of q [T, H, D] over the cache's keys/values up to ``end``; [T, H * D].
@@ -992,6 +1045,12 @@ def _tree_depths(parents: Sequence[int], width: int) -> list[int]:
                              "the only root, and parents come before their children)")
         depths.append(0 if parent < 0 else depths[parent] + 1)
     return depths
+
+
+def _scaled(branch: torch.Tensor, scale: float) -> torch.Tensor:
+    """A residual branch times Granite's residual_multiplier, rounded as HF rounds it (the
+    product first, then the sum); others' branches as they are."""
+    return branch if scale == 1.0 else branch.mul_(scale)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

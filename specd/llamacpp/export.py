@@ -37,8 +37,14 @@ class ExportError(Exception):
 
 
 # Hugging Face model_type -> llama.cpp architecture.
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gpt2": "gpt2", "gpt_bigcode": "starcoder"}
-ROTARY_PERMUTED = {"llama", "mistral"}  # Q/K rows go from rotate-half to interleaved rotary pairs
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gpt2": "gpt2", "gpt_bigcode": "starcoder",
+                 "qwen3": "qwen3", "gemma": "gemma", "granite": "granite"}
+ROTARY_PERMUTED = {"llama", "mistral", "granite"}  # Q/K rows go from rotate-half to interleaved rotary pairs
+# Gemma's RMSNorm scales by 1 + weight; llama.cpp's gemma graph by the weight as written
+NORM_PLUS_ONE = {"gemma"}
+# Granite's multipliers, as llama.cpp's granite graph reads them: config key -> GGUFWriter method
+GRANITE_SCALES = {"attention_multiplier": "add_attention_scale", "embedding_multiplier": "add_embedding_scale",
+                  "residual_multiplier": "add_residual_scale", "logits_scaling": "add_logit_scale"}
 GPT2_FAMILY = {"gpt2", "gpt_bigcode"}  # learned positions, LayerNorm with bias, fused c_attn, gelu
 # llama.cpp's gpt2 and starcoder graphs run one gelu: the tanh form, read from an f16 table
 # (ggml's GGML_GELU_FP16), ~1e-3 from either formula; the exact (erf) gelu is another 3e-4 away.
@@ -325,6 +331,10 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
             writer.add_layer_norm_rms_eps(shape.norm_eps)
             writer.add_rope_freq_base(_rope_theta(config))
             writer.add_rope_dimension_count(shape.head_dim)
+        if model_type == "granite":
+            for key, add in GRANITE_SCALES.items():
+                if config.get(key) is not None:
+                    getattr(writer, add)(float(config[key]))
         if shape.head_dim != shape.hidden // shape.heads:
             writer.add_key_length(shape.head_dim)
             writer.add_value_length(shape.head_dim)
@@ -371,6 +381,8 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
                 data = _permute(data, shape.heads)
             elif model_type in ROTARY_PERMUTED and key.endswith("k_proj.weight"):
                 data = _permute(data, shape.kv_heads)
+            elif model_type in NORM_PLUS_ONE and key.endswith("norm.weight"):
+                data = data + 1.0
             # Norms and biases stay f32, as llama.cpp expects; matrices take the chosen type.
             data = data.astype(np_dtype if data.ndim > 1 else np.float32)
             writer.add_tensor(name, np.ascontiguousarray(data))
