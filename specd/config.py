@@ -70,7 +70,7 @@ DAY_MS = 24 * 3600 * 1000
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-FIM_FAMILIES = ("auto", "qwen", "starcoder", "deepseek", "codellama", "codestral", "demo", "plain")
+FIM_FAMILIES = ("auto", "qwen", "codegemma", "starcoder", "deepseek", "codellama", "codestral", "demo", "plain")
 # auto: suffix-first when the family was trained on it, else anchored prefix-suffix-middle.
 FIM_LAYOUTS = ("auto", "psm", "spm", "anchored")
 

@@ -30,6 +30,16 @@ def test_family_detection_from_vocabulary_and_override(tokenizer, tmp_path):
         detect_family(tokenizer, override="nope")
 
 
+def test_codegemma_is_told_from_qwen_by_its_file_separator():
+    """CodeGemma's vocabulary holds Qwen's FIM token strings too; its own separator decides, so
+    its completions stop at "<|file_separator|>" instead of writing it out."""
+    tokenizer = make_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|file_separator|>"]})
+    family = detect_family(tokenizer)
+    assert family.name == "codegemma" and "<|file_separator|>" in family.stop_tokens
+    assert resolve_layout(family) == "anchored" and family.bos
+
+
 def test_every_family_has_prefix_and_suffix_slots():
     for template in TEMPLATES.values():
         assert "{prefix}" in template.psm

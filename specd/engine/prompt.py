@@ -97,6 +97,13 @@ _QWEN_STOPS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", 
                "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 
 TEMPLATES: dict[str, FimTemplate] = {
+    # CodeGemma: Qwen's FIM token strings, its own file separator and end of turn; detected
+    # first (its marker is its own), since its vocabulary holds "<|fim_prefix|>" too.
+    "codegemma": FimTemplate(
+        "codegemma", ("<|fim_prefix|>", PREFIX, "<|fim_suffix|>", SUFFIX, "<|fim_middle|>"),
+        stop_tokens=("<eos>", "<|file_separator|>", "<end_of_turn>", "<|fim_prefix|>", "<|fim_suffix|>",
+                     "<|fim_middle|>"),
+        bos=True, marker="<|file_separator|>"),
     "qwen": FimTemplate(
         "qwen", ("<|fim_prefix|>", PREFIX, "<|fim_suffix|>", SUFFIX, "<|fim_middle|>"),
         stop_tokens=_QWEN_STOPS, repo_name="<|repo_name|>", file_sep="<|file_sep|>", marker="<|fim_prefix|>"),
