@@ -14,6 +14,7 @@ from transformers import (
     GemmaConfig,
     GPT2Config,
     GPTBigCodeConfig,
+    GPTNeoXConfig,
     GraniteConfig,
     LlamaConfig,
     MistralConfig,
@@ -60,6 +61,11 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
             return model
         config = model.config.to_dict() | overrides
         config_cls = LlamaConfig if arch == "llama" else Qwen2Config
+    elif arch == "gpt_neox":  # Pythia's shape: parallel residual, a quarter of each head rotated
+        config_cls = GPTNeoXConfig
+        config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, max_position_embeddings=4096, rotary_pct=0.25,
+                      initializer_range=0.4) | overrides
     elif arch in ("gpt2", "gpt_bigcode"):
         config_cls = GPT2Config if arch == "gpt2" else GPTBigCodeConfig
         config = dict(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4, n_positions=1024,
@@ -83,7 +89,7 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
     model = AutoModelForCausalLM.from_config(config_cls(**{k: v for k, v in config.items() if k not in derived}))
     # LayerNorm weights start at 1 and biases (norms', and GPT-2's projections') at 0: spread them
     # out, so the test sees every one of them used
-    spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite") else
+    spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite", "gpt_neox") else
               "ln_" if arch in ("gpt2", "gpt_bigcode") else None)
     if spread is not None:
         with torch.no_grad():
@@ -129,6 +135,8 @@ ARCH_CASES = {
     "qwen3-bias": lambda: tiny("qwen3", attention_bias=True),
     "gemma": lambda: tiny("gemma"),
     "granite": lambda: tiny("granite"),
+    "gpt_neox": lambda: tiny("gpt_neox"),
+    "gpt_neox-sequential-rotary-all": lambda: tiny("gpt_neox", use_parallel_residual=False, rotary_pct=1.0),
 }
 
 
@@ -167,7 +175,7 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, trans
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen2", "gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha", "qwen3",
-                                  "gemma", "granite"])
+                                  "gemma", "granite", "gpt_neox"])
 def test_greedy_generation_equals_generate(case):
     arch, _, variant = case.partition("-")
     model = tiny(arch, layers=2, **({"multi_query": variant == "mqa"} if arch == "gpt_bigcode" else {}))
@@ -412,6 +420,8 @@ def test_a_sliding_window_wider_than_the_positions_is_served_and_applied_beyond_
     (lambda: tiny("llama", hidden_act="relu"), "activation 'relu'"),
     (lambda: tiny("llama").train(), "training"),
     (lambda: tiny("qwen2").model, "no LM head"),
+    (lambda: tiny("gpt_neox", hidden_act="relu"), "activation 'relu'"),
+    (lambda: tiny("gpt_neox").gpt_neox, "no LM head"),
 ])
 def test_unsupported_models_say_why(make, words):
     model = make()

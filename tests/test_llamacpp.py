@@ -89,7 +89,7 @@ def _hf(model_dir):
             AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval())
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma", "granite", *GPT2_FAMILY])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma", "granite", "gpt_neox", *GPT2_FAMILY])
 def test_llama_cpp_computes_what_transformers_computes(arch, pair_of, gguf_dir):
     """Every position's logits of a FIM prompt agree (llama.cpp keeps its KV cache in f16, and
     runs GPT-2's gelu from an f16 table, so to within 1% of the logits' range) and every argmax

@@ -19,7 +19,10 @@ Two families share the cache, masks, attention and the layer step; what differs 
   position embeddings added to the token embeddings, LayerNorm with bias, one fused ``c_attn``
   as the checkpoint stores it (gpt2's ``Conv1D`` keeps its weight [in, out] and runs as
   ``addmm(bias, x, weight)``, as transformers does), multi-query attention in gpt_bigcode, the
-  LM head tied to the token embeddings.
+  LM head tied to the token embeddings;
+- GPT-NeoX (Pythia): LayerNorm with bias, one fused ``query_key_value`` laid out per head (as
+  gpt_bigcode's without multi-query), rotary positions over the first ``rotary_dim`` dims of each
+  head (partial rotary), and by default a parallel residual: x + attn(norm1(x)) + mlp(norm2(x)).
 
 The interface is the one ``KVState`` drives the HF path with (see ``compat``):
 ``new_cache()``, ``forward(input_ids, cache, last_only)``, ``crop(cache, length)``,
@@ -58,7 +61,9 @@ log = logging.getLogger(__name__)
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "granite")
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
-SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GPT2_FAMILY
+NEOX_FAMILY = ("gpt_neox",)
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GPT2_FAMILY + NEOX_FAMILY
+BODIES = {**dict.fromkeys(LLAMA_FAMILY, "model"), **dict.fromkeys(GPT2_FAMILY, "transformer"), "gpt_neox": "gpt_neox"}
 # Rotary types with fixed frequencies and scale: HF computes inv_freq and attention_scaling once.
 # "dynamic" and "longrope" change them with the sequence length, so they stay on the HF path.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -101,8 +106,7 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         return f"model type {model_type!r} has no lean forward (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
     if not type(model).__module__.startswith(f"transformers.models.{model_type}."):
         return f"{type(model).__name__} is not transformers' own {model_type} class (remote code?)"
-    body = "model" if model_type in LLAMA_FAMILY else "transformer"
-    if not (hasattr(model, "lm_head") and hasattr(model, body)):
+    if not (hasattr(model, "lm_head") and hasattr(model, BODIES[model_type])):
         return f"{type(model).__name__} is not a ...ForCausalLM (no LM head)"
     if getattr(model, "hf_quantizer", None) is not None or getattr(config, "quantization_config", None):
         return "quantized weights"
@@ -113,7 +117,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         return f"weights spread over {len(devices)} devices"
     if next(iter(devices)).type == "meta":
         return "weights not loaded (meta device / offloaded)"
-    reason = _llama_family_reason(model) if model_type in LLAMA_FAMILY else _gpt2_family_reason(model)
+    reason = (_llama_family_reason(model) if model_type in LLAMA_FAMILY else
+              _gpt2_family_reason(model) if model_type in GPT2_FAMILY else _neox_reason(model))
     if reason is not None:
         return reason
     if type(model.lm_head) is not nn.Linear:
@@ -156,6 +161,26 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
     if type(embed) is not nn.Embedding and not (isinstance(embed, nn.Embedding) and
                                                 type(embed).__name__ == "GemmaTextScaledWordEmbedding"):
         return f"token embeddings are a {type(embed).__name__}"
+    return None
+
+
+def _neox_reason(model: PreTrainedModel) -> str | None:
+    config, body = model.config, model.gpt_neox
+    rope_type = getattr(body.rotary_emb, "rope_type", None)
+    if rope_type not in STATIC_ROPE_TYPES:
+        return f"rope type {rope_type!r} (supported: {', '.join(STATIC_ROPE_TYPES)})"
+    if config.hidden_act not in ACTIVATIONS:
+        return f"activation {config.hidden_act!r}"
+    if type(body.embed_in) is not nn.Embedding:
+        return f"token embeddings are a {type(body.embed_in).__name__}"
+    for i, layer in enumerate(body.layers):
+        attn, mlp = layer.attention, layer.mlp
+        if any(type(m) is not nn.Linear for m in (attn.query_key_value, attn.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h)):
+            return f"layer {i} has projections that are not plain nn.Linear"
+        if any(type(norm) is not nn.LayerNorm for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
+            return f"layer {i} has norms that are not nn.LayerNorm"
+    if type(body.final_layer_norm) is not nn.LayerNorm:
+        return f"final norm is a {type(body.final_layer_norm).__name__}"
     return None
 
 
@@ -417,6 +442,7 @@ class _Layer:
     window: int | None  # sliding window in tokens, None for full attention
     qk_norm: _Norm | None = None  # Qwen3: RMSNorm of each q and k head before the rotation (_head_norm)
     residual_scale: float = 1.0  # Granite's residual_multiplier: x + scale * branch(x)
+    parallel: bool = False  # GPT-NeoX's parallel residual: x + attn(norm1(x)) + mlp(norm2(x))
 
     def matmuls(self) -> list[_Matmul]:
         return [m for m in (self.qkv, self.o, self.gate_up, self.up, self.down) if m is not None]
@@ -493,10 +519,13 @@ class LeanForward:
         self.model = model
         self.max_positions = model.config.max_position_embeddings
         copy = transposed_weights == "on" or (transposed_weights == "auto" and _copies_pay(model))
+        self.rotary_dim = None  # rotated dims of each head, when fewer than all (GPT-NeoX's partial rotary)
         if model.config.model_type in LLAMA_FAMILY:
             self._describe_llama(model, copy)
-        else:
+        elif model.config.model_type in GPT2_FAMILY:
             self._describe_gpt2(model, copy)
+        else:
+            self._describe_neox(model, copy)
         self.lm_head = _projection(model.lm_head, copy)
         if self.lm_head.narrow:
             self.lm_head = dataclasses.replace(self.lm_head, narrow=self.max_positions)  # measured: every width
@@ -625,6 +654,26 @@ class LeanForward:
             window=None,
         ) for block in body.h]
 
+    def _describe_neox(self, model: PreTrainedModel, copy: bool) -> None:
+        config, body = model.config, model.gpt_neox
+        self.heads = self.kv_heads = config.num_attention_heads
+        attention = body.layers[0].attention
+        self.head_dim = attention.head_size
+        rotary_dim = 2 * body.rotary_emb.inv_freq.numel()
+        self.rotary_dim = rotary_dim if rotary_dim < self.head_dim else None
+        self.act = ACTIVATIONS[config.hidden_act]
+        self.embed, self.positions, self.rotary = body.embed_in, None, body.rotary_emb
+        self.embed_scale = self.logit_scale = None
+        self.final_norm = _norm(body.final_layer_norm)
+        # query_key_value's output is [T, H, (q k v), D], as gpt_bigcode's without multi-query
+        self.layers = [_Layer(
+            attn_norm=_norm(layer.input_layernorm), qkv=_projection(layer.attention.query_key_value, copy),
+            per_head_qkv=True, scale=layer.attention.scaling, o=_projection(layer.attention.dense, copy),
+            mlp_norm=_norm(layer.post_attention_layernorm), gate_up=None,
+            up=_projection(layer.mlp.dense_h_to_4h, copy), down=_projection(layer.mlp.dense_4h_to_h, copy),
+            window=None, parallel=config.use_parallel_residual,
+        ) for layer in body.layers]
+
     # ---- the interface KVState drives ---------------------------------------------------
 
     @property
@@ -738,6 +787,13 @@ class LeanForward:
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits [T, V] of final hidden states ``x`` [T, D] (``forward(head=False)``)."""
         return self._lm_head(x).float()
+
+    def _rotary(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D] rotated at its positions: every dim, or the first ``rotary_dim`` of
+        each head with the rest passed through (partial rotary, as HF concatenates them)."""
+        if self.rotary_dim is None:
+            return _rotate(x, cos, sin)
+        return torch.cat((_rotate(x[..., :self.rotary_dim], cos, sin), x[..., self.rotary_dim:]), dim=-1)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The token embeddings [T, hidden] of ``input_ids`` [1, T], scaled as the model scales them."""
@@ -915,13 +971,15 @@ class LeanForward:
         qkv = layer.qkv(h)
         if layer.per_head_qkv:
             q, k, v = qkv.reshape(width, heads, 3, dim).unbind(2)  # each [T, H, D]
+            if cos is not None:  # GPT-NeoX
+                q, k = self._rotary(q, cos, sin), self._rotary(k, cos, sin)
         else:
             qkv = qkv.reshape(width, heads + 2 * kv_heads, dim)  # [T, H + KV + KV, D]
             qk, v = qkv[:, :heads + kv_heads], qkv[:, heads + kv_heads:]
             if layer.qk_norm is not None:
                 qk = _apply_norm(qk, layer.qk_norm)
             if cos is not None:
-                qk = _rotate(qk, cos, sin)  # qk: [T, H + KV, D], one rotation for both
+                qk = self._rotary(qk, cos, sin)  # qk: [T, H + KV, D], one rotation for both
             q, k = qk[:, :heads], qk[:, heads:]
         if isinstance(start, int):
             kv[0, :, start:end] = k.transpose(0, 1)
@@ -930,8 +988,12 @@ class LeanForward:
             kv[0].index_copy_(1, start, k.transpose(0, 1))
             kv[1].index_copy_(1, start, v.transpose(0, 1))
         out = self._attend(q, kv, end, mask, layer.scale)  # out: [T, H * D]
-        x.add_(_scaled(layer.o(out), layer.residual_scale))
-        h = _apply_norm(x, layer.mlp_norm)
+        if layer.parallel:  # the MLP reads the layer's input, not the attention's sum
+            h = _apply_norm(x, layer.mlp_norm)
+            x.add_(layer.o(out))
+        else:
+            x.add_(_scaled(layer.o(out), layer.residual_scale))
+            h = _apply_norm(x, layer.mlp_norm)
         if layer.gate_up is not None:
             gate_up = layer.gate_up(h)
             size = layer.gate_up.sizes[0]
@@ -1026,7 +1088,7 @@ class LeanForward:
             emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
             cos = emb.cos() * self.rotary.attention_scaling
             sin = emb.sin() * self.rotary.attention_scaling
-            half = self.head_dim // 2
+            half = emb.shape[-1] // 2  # the rotated dims (all of a head's, unless partial)
             # rotate_half(x) * sin == roll(x, half) * [-sin_1, sin_2]: one op instead of slice+neg+cat
             sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
             dtype = self.embed.weight.dtype

@@ -38,7 +38,7 @@ class ExportError(Exception):
 
 # Hugging Face model_type -> llama.cpp architecture.
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gpt2": "gpt2", "gpt_bigcode": "starcoder",
-                 "qwen3": "qwen3", "gemma": "gemma", "granite": "granite"}
+                 "qwen3": "qwen3", "gemma": "gemma", "granite": "granite", "gpt_neox": "gptneox"}
 ROTARY_PERMUTED = {"llama", "mistral", "granite"}  # Q/K rows go from rotate-half to interleaved rotary pairs
 # Gemma's RMSNorm scales by 1 + weight; llama.cpp's gemma graph by the weight as written
 NORM_PLUS_ONE = {"gemma"}
@@ -171,7 +171,7 @@ def _rope_theta(config: dict) -> float:
     kind = params.get("rope_type") or params.get("type") or "default"
     if kind != "default":
         raise ExportError(f"rope scaling {kind!r} is not exported yet (only plain RoPE)")
-    return float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    return float(params.get("rope_theta", config.get("rope_theta", config.get("rotary_emb_base", 10000.0))))
 
 
 @dataclass(frozen=True)
@@ -189,6 +189,15 @@ class Shape:
 
 
 def _shape(config: dict, model_type: str) -> Shape:
+    if model_type == "gpt_neox":
+        activation = config.get("hidden_act", "gelu")
+        if activation not in GELUS:
+            raise ExportError(f"activation {activation!r} is not exported (llama.cpp's gptneox runs gelu)")
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        return Shape(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads, kv_heads=heads,
+                     head_dim=hidden // heads, ffn=int(config["intermediate_size"]),
+                     context=int(config.get("max_position_embeddings", 2048)),
+                     norm_eps=float(config.get("layer_norm_eps", 1e-5)))
     if model_type in GPT2_FAMILY:
         _check_gpt2_family(config, model_type)
         hidden, heads = int(config["n_embd"]), int(config["n_head"])
@@ -240,6 +249,19 @@ def _gpt2_family_tensor(key: str, data: np.ndarray, config: dict, model_type: st
         data = np.array(data)  # a copy: the rows below change
         data[:shape.hidden] *= scale
     return data
+
+
+def _neox_tensor(key: str, data: np.ndarray, shape: Shape) -> np.ndarray:
+    """GPT-NeoX's fused query_key_value rows are per head, [H, (q k v), D]; llama.cpp's gptneox
+    graph splits them as [all q | all k | all v]."""
+    if not key.endswith(("attention.query_key_value.weight", "attention.query_key_value.bias")):
+        return data
+    return data.reshape(shape.heads, 3, shape.head_dim, *data.shape[1:]).swapaxes(0, 1).reshape(data.shape)
+
+
+def _rotary_dims(config: dict, head_dim: int) -> int:
+    params = config.get("rope_parameters") or {}
+    return int(head_dim * params.get("partial_rotary_factor", config.get("rotary_pct", 1.0)))
 
 
 def _is_buffer(key: str) -> bool:
@@ -325,7 +347,12 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
         writer.add_feed_forward_length(shape.ffn)
         writer.add_head_count(shape.heads)
         writer.add_head_count_kv(shape.kv_heads)
-        if model_type in GPT2_FAMILY:
+        if model_type == "gpt_neox":
+            writer.add_layer_norm_eps(shape.norm_eps)
+            writer.add_rope_freq_base(_rope_theta(config))
+            writer.add_rope_dimension_count(_rotary_dims(config, shape.head_dim))
+            writer.add_parallel_residual(bool(config.get("use_parallel_residual", True)))
+        elif model_type in GPT2_FAMILY:
             writer.add_layer_norm_eps(shape.norm_eps)
         else:
             writer.add_layer_norm_rms_eps(shape.norm_eps)
@@ -377,6 +404,8 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
             data = handle.get_tensor(key).to(torch.float32).numpy()
             if model_type in GPT2_FAMILY:
                 data = _gpt2_family_tensor(key, data, config, model_type, shape)
+            elif model_type == "gpt_neox":
+                data = _neox_tensor(key, data, shape)
             elif model_type in ROTARY_PERMUTED and key.endswith("q_proj.weight"):
                 data = _permute(data, shape.heads)
             elif model_type in ROTARY_PERMUTED and key.endswith("k_proj.weight"):
