@@ -19,8 +19,10 @@ from transformers import (
     LlamaConfig,
     MistralConfig,
     OPTConfig,
+    Phi3Config,
     Qwen2Config,
     Qwen3Config,
+    StableLmConfig,
     Starcoder2Config,
 )
 from transformers.pytorch_utils import Conv1D
@@ -72,7 +74,8 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
                       initializer_range=0.4, bos_token_id=0, eos_token_id=0) | overrides
     else:
         config_cls = {"mistral": MistralConfig, "starcoder2": Starcoder2Config, "opt": OPTConfig,
-                      "qwen3": Qwen3Config, "gemma": GemmaConfig, "granite": GraniteConfig}[arch]
+                      "qwen3": Qwen3Config, "gemma": GemmaConfig, "granite": GraniteConfig, "phi3": Phi3Config,
+                      "stablelm": StableLmConfig}[arch]
         common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                       sliding_window=None, initializer_range=0.4)
@@ -83,13 +86,17 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
         elif arch == "granite":  # multipliers away from 1, so the test sees each one applied
             common |= dict(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
                            logits_scaling=2.5)
+        elif arch == "phi3":
+            common |= dict(pad_token_id=0)
+        elif arch == "stablelm":  # a quarter of each head rotated (StableLM's default), q/k/v biases
+            common |= dict(use_qkv_bias=True, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
         config = common | overrides
     torch.manual_seed(seed)
     derived = ("model_type", "architectures", "layer_types")  # layer_types follows the sliding window
     model = AutoModelForCausalLM.from_config(config_cls(**{k: v for k, v in config.items() if k not in derived}))
     # LayerNorm weights start at 1 and biases (norms', and GPT-2's projections') at 0: spread them
     # out, so the test sees every one of them used
-    spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite", "gpt_neox") else
+    spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm") else
               "ln_" if arch in ("gpt2", "gpt_bigcode") else None)
     if spread is not None:
         with torch.no_grad():
@@ -136,6 +143,10 @@ ARCH_CASES = {
     "gemma": lambda: tiny("gemma"),
     "granite": lambda: tiny("granite"),
     "gpt_neox": lambda: tiny("gpt_neox"),
+    "phi3": lambda: tiny("phi3"),
+    "phi3-partial-rotary": lambda: tiny("phi3", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                 "partial_rotary_factor": 0.5}),
+    "stablelm": lambda: tiny("stablelm"),
     "gpt_neox-sequential-rotary-all": lambda: tiny("gpt_neox", use_parallel_residual=False, rotary_pct=1.0),
 }
 
@@ -175,7 +186,7 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, trans
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen2", "gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha", "qwen3",
-                                  "gemma", "granite", "gpt_neox"])
+                                  "gemma", "granite", "gpt_neox", "phi3", "stablelm"])
 def test_greedy_generation_equals_generate(case):
     arch, _, variant = case.partition("-")
     model = tiny(arch, layers=2, **({"multi_query": variant == "mqa"} if arch == "gpt_bigcode" else {}))
@@ -421,6 +432,8 @@ def test_a_sliding_window_wider_than_the_positions_is_served_and_applied_beyond_
     (lambda: tiny("llama").train(), "training"),
     (lambda: tiny("qwen2").model, "no LM head"),
     (lambda: tiny("gpt_neox", hidden_act="relu"), "activation 'relu'"),
+    (lambda: tiny("stablelm", qk_layernorm=True), "qk_layernorm"),
+    (lambda: tiny("stablelm", use_parallel_residual=True), "parallel residual"),
     (lambda: tiny("gpt_neox").gpt_neox, "no LM head"),
 ])
 def test_unsupported_models_say_why(make, words):

@@ -39,7 +39,7 @@ def engine_for(pair_of):
     return engine
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma", "granite", "gpt_neox"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm"])
 def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engine_for, sample_source):
     engine = engine_for(arch)
     check = assert_lossless

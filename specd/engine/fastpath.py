@@ -10,11 +10,13 @@ themselves (no copies): it costs no weight memory and reads whatever the model h
 Two families share the cache, masks, attention and the layer step; what differs is data in
 ``_Layer`` and two fields of ``LeanForward``:
 
-- Llama family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Granite): rotary positions,
+- Llama family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Granite, Phi-3, StableLM): rotary positions,
   RMSNorm (LayerNorm in StarCoder2; Gemma's scales by 1 + weight in float32), q/k/v as
   nn.Linear fused here into one product, grouped-query attention; Qwen3 also RMS-normalises each
   head of q and k before rotating them, Gemma scales the token embeddings by sqrt(hidden), and
   Granite scales the embeddings, each residual branch and the logits by its config's multipliers;
+  Phi-3 stores q/k/v and gate/up fused already; Phi-3 and StableLM may rotate only a part of
+  each head (partial rotary);
 - GPT-2 family (gpt2; gpt_bigcode: StarCoderBase, SantaCoder, TinyStarCoder): learned absolute
   position embeddings added to the token embeddings, LayerNorm with bias, one fused ``c_attn``
   as the checkpoint stores it (gpt2's ``Conv1D`` keeps its weight [in, out] and runs as
@@ -59,7 +61,8 @@ from specd.engine.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
 
 log = logging.getLogger(__name__)
 
-LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "granite")
+LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "granite", "phi3", "stablelm")
+PARTIAL_ROTARY = ("phi3", "stablelm")  # whose rotation passes a head's dims past the rotary ones through
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
 NEOX_FAMILY = ("gpt_neox",)
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GPT2_FAMILY + NEOX_FAMILY
@@ -132,8 +135,12 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
     if rope_type not in STATIC_ROPE_TYPES:
         return f"rope type {rope_type!r} (supported: {', '.join(STATIC_ROPE_TYPES)})"
     head_dim, rotary_dim = body.layers[0].self_attn.head_dim, 2 * body.rotary_emb.inv_freq.numel()
-    if rotary_dim != head_dim:
+    if rotary_dim != head_dim and config.model_type not in PARTIAL_ROTARY:
         return f"rotary embedding over {rotary_dim} of {head_dim} head dims (partial rotary)"
+    if getattr(config, "qk_layernorm", False):  # StableLM's per-head LayerNorms, one weight per head
+        return "per-head LayerNorms of q and k (qk_layernorm)"
+    if config.model_type == "stablelm" and config.use_parallel_residual:
+        return "a parallel residual (use_parallel_residual)"
     if config.hidden_act not in ACTIVATIONS:
         return f"activation {config.hidden_act!r}"
     max_positions = config.max_position_embeddings
@@ -149,7 +156,7 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
             norm = getattr(attn, name, None)
             if norm is not None and (_norm_kind(norm) != "rms" or tuple(norm.weight.shape) != (head_dim,)):
                 return f"layer {i}'s {name} is not an RMSNorm of each head"
-        linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, *(getattr(layer.mlp, n) for n in _mlp_names(layer.mlp))]
+        linears = [*(getattr(attn, n) for n in _attention_names(attn)), *(getattr(layer.mlp, n) for n in _mlp_names(layer.mlp))]
         if any(type(m) is not nn.Linear for m in linears):
             return f"layer {i} has projections that are not plain nn.Linear"
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
@@ -267,7 +274,13 @@ def _sliding_window(config, attention: nn.Module) -> int | None:
     return getattr(config, "sliding_window", None)
 
 
+def _attention_names(attn: nn.Module) -> tuple[str, ...]:
+    return ("qkv_proj", "o_proj") if hasattr(attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
 def _mlp_names(mlp: nn.Module) -> tuple[str, ...]:
+    if hasattr(mlp, "gate_up_proj"):  # Phi-3: gate and up in one nn.Linear, gate first
+        return ("gate_up_proj", "down_proj")
     return ("gate_proj", "up_proj", "down_proj") if hasattr(mlp, "gate_proj") else ("c_fc", "c_proj")
 
 
@@ -620,14 +633,26 @@ class LeanForward:
         self.logit_scale = getattr(config, "logits_scaling", None)  # Granite divides its logits by it
         self.final_norm = _norm(body.norm)
         self.layers = []
+        rotary_dim = 2 * body.rotary_emb.inv_freq.numel()
+        self.rotary_dim = rotary_dim if rotary_dim < self.head_dim else None
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            gated = hasattr(mlp, "gate_proj")
+            gated = hasattr(mlp, "gate_proj") or hasattr(mlp, "gate_up_proj")
+            if hasattr(attn, "qkv_proj"):  # Phi-3 stores q, k and v fused, as we would fuse them
+                qkv = _projection(attn.qkv_proj, copy)
+            else:
+                qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], copy)
+            if hasattr(mlp, "gate_up_proj"):
+                gate_up = mlp.gate_up_proj
+                half = gate_up.out_features // 2
+                gate_up = _matmul(gate_up.weight, gate_up.bias, conv1d=False, copy=copy, sizes=(half, half))
+            else:
+                gate_up = _fused([mlp.gate_proj, mlp.up_proj], copy) if gated else None
             self.layers.append(_Layer(
-                attn_norm=_norm(layer.input_layernorm), qkv=_fused([attn.q_proj, attn.k_proj, attn.v_proj], copy),
+                attn_norm=_norm(layer.input_layernorm), qkv=qkv,
                 per_head_qkv=False, scale=attn.scaling,
                 o=_projection(attn.o_proj, copy), mlp_norm=_norm(layer.post_attention_layernorm),
-                gate_up=_fused([mlp.gate_proj, mlp.up_proj], copy) if gated else None,
+                gate_up=gate_up,
                 up=None if gated else _projection(mlp.c_fc, copy),
                 down=_projection(mlp.down_proj if gated else mlp.c_proj, copy),
                 window=_sliding_window(config, attn),

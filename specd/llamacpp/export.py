@@ -38,7 +38,8 @@ class ExportError(Exception):
 
 # Hugging Face model_type -> llama.cpp architecture.
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gpt2": "gpt2", "gpt_bigcode": "starcoder",
-                 "qwen3": "qwen3", "gemma": "gemma", "granite": "granite", "gpt_neox": "gptneox"}
+                 "qwen3": "qwen3", "gemma": "gemma", "granite": "granite", "gpt_neox": "gptneox",
+                 "phi3": "phi3", "stablelm": "stablelm"}
 ROTARY_PERMUTED = {"llama", "mistral", "granite"}  # Q/K rows go from rotate-half to interleaved rotary pairs
 # Gemma's RMSNorm scales by 1 + weight; llama.cpp's gemma graph by the weight as written
 NORM_PLUS_ONE = {"gemma"}
@@ -210,7 +211,7 @@ def _shape(config: dict, model_type: str) -> Shape:
                  kv_heads=int(config.get("num_key_value_heads") or heads),
                  head_dim=int(config.get("head_dim") or hidden // heads), ffn=int(config["intermediate_size"]),
                  context=int(config.get("max_position_embeddings", 4096)),
-                 norm_eps=float(config.get("rms_norm_eps", 1e-6)))
+                 norm_eps=float(config.get("rms_norm_eps", config.get("layer_norm_eps", 1e-6))))
 
 
 def _check_gpt2_family(config: dict, model_type: str) -> None:
@@ -354,10 +355,18 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
             writer.add_parallel_residual(bool(config.get("use_parallel_residual", True)))
         elif model_type in GPT2_FAMILY:
             writer.add_layer_norm_eps(shape.norm_eps)
+        elif model_type == "stablelm":  # LayerNorms with biases, a part of each head rotated
+            writer.add_layer_norm_eps(shape.norm_eps)
+            writer.add_rope_freq_base(_rope_theta(config))
+            writer.add_rope_dimension_count(_rotary_dims(config, shape.head_dim))
+            writer.add_parallel_residual(bool(config.get("use_parallel_residual", False)))
         else:
             writer.add_layer_norm_rms_eps(shape.norm_eps)
             writer.add_rope_freq_base(_rope_theta(config))
-            writer.add_rope_dimension_count(shape.head_dim)
+            writer.add_rope_dimension_count(_rotary_dims(config, shape.head_dim))
+        if model_type == "phi3":  # llama.cpp's phi3 graph reads these (a window of 0: none)
+            writer.add_sliding_window(int(config.get("sliding_window") or 0))
+            writer.add_rope_scaling_orig_ctx_len(int(config.get("original_max_position_embeddings") or shape.context))
         if model_type == "granite":
             for key, add in GRANITE_SCALES.items():
                 if config.get(key) is not None:
