@@ -596,7 +596,8 @@ def choose_forward_path(model, options: EngineOptions):
     return lean, None
 
 
-INEXACT_ON_LLAMACPP = ("gpt2", "gpt_bigcode")  # model types llama.cpp runs with other numerics (see below)
+# activations llama.cpp's graphs compute from an f16 table (ggml's GELU): other numerics, see below
+INEXACT_ON_LLAMACPP = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
 def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions):
@@ -608,10 +609,12 @@ def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions
     if pair.device.type != "cpu":
         raise ValueError(f"the llama.cpp forward runs on the CPU, the models are on {pair.device}")
     model_type = getattr(model.config, "model_type", None)
-    if model_type in INEXACT_ON_LLAMACPP:
-        # specd is lossless: its output is the target's own greedy. llama.cpp's gpt2/starcoder
-        # graphs read gelu from an f16 table, which moved a 7.9M GPT-2's logits by up to 1.4 and
-        # flipped 14 of 1,100 argmaxes (docs/llamacpp.md); the bench's llama.cpp peers still run.
+    activation = getattr(model.config, "hidden_act", None) or getattr(model.config, "activation_function", None)
+    if activation in INEXACT_ON_LLAMACPP:
+        # specd is lossless: its output is the target's own greedy. llama.cpp's graphs (gpt2,
+        # starcoder, gemma, gptneox) read gelu from an f16 table, which moved a 7.9M GPT-2's
+        # logits by up to 1.4 and flipped 14 of 1,100 argmaxes, and a random Gemma's greedy
+        # output in 3 of 40 bench completions (docs/llamacpp.md); the bench's llama.cpp peers still run.
         raise ValueError(f"llama.cpp computes {model_type}'s gelu from an f16 table, so its greedy output is "
                          "not always the target's own; specd stays lossless on torch")
     types = {torch.float32: "f32", torch.float16: "f16"}
