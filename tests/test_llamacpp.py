@@ -170,6 +170,23 @@ def test_unsupported_architecture_is_one_clear_error(tmp_path):
     assert not out.exists() or not list(out.iterdir())  # nothing half-written left behind
 
 
+@pytest.mark.parametrize(("config", "refused"), [
+    ({"model_type": "mistral", "sliding_window": 16, "max_position_embeddings": 4096}, True),
+    ({"model_type": "qwen2", "sliding_window": 16, "use_sliding_window": True}, True),
+    ({"model_type": "qwen2", "sliding_window": 16, "use_sliding_window": False}, False),  # Qwen2.5's configs
+    ({"model_type": "mistral", "sliding_window": 4096, "max_position_embeddings": 4096}, False),  # never binds
+])
+def test_a_sliding_window_llama_cpp_would_not_apply_is_refused(config, refused):
+    from specd.llamacpp.export import _shape
+
+    config = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "intermediate_size": 128} | config
+    if refused:
+        with pytest.raises(ExportError, match="sliding window of 16 tokens is not exported"):
+            _shape(config, config["model_type"])
+    else:
+        assert _shape(config, config["model_type"]).layers == 2
+
+
 def test_what_llama_cpp_s_gpt2_graph_cannot_run_is_one_clear_error(tmp_path):
     """llama.cpp's gpt2 and starcoder graphs run gelu, decoder-only."""
     with pytest.raises(ExportError, match="activation 'relu' is not exported"):

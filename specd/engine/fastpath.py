@@ -143,11 +143,7 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
         return "a parallel residual (use_parallel_residual)"
     if config.hidden_act not in ACTIVATIONS:
         return f"activation {config.hidden_act!r}"
-    max_positions = config.max_position_embeddings
     for i, layer in enumerate(body.layers):
-        window = _sliding_window(config, layer.self_attn)
-        if window is not None and window < max_positions:
-            return f"sliding window of {window} tokens in layer {i} (the model has {max_positions} positions)"
         if i < len(getattr(config, "layer_types", None) or ()) and config.layer_types[i] not in (
                 "full_attention", "sliding_attention"):
             return f"layer {i} is {config.layer_types[i]!r}"

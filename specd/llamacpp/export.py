@@ -206,6 +206,10 @@ def _shape(config: dict, model_type: str) -> Shape:
         return Shape(layers=int(config["n_layer"]), hidden=hidden, heads=heads, kv_heads=1 if multi_query else heads,
                      head_dim=hidden // heads, ffn=int(config.get("n_inner") or 4 * hidden),
                      context=int(config["n_positions"]), norm_eps=float(config.get("layer_norm_epsilon", 1e-5)))
+    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+    if window and window < int(config.get("max_position_embeddings", 4096)) and model_type != "phi3":
+        raise ExportError(f"a sliding window of {window} tokens is not exported (llama.cpp's "
+                          f"{ARCHITECTURES[model_type]} graph attends to every position)")
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     return Shape(layers=int(config["num_hidden_layers"]), hidden=hidden, heads=heads,
                  kv_heads=int(config.get("num_key_value_heads") or heads),
