@@ -39,7 +39,8 @@ def engines(tiny_pairs, tiny_root):
     return out
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm",
+                                  "phi"])
 @settings(max_examples=6, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
@@ -66,7 +67,8 @@ def test_greedy_equals_target_alone(arch, engines, sample_source, data):
         assert_lossless(engine, result, MAX_TOKENS)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm",
+                                  "phi"])
 def test_near_draft_is_accepted_and_still_lossless(arch, engines, sample_source):
     """With a draft close to the target, drafts are accepted (fewer target forwards than
     tokens), and the output is still exactly the target's."""

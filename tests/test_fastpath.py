@@ -20,6 +20,7 @@ from transformers import (
     MistralConfig,
     OPTConfig,
     Phi3Config,
+    PhiConfig,
     Qwen2Config,
     Qwen3Config,
     StableLmConfig,
@@ -56,6 +57,9 @@ RTOL = 2e-5
 STEPS = (70, 1, 3, 8, 1, 16, 2, 66)
 
 
+BIASED = ("gpt_neox", "stablelm", "phi")  # projections with biases (drawn away from zero in tiny)
+
+
 def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Module:
     """A random-weight model of ``arch`` (peaked logits, see tests/tiny.py), built in memory."""
     if arch in ("llama", "qwen2"):
@@ -76,7 +80,7 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
     else:
         config_cls = {"mistral": MistralConfig, "starcoder2": Starcoder2Config, "opt": OPTConfig,
                       "qwen3": Qwen3Config, "gemma": GemmaConfig, "granite": GraniteConfig, "phi3": Phi3Config,
-                      "stablelm": StableLmConfig}[arch]
+                      "stablelm": StableLmConfig, "phi": PhiConfig}[arch]
         common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                       sliding_window=None, initializer_range=0.4)
@@ -89,6 +93,8 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
                            logits_scaling=2.5)
         elif arch == "phi3":
             common |= dict(pad_token_id=0)
+        elif arch == "phi":  # half of each head rotated, one LayerNorm read by attention and MLP alike
+            common |= dict(num_key_value_heads=4, hidden_act="gelu_new")
         elif arch == "stablelm":  # a quarter of each head rotated (StableLM's default), q/k/v biases
             common |= dict(use_qkv_bias=True, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
         config = common | overrides
@@ -97,12 +103,12 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
     model = AutoModelForCausalLM.from_config(config_cls(**{k: v for k, v in config.items() if k not in derived}))
     # LayerNorm weights start at 1 and biases (norms', and GPT-2's projections') at 0: spread them
     # out, so the test sees every one of them used
-    spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm") else
+    spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi") else
               "ln_" if arch in ("gpt2", "gpt_bigcode") else None)
     if spread is not None:
         with torch.no_grad():
             for name, param in model.named_parameters():
-                if spread in name or (spread == "ln_" and name.endswith("bias")):
+                if spread in name or (name.endswith("bias") and (spread == "ln_" or arch in BIASED)):
                     param.normal_(1.0 if name.endswith("weight") else 0.0, 0.3)
     return model.eval()
 
@@ -148,6 +154,7 @@ ARCH_CASES = {
     "phi3-partial-rotary": lambda: tiny("phi3", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                  "partial_rotary_factor": 0.5}),
     "stablelm": lambda: tiny("stablelm"),
+    "phi": lambda: tiny("phi"),
     # sliding windows that bind (StarCoder2's 4,096 of 16,384 positions, Mistral 7B v0.1's)
     "mistral-window": lambda: tiny("mistral", sliding_window=16),
     "qwen2-window": lambda: tiny("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=1),
@@ -194,7 +201,7 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, trans
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen2", "gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha", "qwen3",
-                                  "gemma", "granite", "gpt_neox", "phi3", "stablelm"])
+                                  "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi"])
 def test_greedy_generation_equals_generate(case):
     arch, _, variant = case.partition("-")
     model = tiny(arch, layers=2, **({"multi_query": variant == "mqa"} if arch == "gpt_bigcode" else {}))
@@ -439,6 +446,7 @@ def test_a_sliding_window_wider_than_the_positions_is_served_and_applied_beyond_
     (lambda: tiny("qwen2").model, "no LM head"),
     (lambda: tiny("gpt_neox", hidden_act="relu"), "activation 'relu'"),
     (lambda: tiny("stablelm", qk_layernorm=True), "qk_layernorm"),
+    (lambda: tiny("phi", qk_layernorm=True), "qk_layernorm"),
     (lambda: tiny("stablelm", use_parallel_residual=True), "parallel residual"),
     (lambda: tiny("gpt_neox").gpt_neox, "no LM head"),
 ])

@@ -2,7 +2,7 @@
 
 ``make_tiny_pair(root, arch)`` writes a byte-level BPE tokenizer with Qwen2.5-Coder-style FIM
 tokens and a target + draft model of the given architecture (llama, qwen2, gpt2, qwen3, gemma,
-granite, gpt_neox, phi3, stablelm) into
+granite, gpt_neox, phi3, stablelm, phi) into
 ``root/target`` and ``root/draft``, loadable with AutoModelForCausalLM / AutoTokenizer.
 
 Weights are drawn with a large init range so the next-token distribution is peaked: greedy
@@ -107,6 +107,12 @@ def make_model(arch: str, vocab_size: int, hidden: int, layers: int, seed: int, 
         config = config_cls(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                             **extra, **common)
+    elif arch == "phi":  # Phi-1/1.5/2: half of each head rotated, one LayerNorm for both branches
+        from transformers import PhiConfig
+
+        config = PhiConfig(hidden_size=hidden, intermediate_size=hidden * 4, num_hidden_layers=layers,
+                           num_attention_heads=4, max_position_embeddings=4096, tie_word_embeddings=False,
+                           **common)
     elif arch == "gpt_neox":  # Pythia's shape: parallel residual, a quarter of each head rotated
         from transformers import GPTNeoXConfig
 

@@ -10,13 +10,14 @@ themselves (no copies): it costs no weight memory and reads whatever the model h
 Two families share the cache, masks, attention and the layer step; what differs is data in
 ``_Layer`` and two fields of ``LeanForward``:
 
-- Llama family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Granite, Phi-3, StableLM): rotary positions,
+- Llama family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Granite, Phi-3, StableLM, Phi): rotary positions,
   RMSNorm (LayerNorm in StarCoder2; Gemma's scales by 1 + weight in float32), q/k/v as
   nn.Linear fused here into one product, grouped-query attention; Qwen3 also RMS-normalises each
   head of q and k before rotating them, Gemma scales the token embeddings by sqrt(hidden), and
   Granite scales the embeddings, each residual branch and the logits by its config's multipliers;
-  Phi-3 stores q/k/v and gate/up fused already; Phi-3 and StableLM may rotate only a part of
-  each head (partial rotary);
+  Phi-3 stores q/k/v and gate/up fused already; Phi-3, StableLM and Phi may rotate only a part
+  of each head (partial rotary); Phi's one LayerNorm feeds attention and MLP side by side (a
+  parallel residual);
 - GPT-2 family (gpt2; gpt_bigcode: StarCoderBase, SantaCoder, TinyStarCoder): learned absolute
   position embeddings added to the token embeddings, LayerNorm with bias, one fused ``c_attn``
   as the checkpoint stores it (gpt2's ``Conv1D`` keeps its weight [in, out] and runs as
@@ -61,8 +62,8 @@ from specd.engine.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
 
 log = logging.getLogger(__name__)
 
-LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "granite", "phi3", "stablelm")
-PARTIAL_ROTARY = ("phi3", "stablelm")  # whose rotation passes a head's dims past the rotary ones through
+LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "granite", "phi3", "stablelm", "phi")
+PARTIAL_ROTARY = ("phi3", "stablelm", "phi")  # whose rotation passes a head's dims past the rotary ones through
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
 NEOX_FAMILY = ("gpt_neox",)
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GPT2_FAMILY + NEOX_FAMILY
@@ -155,11 +156,11 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
         linears = [*(getattr(attn, n) for n in _attention_names(attn)), *(getattr(layer.mlp, n) for n in _mlp_names(layer.mlp))]
         if any(type(m) is not nn.Linear for m in linears):
             return f"layer {i} has projections that are not plain nn.Linear"
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        for norm in _layer_norms(layer):
             if _norm_kind(norm) is None:
                 return f"layer {i} has a {type(norm).__name__} norm"
-    if _norm_kind(body.norm) is None:
-        return f"final norm is a {type(body.norm).__name__}"
+    if _norm_kind(_final_norm(body)) is None:
+        return f"final norm is a {type(_final_norm(body)).__name__}"
     embed = body.embed_tokens
     if type(embed) is not nn.Embedding and not (isinstance(embed, nn.Embedding) and
                                                 type(embed).__name__ == "GemmaTextScaledWordEmbedding"):
@@ -271,12 +272,26 @@ def _sliding_window(config, attention: nn.Module) -> int | None:
 
 
 def _attention_names(attn: nn.Module) -> tuple[str, ...]:
-    return ("qkv_proj", "o_proj") if hasattr(attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj", "o_proj")
+    if hasattr(attn, "qkv_proj"):  # Phi-3
+        return ("qkv_proj", "o_proj")
+    return ("q_proj", "k_proj", "v_proj", "dense" if hasattr(attn, "dense") else "o_proj")  # Phi: dense
+
+
+def _layer_norms(layer: nn.Module) -> list[nn.Module]:
+    """A decoder layer's norms: before attention and before the MLP; Phi's one norm feeds both."""
+    second = getattr(layer, "post_attention_layernorm", None)
+    return [layer.input_layernorm] + ([second] if second is not None else [])
+
+
+def _final_norm(body: nn.Module) -> nn.Module:
+    return body.final_layernorm if hasattr(body, "final_layernorm") else body.norm  # Phi's name
 
 
 def _mlp_names(mlp: nn.Module) -> tuple[str, ...]:
     if hasattr(mlp, "gate_up_proj"):  # Phi-3: gate and up in one nn.Linear, gate first
         return ("gate_up_proj", "down_proj")
+    if hasattr(mlp, "fc1"):  # Phi
+        return ("fc1", "fc2")
     return ("gate_proj", "up_proj", "down_proj") if hasattr(mlp, "gate_proj") else ("c_fc", "c_proj")
 
 
@@ -627,7 +642,7 @@ class LeanForward:
         scale = getattr(body.embed_tokens, "embed_scale", None)
         self.embed_scale = scale if scale is not None else getattr(config, "embedding_multiplier", None)
         self.logit_scale = getattr(config, "logits_scaling", None)  # Granite divides its logits by it
-        self.final_norm = _norm(body.norm)
+        self.final_norm = _norm(_final_norm(body))
         self.layers = []
         rotary_dim = 2 * body.rotary_emb.inv_freq.numel()
         self.rotary_dim = rotary_dim if rotary_dim < self.head_dim else None
@@ -644,16 +659,19 @@ class LeanForward:
                 gate_up = _matmul(gate_up.weight, gate_up.bias, conv1d=False, copy=copy, sizes=(half, half))
             else:
                 gate_up = _fused([mlp.gate_proj, mlp.up_proj], copy) if gated else None
+            norms = [_norm(norm) for norm in _layer_norms(layer)]
+            attn_norm, mlp_norm = norms[0], norms[-1]  # Phi: one norm, read by both branches
             self.layers.append(_Layer(
-                attn_norm=_norm(layer.input_layernorm), qkv=qkv,
+                attn_norm=attn_norm, qkv=qkv,
                 per_head_qkv=False, scale=attn.scaling,
-                o=_projection(attn.o_proj, copy), mlp_norm=_norm(layer.post_attention_layernorm),
+                o=_projection(getattr(attn, _attention_names(attn)[-1]), copy), mlp_norm=mlp_norm,
                 gate_up=gate_up,
-                up=None if gated else _projection(mlp.c_fc, copy),
-                down=_projection(mlp.down_proj if gated else mlp.c_proj, copy),
+                up=None if gated else _projection(getattr(mlp, _mlp_names(mlp)[0]), copy),
+                down=_projection(getattr(mlp, _mlp_names(mlp)[-1]), copy),
                 window=_sliding_window(config, attn),
                 qk_norm=_head_norm(attn.q_norm, attn.k_norm, self.heads, self.kv_heads) if hasattr(attn, "q_norm") else None,
                 residual_scale=getattr(layer, "residual_multiplier", 1.0),
+                parallel=len(norms) == 1,
             ))
 
     def _describe_gpt2(self, model: PreTrainedModel, copy: bool) -> None:
@@ -988,7 +1006,7 @@ class LeanForward:
         start .. end - 1; in a replayed forward ``start`` is the tensor of those slots and
         ``end`` the cache's capacity, all of which the mask's keys span."""
         width, heads, kv_heads, dim = x.shape[0], self.heads, self.kv_heads, self.head_dim
-        h = _apply_norm(x, layer.attn_norm)
+        h = normed = _apply_norm(x, layer.attn_norm)
         qkv = layer.qkv(h)
         if layer.per_head_qkv:
             q, k, v = qkv.reshape(width, heads, 3, dim).unbind(2)  # each [T, H, D]
@@ -1010,7 +1028,7 @@ class LeanForward:
             kv[1].index_copy_(1, start, v.transpose(0, 1))
         out = self._attend(q, kv, end, mask, layer.scale)  # out: [T, H * D]
         if layer.parallel:  # the MLP reads the layer's input, not the attention's sum
-            h = _apply_norm(x, layer.mlp_norm)
+            h = normed if layer.mlp_norm is layer.attn_norm else _apply_norm(x, layer.mlp_norm)
             x.add_(layer.o(out))
         else:
             x.add_(_scaled(layer.o(out), layer.residual_scale))
