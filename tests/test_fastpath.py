@@ -57,7 +57,7 @@ RTOL = 2e-5
 STEPS = (70, 1, 3, 8, 1, 16, 2, 66)
 
 
-BIASED = ("gpt_neox", "stablelm", "phi")  # projections with biases (drawn away from zero in tiny)
+BIASED = ("gpt_neox", "stablelm", "phi", "opt")  # projections with biases (drawn away from zero in tiny)
 
 
 def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Module:
@@ -68,6 +68,16 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
             return model
         config = model.config.to_dict() | overrides
         config_cls = LlamaConfig if arch == "llama" else Qwen2Config
+    elif arch == "opt":  # OPT-125m's shape: learned positions offset by 2, relu, LayerNorms before each block
+        config_cls = OPTConfig
+        config = dict(vocab_size=VOCAB, hidden_size=64, ffn_dim=128, word_embed_proj_dim=64, num_hidden_layers=layers,
+                      num_attention_heads=4, max_position_embeddings=1024, init_std=0.4, pad_token_id=1,
+                      bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1) | overrides
+    elif arch == "bloom":  # no lean forward (ALiBi)
+        from transformers import BloomConfig
+
+        config_cls = BloomConfig
+        config = dict(vocab_size=VOCAB, hidden_size=64, n_layer=layers, n_head=4) | overrides
     elif arch == "gpt_neox":  # Pythia's shape: parallel residual, a quarter of each head rotated
         config_cls = GPTNeoXConfig
         config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
@@ -78,7 +88,7 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
         config = dict(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4, n_positions=1024,
                       initializer_range=0.4, bos_token_id=0, eos_token_id=0) | overrides
     else:
-        config_cls = {"mistral": MistralConfig, "starcoder2": Starcoder2Config, "opt": OPTConfig,
+        config_cls = {"mistral": MistralConfig, "starcoder2": Starcoder2Config,
                       "qwen3": Qwen3Config, "gemma": GemmaConfig, "granite": GraniteConfig, "phi3": Phi3Config,
                       "stablelm": StableLmConfig, "phi": PhiConfig}[arch]
         common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
@@ -103,7 +113,7 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
     model = AutoModelForCausalLM.from_config(config_cls(**{k: v for k, v in config.items() if k not in derived}))
     # LayerNorm weights start at 1 and biases (norms', and GPT-2's projections') at 0: spread them
     # out, so the test sees every one of them used
-    spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi") else
+    spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt") else
               "ln_" if arch in ("gpt2", "gpt_bigcode") else None)
     if spread is not None:
         with torch.no_grad():
@@ -155,6 +165,7 @@ ARCH_CASES = {
                                                                  "partial_rotary_factor": 0.5}),
     "stablelm": lambda: tiny("stablelm"),
     "phi": lambda: tiny("phi"),
+    "opt": lambda: tiny("opt"),
     # sliding windows that bind (StarCoder2's 4,096 of 16,384 positions, Mistral 7B v0.1's)
     "mistral-window": lambda: tiny("mistral", sliding_window=16),
     "qwen2-window": lambda: tiny("qwen2", use_sliding_window=True, sliding_window=16, max_window_layers=1),
@@ -201,7 +212,7 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, trans
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen2", "gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha", "qwen3",
-                                  "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi"])
+                                  "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt"])
 def test_greedy_generation_equals_generate(case):
     arch, _, variant = case.partition("-")
     model = tiny(arch, layers=2, **({"multi_query": variant == "mqa"} if arch == "gpt_bigcode" else {}))
@@ -434,17 +445,19 @@ def test_a_sliding_window_wider_than_the_positions_is_served_and_applied_beyond_
 
 
 @pytest.mark.parametrize(("make", "words"), [
-    (lambda: tiny("opt"), "model type 'opt'"),
+    (lambda: tiny("bloom"), "model type 'bloom'"),
     (lambda: tiny("gpt2", reorder_and_upcast_attn=True), "reorder_and_upcast_attn"),
     (lambda: tiny("gpt2", activation_function="gelu_fast"), "activation 'gelu_fast'"),
     (lambda: tiny("gpt_bigcode", add_cross_attention=True, multi_query=False), "cross-attention"),
     (lambda: tiny("gpt2").transformer, "no LM head"),
     (lambda: tiny("llama", rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
      "rope type 'dynamic'"),
-    (lambda: tiny("llama", hidden_act="relu"), "activation 'relu'"),
+    (lambda: tiny("llama", hidden_act="quick_gelu"), "activation 'quick_gelu'"),
     (lambda: tiny("llama").train(), "training"),
     (lambda: tiny("qwen2").model, "no LM head"),
-    (lambda: tiny("gpt_neox", hidden_act="relu"), "activation 'relu'"),
+    (lambda: tiny("gpt_neox", hidden_act="quick_gelu"), "activation 'quick_gelu'"),
+    (lambda: tiny("opt", do_layer_norm_before=False), "do_layer_norm_before"),
+    (lambda: tiny("opt", word_embed_proj_dim=32), "projected"),
     (lambda: tiny("stablelm", qk_layernorm=True), "qk_layernorm"),
     (lambda: tiny("phi", qk_layernorm=True), "qk_layernorm"),
     (lambda: tiny("stablelm", use_parallel_residual=True), "parallel residual"),

@@ -102,8 +102,8 @@ def test_gelu_models_stay_on_torch_where_llama_cpp_would_not_be_lossless(arch, e
 
 
 def test_a_model_llama_cpp_cannot_take_stays_on_torch_and_says_why(tmp_path):
-    target, draft = make_gpt2_family_pair(tmp_path / "relu", "gpt2", activation_function="relu")
+    target, draft = make_gpt2_family_pair(tmp_path / "quick", "gpt2", activation_function="quick_gelu")
     engine = make_engine(target, draft, forward_backend="llamacpp")
     path, why = engine.paths["target"]
-    assert path.name == "hf"  # torch's choice for a relu GPT-2 (the lean path runs gelu and silu)
-    assert "forward_backend llamacpp unavailable" in why and "activation 'relu'" in why
+    assert path.name == "hf"  # torch's choice for a quick_gelu GPT-2 (the lean path runs gelu, silu, relu)
+    assert "forward_backend llamacpp unavailable" in why and "activation 'quick_gelu'" in why

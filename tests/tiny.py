@@ -2,7 +2,7 @@
 
 ``make_tiny_pair(root, arch)`` writes a byte-level BPE tokenizer with Qwen2.5-Coder-style FIM
 tokens and a target + draft model of the given architecture (llama, qwen2, gpt2, qwen3, gemma,
-granite, gpt_neox, phi3, stablelm, phi) into
+granite, gpt_neox, phi3, stablelm, phi, opt) into
 ``root/target`` and ``root/draft``, loadable with AutoModelForCausalLM / AutoTokenizer.
 
 Weights are drawn with a large init range so the next-token distribution is peaked: greedy
@@ -107,6 +107,12 @@ def make_model(arch: str, vocab_size: int, hidden: int, layers: int, seed: int, 
         config = config_cls(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                             **extra, **common)
+    elif arch == "opt":  # OPT-125m's shape: learned positions offset by 2, relu
+        from transformers import OPTConfig
+
+        config = OPTConfig(hidden_size=hidden, ffn_dim=hidden * 4, word_embed_proj_dim=hidden, num_hidden_layers=layers,
+                           num_attention_heads=4, max_position_embeddings=2048, init_std=init_range, pad_token_id=1,
+                           **common)
     elif arch == "phi":  # Phi-1/1.5/2: half of each head rotated, one LayerNorm for both branches
         from transformers import PhiConfig
 

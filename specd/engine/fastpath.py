@@ -23,6 +23,8 @@ Two families share the cache, masks, attention and the layer step; what differs 
   as the checkpoint stores it (gpt2's ``Conv1D`` keeps its weight [in, out] and runs as
   ``addmm(bias, x, weight)``, as transformers does), multi-query attention in gpt_bigcode, the
   LM head tied to the token embeddings;
+- OPT (as OPT-125m and the larger ones; not OPT-350m's post-norm and projected embeddings):
+  learned positions offset by 2, q/k/v as nn.Linear fused here, relu, LayerNorms before each block;
 - GPT-NeoX (Pythia): LayerNorm with bias, one fused ``query_key_value`` laid out per head (as
   gpt_bigcode's without multi-query), rotary positions over the first ``rotary_dim`` dims of each
   head (partial rotary), and by default a parallel residual: x + attn(norm1(x)) + mlp(norm2(x)).
@@ -66,13 +68,15 @@ LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "gr
 PARTIAL_ROTARY = ("phi3", "stablelm", "phi")  # whose rotation passes a head's dims past the rotary ones through
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
 NEOX_FAMILY = ("gpt_neox",)
-SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GPT2_FAMILY + NEOX_FAMILY
-BODIES = {**dict.fromkeys(LLAMA_FAMILY, "model"), **dict.fromkeys(GPT2_FAMILY, "transformer"), "gpt_neox": "gpt_neox"}
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GPT2_FAMILY + NEOX_FAMILY + ("opt",)
+BODIES = {**dict.fromkeys(LLAMA_FAMILY, "model"), **dict.fromkeys(GPT2_FAMILY, "transformer"), "gpt_neox": "gpt_neox",
+          "opt": "model"}
 # Rotary types with fixed frequencies and scale: HF computes inv_freq and attention_scaling once.
 # "dynamic" and "longrope" change them with the sequence length, so they stay on the HF path.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ACTIVATIONS = {  # each returns a tensor the caller may modify in place
     "silu": functools.partial(F.silu, inplace=True),
+    "relu": functools.partial(F.relu, inplace=True),  # OPT
     "swish": functools.partial(F.silu, inplace=True),
     "gelu": F.gelu,
     "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
@@ -122,7 +126,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     if next(iter(devices)).type == "meta":
         return "weights not loaded (meta device / offloaded)"
     reason = (_llama_family_reason(model) if model_type in LLAMA_FAMILY else
-              _gpt2_family_reason(model) if model_type in GPT2_FAMILY else _neox_reason(model))
+              _gpt2_family_reason(model) if model_type in GPT2_FAMILY else
+              _neox_reason(model) if model_type in NEOX_FAMILY else _opt_reason(model))
     if reason is not None:
         return reason
     if type(model.lm_head) is not nn.Linear:
@@ -182,6 +187,30 @@ def _neox_reason(model: PreTrainedModel) -> str | None:
         if any(type(m) is not nn.Linear for m in (attn.query_key_value, attn.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h)):
             return f"layer {i} has projections that are not plain nn.Linear"
         if any(type(norm) is not nn.LayerNorm for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
+            return f"layer {i} has norms that are not nn.LayerNorm"
+    if type(body.final_layer_norm) is not nn.LayerNorm:
+        return f"final norm is a {type(body.final_layer_norm).__name__}"
+    return None
+
+
+def _opt_reason(model: PreTrainedModel) -> str | None:
+    config, body = model.config, model.model.decoder
+    if not config.do_layer_norm_before:
+        return "layer norms after each block (do_layer_norm_before = false, as OPT-350m)"
+    if body.project_in is not None or body.project_out is not None:
+        return f"embeddings of {config.word_embed_proj_dim} dims projected to and from the hidden size"
+    if body.final_layer_norm is None:
+        return "no final layer norm"
+    if config.activation_function not in ACTIVATIONS:
+        return f"activation {config.activation_function!r}"
+    if type(body.embed_tokens) is not nn.Embedding or getattr(body.embed_positions, "offset", None) != 2:
+        return "embeddings that are not OPT's own (token ids, positions offset by 2)"
+    for i, layer in enumerate(body.layers):
+        attn = layer.self_attn
+        if any(type(m) is not nn.Linear for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, layer.fc1,
+                                                  layer.fc2)):
+            return f"layer {i} has projections that are not plain nn.Linear"
+        if any(type(norm) is not nn.LayerNorm for norm in (layer.self_attn_layer_norm, layer.final_layer_norm)):
             return f"layer {i} has norms that are not nn.LayerNorm"
     if type(body.final_layer_norm) is not nn.LayerNorm:
         return f"final norm is a {type(body.final_layer_norm).__name__}"
@@ -544,12 +573,15 @@ class LeanForward:
         self.max_positions = model.config.max_position_embeddings
         copy = transposed_weights == "on" or (transposed_weights == "auto" and _copies_pay(model))
         self.rotary_dim = None  # rotated dims of each head, when fewer than all (GPT-NeoX's partial rotary)
+        self.position_offset = 0  # learned positions' first row (OPT's: 2)
         if model.config.model_type in LLAMA_FAMILY:
             self._describe_llama(model, copy)
         elif model.config.model_type in GPT2_FAMILY:
             self._describe_gpt2(model, copy)
-        else:
+        elif model.config.model_type in NEOX_FAMILY:
             self._describe_neox(model, copy)
+        else:
+            self._describe_opt(model, copy)
         self.lm_head = _projection(model.lm_head, copy)
         if self.lm_head.narrow:
             self.lm_head = dataclasses.replace(self.lm_head, narrow=self.max_positions)  # measured: every width
@@ -713,6 +745,25 @@ class LeanForward:
             window=None, parallel=config.use_parallel_residual,
         ) for layer in body.layers]
 
+    def _describe_opt(self, model: PreTrainedModel, copy: bool) -> None:
+        config, body = model.config, model.model.decoder
+        self.heads = self.kv_heads = config.num_attention_heads
+        self.head_dim = body.layers[0].self_attn.head_dim
+        self.act = ACTIVATIONS[config.activation_function]
+        self.embed, self.positions, self.rotary = body.embed_tokens, body.embed_positions, None
+        self.position_offset = body.embed_positions.offset
+        self.embed_scale = self.logit_scale = None
+        self.final_norm = _norm(body.final_layer_norm)
+        # OPT multiplies q (bias included) by the scale before its product with k; here SDPA
+        # scales the product: the same value up to float rounding
+        self.layers = [_Layer(
+            attn_norm=_norm(layer.self_attn_layer_norm),
+            qkv=_fused([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj], copy),
+            per_head_qkv=False, scale=layer.self_attn.scaling, o=_projection(layer.self_attn.out_proj, copy),
+            mlp_norm=_norm(layer.final_layer_norm), gate_up=None, up=_projection(layer.fc1, copy),
+            down=_projection(layer.fc2, copy), window=None,
+        ) for layer in body.layers]
+
     # ---- the interface KVState drives ---------------------------------------------------
 
     @property
@@ -774,8 +825,9 @@ class LeanForward:
         end = start + width
         depths = None if parents is None else _tree_depths(parents, width)
         last_position = end - 1 if depths is None else start + max(depths)
-        if self.positions is not None and last_position >= self.positions.num_embeddings:
-            raise ValueError(f"position {last_position} is past the model's {self.positions.num_embeddings} learned positions")
+        if self.positions is not None and last_position + self.position_offset >= self.positions.num_embeddings:
+            learned = self.positions.num_embeddings - self.position_offset
+            raise ValueError(f"position {last_position} is past the model's {learned} learned positions")
         if self.graphs is not None and parents is None and head and width <= GRAPH_WIDTHS:
             key = (width, last_only)
             self.uses[key] += 1
@@ -790,7 +842,9 @@ class LeanForward:
         masks: dict[int | None, Mask] = {}  # per sliding window
         x = self._embed(input_ids)  # x: [T, hidden]
         if self.positions is not None:  # learned absolute positions, as HF adds them
-            x.add_(self.positions.weight[start:end] if positions is None else self.positions.weight[positions])
+            offset = self.position_offset
+            x.add_(self.positions.weight[start + offset:end + offset] if positions is None else
+                   self.positions.weight[positions + offset])
         for layer, kv in zip(self.layers, cache.kv):
             if layer.window not in masks:
                 masks[layer.window] = (self._mask(start, end, layer.window, device) if parents is None else
@@ -975,7 +1029,7 @@ class LeanForward:
             cos, sin = tables[0][positions].unsqueeze(1), tables[1][positions].unsqueeze(1)
         x = self._embed(ids)
         if self.positions is not None:
-            x.add_(self.positions.weight[positions])
+            x.add_(self.positions.weight[positions + self.position_offset])
         masks: dict[int | None, Mask] = {}
         for layer, layer_kv in zip(self.layers, kv):
             if layer.window not in masks:
