@@ -119,8 +119,17 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
         with torch.no_grad():
             for name, param in model.named_parameters():
                 if spread in name or (name.endswith("bias") and (spread == "ln_" or arch in BIASED)):
-                    param.normal_(1.0 if name.endswith("weight") else 0.0, 0.3)
+                    # Gemma's norms scale by 1 + weight: their weights lie around 0
+                    param.normal_(1.0 if name.endswith("weight") and arch != "gemma" else 0.0, 0.3)
     return model.eval()
+
+
+def reference_cache(model, lean: LeanForward):
+    """transformers' cache for the reference forward. Where a sliding window binds, its sliding
+    layers drop what falls out of the window and cannot roll back past it, so the reference
+    holds every position instead (its mask still slides)."""
+    windowed = any(layer.window is not None for layer in lean.layers)
+    return DynamicCache() if windowed else compat.new_cache(model)
 
 
 def ids(n: int, seed: int) -> torch.Tensor:
@@ -190,10 +199,7 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, trans
     assert (lean.copied_bytes > 0) == (transposed != "off")
     if transposed == "numpy":
         assert lean.host_products("on") == ALL_HOST_ROWS
-    # a window that binds: transformers' sliding cache layers drop what falls out of the window
-    # and cannot roll back past it, so the reference holds every position (its mask still slides)
-    windowed = any(layer.window is not None for layer in lean.layers)
-    cache, hf_cache = lean.new_cache(), DynamicCache() if windowed else compat.new_cache(model)
+    cache, hf_cache = lean.new_cache(), reference_cache(model, lean)
     for i, width in enumerate(STEPS):
         step = ids(width, seed=i)
         assert_same_logits(lean.forward(step, cache, last_only=False), compat.forward(model, step, hf_cache))
