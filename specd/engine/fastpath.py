@@ -10,14 +10,17 @@ themselves (no copies): it costs no weight memory and reads whatever the model h
 Two families share the cache, masks, attention and the layer step; what differs is data in
 ``_Layer`` and two fields of ``LeanForward``:
 
-- Llama family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Granite, Phi-3, StableLM, Phi): rotary positions,
+- Llama family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Gemma 3, Granite, Phi-3, StableLM, Phi):
+  rotary positions,
   RMSNorm (LayerNorm in StarCoder2; Gemma's scales by 1 + weight in float32), q/k/v as
   nn.Linear fused here into one product, grouped-query attention; Qwen3 also RMS-normalises each
   head of q and k before rotating them, Gemma scales the token embeddings by sqrt(hidden), and
   Granite scales the embeddings, each residual branch and the logits by its config's multipliers;
   Phi-3 stores q/k/v and gate/up fused already; Phi-3, StableLM and Phi may rotate only a part
   of each head (partial rotary); Phi's one LayerNorm feeds attention and MLP side by side (a
-  parallel residual);
+  parallel residual); Gemma 3 also normalises each branch's output, turns its sliding layers'
+  q and k at another rotary base than its full layers' (tables per kind), and may soft-cap
+  its logits;
 - GPT-2 family (gpt2; gpt_bigcode: StarCoderBase, SantaCoder, TinyStarCoder): learned absolute
   position embeddings added to the token embeddings, LayerNorm with bias, one fused ``c_attn``
   as the checkpoint stores it (gpt2's ``Conv1D`` keeps its weight [in, out] and runs as
@@ -64,7 +67,8 @@ from specd.engine.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
 
 log = logging.getLogger(__name__)
 
-LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "granite", "phi3", "stablelm", "phi")
+LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "gemma3_text", "granite", "phi3", "stablelm",
+                "phi")
 PARTIAL_ROTARY = ("phi3", "stablelm", "phi")  # whose rotation passes a head's dims past the rotary ones through
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
 NEOX_FAMILY = ("gpt_neox",)
@@ -103,6 +107,7 @@ PREPARED_PER_CALL = 2  # ... this many at a time (idle slices stay short)
 # (the same maths; attention over the whole capacity sums in another order)
 GRAPH_TOLERANCE = {torch.float32: 1e-3, None: 5e-2}
 Mask = tuple[int, torch.Tensor | None]  # (first key slot attended, additive mask / CAUSAL / None)
+NO_ROPE = (None, None)  # cos, sin of a layer without rotary positions
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
@@ -112,7 +117,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         return f"model type {model_type!r} has no lean forward (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
-    if not type(model).__module__.startswith(f"transformers.models.{model_type}."):
+    package = {"gemma3_text": "gemma3"}.get(model_type, model_type)  # where transformers keeps the class
+    if not type(model).__module__.startswith(f"transformers.models.{package}."):
         return f"{type(model).__name__} is not transformers' own {model_type} class (remote code?)"
     if not (hasattr(model, "lm_head") and hasattr(model, BODIES[model_type])):
         return f"{type(model).__name__} is not a ...ForCausalLM (no LM head)"
@@ -135,20 +141,40 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     return None
 
 
+def _rotaries(rotary: nn.Module) -> dict[str | None, tuple[torch.Tensor, float, str]]:
+    """A model's rotary embeddings: layer type -> (inv_freq, attention scaling, rope type).
+    One for most models (key None); Gemma 3 keeps one per layer type (sliding layers turn at
+    another base than full ones), as ``<type>_inv_freq`` buffers."""
+    if hasattr(rotary, "inv_freq"):
+        return {None: (rotary.inv_freq, rotary.attention_scaling, getattr(rotary, "rope_type", None))}
+    return {kind: (getattr(rotary, f"{kind}_inv_freq"), getattr(rotary, f"{kind}_attention_scaling"),
+                   rotary.rope_type[kind]) for kind in rotary.rope_type}
+
+
+def _activation(config) -> str | None:
+    return getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)  # Gemma 3's name
+
+
 def _llama_family_reason(model: PreTrainedModel) -> str | None:
     config, body = model.config, model.model
-    rope_type = getattr(body.rotary_emb, "rope_type", None)
-    if rope_type not in STATIC_ROPE_TYPES:
-        return f"rope type {rope_type!r} (supported: {', '.join(STATIC_ROPE_TYPES)})"
-    head_dim, rotary_dim = body.layers[0].self_attn.head_dim, 2 * body.rotary_emb.inv_freq.numel()
+    ropes = _rotaries(body.rotary_emb)
+    for _, _, rope_type in ropes.values():
+        if rope_type not in STATIC_ROPE_TYPES:
+            return f"rope type {rope_type!r} (supported: {', '.join(STATIC_ROPE_TYPES)})"
+    head_dim = body.layers[0].self_attn.head_dim
+    rotary_dim = 2 * min(inv_freq.numel() for inv_freq, _, _ in ropes.values())
     if rotary_dim != head_dim and config.model_type not in PARTIAL_ROTARY:
         return f"rotary embedding over {rotary_dim} of {head_dim} head dims (partial rotary)"
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        return "attention logits soft-capped (attn_logit_softcapping)"
+    if getattr(config, "use_bidirectional_attention", False):
+        return "bidirectional attention"
     if getattr(config, "qk_layernorm", False):  # StableLM's per-head LayerNorms, one weight per head
         return "per-head LayerNorms of q and k (qk_layernorm)"
     if config.model_type == "stablelm" and config.use_parallel_residual:
         return "a parallel residual (use_parallel_residual)"
-    if config.hidden_act not in ACTIVATIONS:
-        return f"activation {config.hidden_act!r}"
+    if _activation(config) not in ACTIVATIONS:
+        return f"activation {_activation(config)!r}"
     for i, layer in enumerate(body.layers):
         if i < len(getattr(config, "layer_types", None) or ()) and config.layer_types[i] not in (
                 "full_attention", "sliding_attention"):
@@ -156,7 +182,7 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
         attn = layer.self_attn
         for name in ("q_norm", "k_norm"):  # Qwen3's per-head norms (OLMo2's span whole projections)
             norm = getattr(attn, name, None)
-            if norm is not None and (_norm_kind(norm) != "rms" or tuple(norm.weight.shape) != (head_dim,)):
+            if norm is not None and (_norm_kind(norm) not in ("rms", "gemma") or tuple(norm.weight.shape) != (head_dim,)):
                 return f"layer {i}'s {name} is not an RMSNorm of each head"
         linears = [*(getattr(attn, n) for n in _attention_names(attn)), *(getattr(layer.mlp, n) for n in _mlp_names(layer.mlp))]
         if any(type(m) is not nn.Linear for m in linears):
@@ -167,8 +193,8 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
     if _norm_kind(_final_norm(body)) is None:
         return f"final norm is a {type(_final_norm(body)).__name__}"
     embed = body.embed_tokens
-    if type(embed) is not nn.Embedding and not (isinstance(embed, nn.Embedding) and
-                                                type(embed).__name__ == "GemmaTextScaledWordEmbedding"):
+    if type(embed) is not nn.Embedding and not (isinstance(embed, nn.Embedding) and type(embed).__name__ in
+                                                ("GemmaTextScaledWordEmbedding", "Gemma3TextScaledWordEmbedding")):
         return f"token embeddings are a {type(embed).__name__}"
     return None
 
@@ -307,7 +333,12 @@ def _attention_names(attn: nn.Module) -> tuple[str, ...]:
 
 
 def _layer_norms(layer: nn.Module) -> list[nn.Module]:
-    """A decoder layer's norms: before attention and before the MLP; Phi's one norm feeds both."""
+    """A decoder layer's norms: before attention and before the MLP; Phi's one norm feeds both;
+    Gemma 3 also normalises each branch's output (before attention, after it, before the MLP,
+    after it)."""
+    if hasattr(layer, "pre_feedforward_layernorm"):
+        return [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                layer.post_feedforward_layernorm]
     second = getattr(layer, "post_attention_layernorm", None)
     return [layer.input_layernorm] + ([second] if second is not None else [])
 
@@ -327,7 +358,7 @@ def _mlp_names(mlp: nn.Module) -> tuple[str, ...]:
 def _norm_kind(norm: nn.Module) -> str | None:
     if type(norm) is nn.LayerNorm:
         return "layer"
-    if type(norm).__name__ == "GemmaRMSNorm" and hasattr(norm, "eps"):
+    if type(norm).__name__ in ("GemmaRMSNorm", "Gemma3RMSNorm") and hasattr(norm, "eps"):
         return "gemma"
     if type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon"):
         return "rms"
@@ -496,6 +527,9 @@ class _Layer:
     qk_norm: _Norm | None = None  # Qwen3: RMSNorm of each q and k head before the rotation (_head_norm)
     residual_scale: float = 1.0  # Granite's residual_multiplier: x + scale * branch(x)
     parallel: bool = False  # GPT-NeoX's parallel residual: x + attn(norm1(x)) + mlp(norm2(x))
+    rope: str | None = None  # which rotary tables turn q and k (Gemma 3's layer type; None: the one)
+    post_attn_norm: _Norm | None = None  # Gemma 3 normalises each branch's output too ...
+    post_mlp_norm: _Norm | None = None  # ... before adding it to the residual stream
 
     def matmuls(self) -> list[_Matmul]:
         return [m for m in (self.qkv, self.o, self.gate_up, self.up, self.down) if m is not None]
@@ -518,12 +552,13 @@ def _norm(module: nn.Module) -> _Norm:
 
 
 def _head_norm(q: nn.Module, k: nn.Module, heads: int, kv_heads: int) -> _Norm:
-    """Qwen3's RMSNorms of each q head and each k head as one norm over the last dim of
-    [T, heads + kv_heads, D]: its weight [heads + kv_heads, D] repeats q's weight per q head and
-    k's per k head (a small copy)."""
+    """Qwen3's (and Gemma 3's) RMSNorms of each q head and each k head as one norm over the last
+    dim of [T, heads + kv_heads, D]: its weight [heads + kv_heads, D] repeats q's weight per q
+    head and k's per k head (a small copy)."""
+    q_norm, k_norm = _norm(q), _norm(k)
     with torch.no_grad():
-        weight = torch.cat([q.weight.expand(heads, -1), k.weight.expand(kv_heads, -1)])
-    return _Norm(weight, None, q.variance_epsilon, rms=True)
+        weight = torch.cat([q_norm.weight.expand(heads, -1), k_norm.weight.expand(kv_heads, -1)])
+    return dataclasses.replace(q_norm, weight=weight)
 
 
 def _apply_norm(x: torch.Tensor, norm: _Norm) -> torch.Tensor:
@@ -587,7 +622,7 @@ class LeanForward:
             self.lm_head = dataclasses.replace(self.lm_head, narrow=self.max_positions)  # measured: every width
         self.copied_bytes = sum(m.nbytes_copied() for layer in self.layers for m in layer.matmuls()) + \
             self.lm_head.nbytes_copied()
-        self._cos = self._sin = torch.empty(0)  # rotary tables [positions, head_dim], see _rope
+        self._tables: dict = {}  # rotary kind -> cos, sin tables [positions, head_dim], see _rope
         self.host_rows = NO_HOST
         self.host_note = ""  # what host_products measured, for the description
         self.graphs: CudaGraphs | EagerGraphs | None = None  # see use_graphs
@@ -668,15 +703,16 @@ class LeanForward:
         config, body = model.config, model.model
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = body.layers[0].self_attn.head_dim
-        self.act = ACTIVATIONS[config.hidden_act]
-        self.embed, self.positions, self.rotary = body.embed_tokens, None, body.rotary_emb
+        self.act = ACTIVATIONS[_activation(config)]
+        self.embed, self.positions, self.ropes = body.embed_tokens, None, _rotaries(body.rotary_emb)
         # Gemma multiplies the embeddings by a buffer cast to the weights' dtype, Granite by a float
         scale = getattr(body.embed_tokens, "embed_scale", None)
         self.embed_scale = scale if scale is not None else getattr(config, "embedding_multiplier", None)
         self.logit_scale = getattr(config, "logits_scaling", None)  # Granite divides its logits by it
+        self.logit_cap = getattr(config, "final_logit_softcapping", None)  # Gemma 3's, where set
         self.final_norm = _norm(_final_norm(body))
         self.layers = []
-        rotary_dim = 2 * body.rotary_emb.inv_freq.numel()
+        rotary_dim = 2 * next(iter(self.ropes.values()))[0].numel()  # every kind turns as many dims
         self.rotary_dim = rotary_dim if rotary_dim < self.head_dim else None
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -693,6 +729,9 @@ class LeanForward:
                 gate_up = _fused([mlp.gate_proj, mlp.up_proj], copy) if gated else None
             norms = [_norm(norm) for norm in _layer_norms(layer)]
             attn_norm, mlp_norm = norms[0], norms[-1]  # Phi: one norm, read by both branches
+            post_attn_norm = post_mlp_norm = None
+            if len(norms) == 4:  # Gemma 3: before and after each branch
+                attn_norm, post_attn_norm, mlp_norm, post_mlp_norm = norms
             self.layers.append(_Layer(
                 attn_norm=attn_norm, qkv=qkv,
                 per_head_qkv=False, scale=attn.scaling,
@@ -704,6 +743,8 @@ class LeanForward:
                 qk_norm=_head_norm(attn.q_norm, attn.k_norm, self.heads, self.kv_heads) if hasattr(attn, "q_norm") else None,
                 residual_scale=getattr(layer, "residual_multiplier", 1.0),
                 parallel=len(norms) == 1,
+                rope=getattr(attn, "layer_type", None) if len(self.ropes) > 1 else None,
+                post_attn_norm=post_attn_norm, post_mlp_norm=post_mlp_norm,
             ))
 
     def _describe_gpt2(self, model: PreTrainedModel, copy: bool) -> None:
@@ -713,8 +754,8 @@ class LeanForward:
         self.kv_heads = getattr(attention, "kv_heads", self.heads)  # gpt_bigcode: 1 with multi_query
         self.head_dim = attention.head_dim
         self.act = ACTIVATIONS[config.activation_function]
-        self.embed, self.positions, self.rotary = body.wte, body.wpe, None
-        self.embed_scale = self.logit_scale = None
+        self.embed, self.positions, self.ropes = body.wte, body.wpe, {}
+        self.embed_scale = self.logit_scale = self.logit_cap = None
         self.final_norm = _norm(body.ln_f)
         # gpt_bigcode without multi-query views c_attn's output per head; gpt2 and MQA split it whole
         per_head = config.model_type == "gpt_bigcode" and not config.multi_query
@@ -733,8 +774,8 @@ class LeanForward:
         rotary_dim = 2 * body.rotary_emb.inv_freq.numel()
         self.rotary_dim = rotary_dim if rotary_dim < self.head_dim else None
         self.act = ACTIVATIONS[config.hidden_act]
-        self.embed, self.positions, self.rotary = body.embed_in, None, body.rotary_emb
-        self.embed_scale = self.logit_scale = None
+        self.embed, self.positions, self.ropes = body.embed_in, None, _rotaries(body.rotary_emb)
+        self.embed_scale = self.logit_scale = self.logit_cap = None
         self.final_norm = _norm(body.final_layer_norm)
         # query_key_value's output is [T, H, (q k v), D], as gpt_bigcode's without multi-query
         self.layers = [_Layer(
@@ -750,9 +791,9 @@ class LeanForward:
         self.heads = self.kv_heads = config.num_attention_heads
         self.head_dim = body.layers[0].self_attn.head_dim
         self.act = ACTIVATIONS[config.activation_function]
-        self.embed, self.positions, self.rotary = body.embed_tokens, body.embed_positions, None
+        self.embed, self.positions, self.ropes = body.embed_tokens, body.embed_positions, {}
         self.position_offset = body.embed_positions.offset
-        self.embed_scale = self.logit_scale = None
+        self.embed_scale = self.logit_scale = self.logit_cap = None
         self.final_norm = _norm(body.final_layer_norm)
         # OPT multiplies q (bias included) by the scale before its product with k; here SDPA
         # scales the product: the same value up to float rounding
@@ -836,9 +877,7 @@ class LeanForward:
         cache.reserve(end)
         device = input_ids.device
         positions = None if depths is None else torch.tensor(depths, device=device) + start
-        cos = sin = None
-        if self.rotary is not None:
-            cos, sin = self._rope(start, end, device, positions)  # [T, 1, D]: broadcast over heads
+        ropes = self._rope(start, end, device, positions)  # kind -> cos, sin [T, 1, D]: broadcast over heads
         masks: dict[int | None, Mask] = {}  # per sliding window
         x = self._embed(input_ids)  # x: [T, hidden]
         if self.positions is not None:  # learned absolute positions, as HF adds them
@@ -849,6 +888,7 @@ class LeanForward:
             if layer.window not in masks:
                 masks[layer.window] = (self._mask(start, end, layer.window, device) if parents is None else
                                        self._tree_mask(start, parents, depths, layer.window, device))
+            cos, sin = ropes.get(layer.rope, NO_ROPE)
             x = self._decoder_layer(layer, x, kv, cos, sin, start, end, masks[layer.window])
         if last_only:
             x = x[-1:]
@@ -902,6 +942,8 @@ class LeanForward:
         weight run as (weight @ x.T).T at every width (``_Matmul``); the result is then a
         transposed view, which every row-wise consumer takes as it is."""
         logits = self.lm_head(x)
+        if self.logit_cap is not None:  # Gemma 3's soft cap, as HF computes it
+            return torch.tanh(logits / self.logit_cap) * self.logit_cap
         return logits if self.logit_scale is None else logits / self.logit_scale
 
     # ---- replayed forwards (CUDA graphs, see graphs.py) ----------------------------------
@@ -1006,10 +1048,8 @@ class LeanForward:
         device, capacity = input_ids.device, cache.capacity
         ids = input_ids.clone()
         start = torch.tensor(cache.length, device=device)
-        tables = None
-        if self.rotary is not None:
-            self._rope(0, capacity, device)  # tables for every position of the cache
-            tables = (self._cos, self._sin)
+        self._rope(0, capacity, device)  # tables for every position of the cache
+        tables = dict(self._tables)
         kv = list(cache.kv)
 
         def run() -> torch.Tensor:
@@ -1020,13 +1060,12 @@ class LeanForward:
         return Captured(ids, start, out, replay, keep=(tables,))
 
     def _static_forward(self, ids: torch.Tensor, start: torch.Tensor, kv: list[torch.Tensor], capacity: int,
-                        last_only: bool, tables: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+                        last_only: bool, tables: dict) -> torch.Tensor:
         """``forward`` with the first position a device tensor: every shape is fixed by the
-        width and the capacity, nothing is read back to the host (so it can be recorded)."""
+        width and the capacity, nothing is read back to the host (so it can be recorded).
+        ``tables``: rotary kind -> (cos, sin) tables over the capacity's positions."""
         positions = start + torch.arange(ids.shape[1], device=ids.device)
-        cos = sin = None
-        if tables is not None:
-            cos, sin = tables[0][positions].unsqueeze(1), tables[1][positions].unsqueeze(1)
+        ropes = {kind: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)) for kind, (cos, sin) in tables.items()}
         x = self._embed(ids)
         if self.positions is not None:
             x.add_(self.positions.weight[positions + self.position_offset])
@@ -1034,6 +1073,7 @@ class LeanForward:
         for layer, layer_kv in zip(self.layers, kv):
             if layer.window not in masks:
                 masks[layer.window] = (0, self._positions_mask(positions, capacity, layer.window))
+            cos, sin = ropes.get(layer.rope, NO_ROPE)
             x = self._decoder_layer(layer, x, layer_kv, cos, sin, positions, capacity, masks[layer.window])
         if last_only:
             x = x[-1:]
@@ -1085,7 +1125,10 @@ class LeanForward:
             h = normed if layer.mlp_norm is layer.attn_norm else _apply_norm(x, layer.mlp_norm)
             x.add_(layer.o(out))
         else:
-            x.add_(_scaled(layer.o(out), layer.residual_scale))
+            branch = layer.o(out)
+            if layer.post_attn_norm is not None:
+                branch = _apply_norm(branch, layer.post_attn_norm)
+            x.add_(_scaled(branch, layer.residual_scale))
             h = _apply_norm(x, layer.mlp_norm)
         if layer.gate_up is not None:
             gate_up = layer.gate_up(h)
@@ -1093,7 +1136,10 @@ class LeanForward:
             h = self.act(gate_up[:, :size]).mul_(gate_up[:, size:])
         else:
             h = self.act(layer.up(h))
-        return x.add_(_scaled(layer.down(h), layer.residual_scale))
+        h = layer.down(h)
+        if layer.post_mlp_norm is not None:
+            h = _apply_norm(h, layer.post_mlp_norm)
+        return x.add_(_scaled(h, layer.residual_scale))
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, end: int, mask: Mask, scale: float) -> torch.Tensor:
         """Attention of q [T, H, D] over the cache's keys/values up to ``end``; [T, H * D].
@@ -1162,25 +1208,32 @@ class LeanForward:
         return first, bias if width >= WIDE else bias.repeat(self.heads // self.kv_heads, 1)
 
     def _rope(self, start: int, end: int, device: torch.device,
-              positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sign-folded sin [T, 1, D] for positions start .. end - 1 (or ``positions``,
-        a token tree's, none past end - 1), from tables computed as HF's rotary embedding
-        computes them (float32, then the model's dtype); the tables grow by doubling."""
+              positions: torch.Tensor | None = None) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Per rotary kind (``_rotaries``; none for learned positions), cos and sign-folded sin
+        [T, 1, D] for positions start .. end - 1 (or ``positions``, a token tree's, none past
+        end - 1), from tables computed as HF's rotary embedding computes them (float32, then the
+        model's dtype); the tables grow by doubling."""
+        if not self.ropes:
+            return {}
         dtype = self.embed.weight.dtype  # the model's, also after a .to() since the tables were built
-        if self._cos.shape[0] < end or self._cos.device != device or self._cos.dtype != dtype:
-            size = max(end, min(2 * self._cos.shape[0], self.max_positions), INITIAL_CAPACITY)
-            self._cos, self._sin = self._rope_tables(size, device)
+        cos, _ = next(iter(self._tables.values()), (None, None))
+        if cos is None or cos.shape[0] < end or cos.device != device or cos.dtype != dtype:
+            size = max(end, min(2 * (0 if cos is None else cos.shape[0]), self.max_positions), INITIAL_CAPACITY)
+            self._tables = {kind: self._rope_tables(inv_freq, scaling, size, device)
+                            for kind, (inv_freq, scaling, _) in self.ropes.items()}
         if positions is not None:
-            return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
-        return self._cos[start:end].unsqueeze(1), self._sin[start:end].unsqueeze(1)
+            return {kind: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+                    for kind, (cos, sin) in self._tables.items()}
+        return {kind: (cos[start:end].unsqueeze(1), sin[start:end].unsqueeze(1)) for kind, (cos, sin) in self._tables.items()}
 
-    def _rope_tables(self, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope_tables(self, inv_freq: torch.Tensor, scaling: float, size: int,
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.inference_mode():
-            inv_freq = self.rotary.inv_freq.to(device=device, dtype=torch.float32)
+            inv_freq = inv_freq.to(device=device, dtype=torch.float32)
             freqs = torch.arange(size, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
-            cos = emb.cos() * self.rotary.attention_scaling
-            sin = emb.sin() * self.rotary.attention_scaling
+            cos = emb.cos() * scaling
+            sin = emb.sin() * scaling
             half = emb.shape[-1] // 2  # the rotated dims (all of a head's, unless partial)
             # rotate_half(x) * sin == roll(x, half) * [-sin_1, sin_2]: one op instead of slice+neg+cat
             sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
