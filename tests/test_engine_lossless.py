@@ -88,6 +88,24 @@ def test_near_draft_is_accepted_and_still_lossless(arch, engines, sample_source)
     assert (1, True) in state.draft.cache.graphs
 
 
+def test_transformers_forward_rolls_back_past_a_window_that_binds(tiny_pairs, tiny_root, sample_source):
+    """transformers' own forward (the fallback path) on a model whose sliding window (64 tokens)
+    is far shorter than its prompts (~500): rejected drafts roll the cache back by a crop, which
+    a cache of sliding layers refuses once the window is full; specd's caches keep every
+    position (the mask still slides) and the output is the target's."""
+    target, _ = tiny_pairs["gemma3_text"]
+    engine = make_engine(target, make_near_draft(target, tiny_root / "gemma3_text" / "near-draft"),
+                         prefix_tokens=384, suffix_tokens=128, fast_forward=False)
+    assert {path.name for path, _ in engine.paths.values()} == {"hf"}
+    uri = "file:///window-hf.py"
+    for marker in ("    def sell", "    def to_dict"):
+        result = engine.complete(CompletionRequest(uri=uri, text=sample_source, offset=sample_source.index(marker),
+                                                   max_tokens=MAX_TOKENS, stop_at_block_end=False))
+        assert_lossless(engine, result, MAX_TOKENS)
+        assert len(result.prompt_ids) > 300
+    assert result.sources["draft"].proposed > result.sources["draft"].accepted  # rejections: rollbacks
+
+
 def test_lookup_drafts_from_other_open_buffers(engines, sample_source):
     """A buffer that holds the continuation makes lookup propose it (source lookup:open)."""
     engine = engines["llama"]["random"]

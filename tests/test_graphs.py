@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from specd.engine import compat
 from specd.engine.fastpath import WIDE, LeanForward
 from specd.engine.graphs import GRAPH_WIDTHS, EagerGraphs
-from test_fastpath import ARCH_CASES, STEPS, assert_close, assert_same_logits, ids, reference_cache, tiny
+from test_fastpath import ARCH_CASES, STEPS, assert_close, assert_same_logits, ids, tiny
 
 # ops that read a device tensor back to the host (a sync, which a CUDA graph cannot record) or
 # copy host data to the device mid-forward (a recording would replay the stale copy)
@@ -43,7 +43,7 @@ def test_graph_widths_stay_narrow():
 def test_replayed_logits_equal_hf_through_decode_verify_and_rollback(case):
     model = ARCH_CASES[case]()
     lean = replaying(model)
-    cache, hf_cache = lean.new_cache(), reference_cache(model, lean)
+    cache, hf_cache = lean.new_cache(), compat.new_cache(model)
     for i, width in enumerate(STEPS):
         step = ids(width, seed=i)
         assert_same_logits(lean.forward(step, cache, last_only=False), compat.forward(model, step, hf_cache))

@@ -14,6 +14,7 @@ import inspect
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,7 +34,13 @@ def _accepts(model_cls: type, name: str) -> bool:
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
-    return DynamicCache(config=model.config)
+    """A cache with a layer per decoder layer (from the model's config) whose layers keep every
+    position: a sliding window's layer would drop what falls out of the window and then refuse
+    to roll back past it (``crop`` raises once the window is full), and every rejected draft is a
+    rollback. The model's attention mask still slides, so the logits are the same."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
+    return cache
 
 
 def cache_length(cache: DynamicCache) -> int:
