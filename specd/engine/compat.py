@@ -39,7 +39,8 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     to roll back past it (``crop`` raises once the window is full), and every rejected draft is a
     rollback. The model's attention mask still slides, so the logits are the same."""
     cache = DynamicCache(config=model.config)
-    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer for layer in cache.layers]
+    cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer
+                    for layer in cache.layers]
     return cache
 
 

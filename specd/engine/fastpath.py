@@ -67,8 +67,8 @@ from specd.engine.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
 
 log = logging.getLogger(__name__)
 
-LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "gemma3_text", "granite", "phi3", "stablelm",
-                "phi")
+LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "gemma3_text", "granite", "phi3",
+                "stablelm", "phi")
 PARTIAL_ROTARY = ("phi3", "stablelm", "phi")  # whose rotation passes a head's dims past the rotary ones through
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
 NEOX_FAMILY = ("gpt_neox",)
@@ -182,9 +182,11 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
         attn = layer.self_attn
         for name in ("q_norm", "k_norm"):  # Qwen3's per-head norms (OLMo2's span whole projections)
             norm = getattr(attn, name, None)
-            if norm is not None and (_norm_kind(norm) not in ("rms", "gemma") or tuple(norm.weight.shape) != (head_dim,)):
+            if norm is not None and (_norm_kind(norm) not in ("rms", "gemma")
+                                     or tuple(norm.weight.shape) != (head_dim,)):
                 return f"layer {i}'s {name} is not an RMSNorm of each head"
-        linears = [*(getattr(attn, n) for n in _attention_names(attn)), *(getattr(layer.mlp, n) for n in _mlp_names(layer.mlp))]
+        linears = [*(getattr(attn, n) for n in _attention_names(attn)),
+                   *(getattr(layer.mlp, n) for n in _mlp_names(layer.mlp))]
         if any(type(m) is not nn.Linear for m in linears):
             return f"layer {i} has projections that are not plain nn.Linear"
         for norm in _layer_norms(layer):
@@ -208,14 +210,22 @@ def _neox_reason(model: PreTrainedModel) -> str | None:
         return f"activation {config.hidden_act!r}"
     if type(body.embed_in) is not nn.Embedding:
         return f"token embeddings are a {type(body.embed_in).__name__}"
-    for i, layer in enumerate(body.layers):
-        attn, mlp = layer.attention, layer.mlp
-        if any(type(m) is not nn.Linear for m in (attn.query_key_value, attn.dense, mlp.dense_h_to_4h, mlp.dense_4h_to_h)):
+    return _plain_modules_reason(body.layers, lambda layer: (
+        (layer.attention.query_key_value, layer.attention.dense, layer.mlp.dense_h_to_4h, layer.mlp.dense_4h_to_h),
+        (layer.input_layernorm, layer.post_attention_layernorm)), body.final_layer_norm)
+
+
+def _plain_modules_reason(layers, parts, final_norm: nn.Module) -> str | None:
+    """Why not, where a layer's projections are not plain nn.Linear or its norms (and the final
+    one) not nn.LayerNorm; ``parts(layer)`` gives (projections, norms)."""
+    for i, layer in enumerate(layers):
+        projections, norms = parts(layer)
+        if any(type(m) is not nn.Linear for m in projections):
             return f"layer {i} has projections that are not plain nn.Linear"
-        if any(type(norm) is not nn.LayerNorm for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
+        if any(type(norm) is not nn.LayerNorm for norm in norms):
             return f"layer {i} has norms that are not nn.LayerNorm"
-    if type(body.final_layer_norm) is not nn.LayerNorm:
-        return f"final norm is a {type(body.final_layer_norm).__name__}"
+    if type(final_norm) is not nn.LayerNorm:
+        return f"final norm is a {type(final_norm).__name__}"
     return None
 
 
@@ -231,16 +241,9 @@ def _opt_reason(model: PreTrainedModel) -> str | None:
         return f"activation {config.activation_function!r}"
     if type(body.embed_tokens) is not nn.Embedding or getattr(body.embed_positions, "offset", None) != 2:
         return "embeddings that are not OPT's own (token ids, positions offset by 2)"
-    for i, layer in enumerate(body.layers):
-        attn = layer.self_attn
-        if any(type(m) is not nn.Linear for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj, layer.fc1,
-                                                  layer.fc2)):
-            return f"layer {i} has projections that are not plain nn.Linear"
-        if any(type(norm) is not nn.LayerNorm for norm in (layer.self_attn_layer_norm, layer.final_layer_norm)):
-            return f"layer {i} has norms that are not nn.LayerNorm"
-    if type(body.final_layer_norm) is not nn.LayerNorm:
-        return f"final norm is a {type(body.final_layer_norm).__name__}"
-    return None
+    return _plain_modules_reason(body.layers, lambda layer: (
+        (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.out_proj, layer.fc1,
+         layer.fc2), (layer.self_attn_layer_norm, layer.final_layer_norm)), body.final_layer_norm)
 
 
 def _gpt2_family_reason(model: PreTrainedModel) -> str | None:
@@ -740,7 +743,8 @@ class LeanForward:
                 up=None if gated else _projection(getattr(mlp, _mlp_names(mlp)[0]), copy),
                 down=_projection(getattr(mlp, _mlp_names(mlp)[-1]), copy),
                 window=_sliding_window(config, attn),
-                qk_norm=_head_norm(attn.q_norm, attn.k_norm, self.heads, self.kv_heads) if hasattr(attn, "q_norm") else None,
+                qk_norm=(_head_norm(attn.q_norm, attn.k_norm, self.heads, self.kv_heads)
+                         if hasattr(attn, "q_norm") else None),
                 residual_scale=getattr(layer, "residual_multiplier", 1.0),
                 parallel=len(norms) == 1,
                 rope=getattr(attn, "layer_type", None) if len(self.ropes) > 1 else None,
@@ -1065,7 +1069,8 @@ class LeanForward:
         width and the capacity, nothing is read back to the host (so it can be recorded).
         ``tables``: rotary kind -> (cos, sin) tables over the capacity's positions."""
         positions = start + torch.arange(ids.shape[1], device=ids.device)
-        ropes = {kind: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)) for kind, (cos, sin) in tables.items()}
+        ropes = {kind: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+                 for kind, (cos, sin) in tables.items()}
         x = self._embed(ids)
         if self.positions is not None:
             x.add_(self.positions.weight[positions + self.position_offset])
@@ -1224,7 +1229,8 @@ class LeanForward:
         if positions is not None:
             return {kind: (cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
                     for kind, (cos, sin) in self._tables.items()}
-        return {kind: (cos[start:end].unsqueeze(1), sin[start:end].unsqueeze(1)) for kind, (cos, sin) in self._tables.items()}
+        return {kind: (cos[start:end].unsqueeze(1), sin[start:end].unsqueeze(1))
+                for kind, (cos, sin) in self._tables.items()}
 
     def _rope_tables(self, inv_freq: torch.Tensor, scaling: float, size: int,
                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
