@@ -80,6 +80,15 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16,
                       query_pre_attn_scalar=24, max_position_embeddings=4096, initializer_range=0.4,
                       layer_types=(["sliding_attention", "full_attention"] * layers)[:layers]) | overrides
+    elif arch == "gemma2":  # soft-capped attention scores and logits, sliding and full layers
+        from transformers import Gemma2Config
+
+        config_cls = Gemma2Config
+        config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16,
+                      query_pre_attn_scalar=24, max_position_embeddings=4096, initializer_range=0.4,
+                      attn_logit_softcapping=5.0, final_logit_softcapping=30.0,  # caps that bind here
+                      layer_types=(["sliding_attention", "full_attention"] * layers)[:layers]) | overrides
     elif arch == "bloom":  # no lean forward (ALiBi)
         from transformers import BloomConfig
 
@@ -117,12 +126,12 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
         config = common | overrides
     torch.manual_seed(seed)
     # layer_types follows the sliding window, except where a test sets it (Gemma 3)
-    derived = ("model_type", "architectures") + (() if arch == "gemma3_text" else ("layer_types",))
+    derived = ("model_type", "architectures") + (() if arch in ("gemma2", "gemma3_text") else ("layer_types",))
     model = AutoModelForCausalLM.from_config(config_cls(**{k: v for k, v in config.items() if k not in derived}))
     # LayerNorm weights start at 1 and biases (norms', and GPT-2's projections') at 0: spread them
     # out, so the test sees every one of them used
     spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt",
-                           "gemma3_text") else
+                           "gemma2", "gemma3_text") else
               "ln_" if arch in ("gpt2", "gpt_bigcode") else None)
     if spread is not None:
         with torch.no_grad():
@@ -176,6 +185,7 @@ ARCH_CASES = {
     "stablelm": lambda: tiny("stablelm"),
     "phi": lambda: tiny("phi"),
     "opt": lambda: tiny("opt"),
+    "gemma2": lambda: tiny("gemma2"),
     "gemma3": lambda: tiny("gemma3_text"),
     "gemma3-softcap": lambda: tiny("gemma3_text", final_logit_softcapping=30.0),
     # sliding windows that bind (StarCoder2's 4,096 of 16,384 positions, Mistral 7B v0.1's)
@@ -221,7 +231,7 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, trans
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen2", "gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha", "qwen3",
-                                  "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt", "gemma3_text"])
+                                  "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt", "gemma2", "gemma3_text"])
 def test_greedy_generation_equals_generate(case):
     arch, _, variant = case.partition("-")
     model = tiny(arch, layers=2, **({"multi_query": variant == "mqa"} if arch == "gpt_bigcode" else {}))
@@ -469,7 +479,7 @@ def test_a_sliding_window_wider_than_the_positions_is_served_and_applied_beyond_
     (lambda: tiny("opt", word_embed_proj_dim=32), "projected"),
     (lambda: tiny("stablelm", qk_layernorm=True), "qk_layernorm"),
     (lambda: tiny("phi", qk_layernorm=True), "qk_layernorm"),
-    (lambda: tiny("gemma3_text", attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    (lambda: tiny("gemma3_text", use_bidirectional_attention=True), "bidirectional"),
     (lambda: tiny("stablelm", use_parallel_residual=True), "parallel residual"),
     (lambda: tiny("gpt_neox").gpt_neox, "no LM head"),
 ])

@@ -10,7 +10,8 @@ themselves (no copies): it costs no weight memory and reads whatever the model h
 Two families share the cache, masks, attention and the layer step; what differs is data in
 ``_Layer`` and two fields of ``LeanForward``:
 
-- Llama family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Gemma 3, Granite, Phi-3, StableLM, Phi):
+- Llama family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Gemma 2, Gemma 3, Granite, Phi-3, StableLM,
+  Phi):
   rotary positions,
   RMSNorm (LayerNorm in StarCoder2; Gemma's scales by 1 + weight in float32), q/k/v as
   nn.Linear fused here into one product, grouped-query attention; Qwen3 also RMS-normalises each
@@ -18,9 +19,10 @@ Two families share the cache, masks, attention and the layer step; what differs 
   Granite scales the embeddings, each residual branch and the logits by its config's multipliers;
   Phi-3 stores q/k/v and gate/up fused already; Phi-3, StableLM and Phi may rotate only a part
   of each head (partial rotary); Phi's one LayerNorm feeds attention and MLP side by side (a
-  parallel residual); Gemma 3 also normalises each branch's output, turns its sliding layers'
-  q and k at another rotary base than its full layers' (tables per kind), and may soft-cap
-  its logits;
+  parallel residual); Gemma 2 and 3 also normalise each branch's output and may soft-cap their
+  logits; Gemma 2 soft-caps its attention scores (an attention of our own: SDPA has no cap);
+  Gemma 3 turns its sliding layers' q and k at another rotary base than its full layers'
+  (tables per kind);
 - GPT-2 family (gpt2; gpt_bigcode: StarCoderBase, SantaCoder, TinyStarCoder): learned absolute
   position embeddings added to the token embeddings, LayerNorm with bias, one fused ``c_attn``
   as the checkpoint stores it (gpt2's ``Conv1D`` keeps its weight [in, out] and runs as
@@ -67,8 +69,8 @@ from specd.engine.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
 
 log = logging.getLogger(__name__)
 
-LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "gemma3_text", "granite", "phi3",
-                "stablelm", "phi")
+LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "gemma2", "gemma3_text", "granite",
+                "phi3", "stablelm", "phi")
 PARTIAL_ROTARY = ("phi3", "stablelm", "phi")  # whose rotation passes a head's dims past the rotary ones through
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
 NEOX_FAMILY = ("gpt_neox",)
@@ -165,8 +167,6 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
     rotary_dim = 2 * min(inv_freq.numel() for inv_freq, _, _ in ropes.values())
     if rotary_dim != head_dim and config.model_type not in PARTIAL_ROTARY:
         return f"rotary embedding over {rotary_dim} of {head_dim} head dims (partial rotary)"
-    if getattr(config, "attn_logit_softcapping", None) is not None:
-        return "attention logits soft-capped (attn_logit_softcapping)"
     if getattr(config, "use_bidirectional_attention", False):
         return "bidirectional attention"
     if getattr(config, "qk_layernorm", False):  # StableLM's per-head LayerNorms, one weight per head
@@ -196,7 +196,8 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
         return f"final norm is a {type(_final_norm(body)).__name__}"
     embed = body.embed_tokens
     if type(embed) is not nn.Embedding and not (isinstance(embed, nn.Embedding) and type(embed).__name__ in
-                                                ("GemmaTextScaledWordEmbedding", "Gemma3TextScaledWordEmbedding")):
+                                                ("GemmaTextScaledWordEmbedding", "Gemma2TextScaledWordEmbedding",
+                                                 "Gemma3TextScaledWordEmbedding")):
         return f"token embeddings are a {type(embed).__name__}"
     return None
 
@@ -361,7 +362,7 @@ def _mlp_names(mlp: nn.Module) -> tuple[str, ...]:
 def _norm_kind(norm: nn.Module) -> str | None:
     if type(norm) is nn.LayerNorm:
         return "layer"
-    if type(norm).__name__ in ("GemmaRMSNorm", "Gemma3RMSNorm") and hasattr(norm, "eps"):
+    if type(norm).__name__ in ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm") and hasattr(norm, "eps"):
         return "gemma"
     if type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon"):
         return "rms"
@@ -533,6 +534,7 @@ class _Layer:
     rope: str | None = None  # which rotary tables turn q and k (Gemma 3's layer type; None: the one)
     post_attn_norm: _Norm | None = None  # Gemma 3 normalises each branch's output too ...
     post_mlp_norm: _Norm | None = None  # ... before adding it to the residual stream
+    softcap: float | None = None  # Gemma 2's soft cap of the attention scores: cap * tanh(scores / cap)
 
     def matmuls(self) -> list[_Matmul]:
         return [m for m in (self.qkv, self.o, self.gate_up, self.up, self.down) if m is not None]
@@ -749,6 +751,7 @@ class LeanForward:
                 parallel=len(norms) == 1,
                 rope=getattr(attn, "layer_type", None) if len(self.ropes) > 1 else None,
                 post_attn_norm=post_attn_norm, post_mlp_norm=post_mlp_norm,
+                softcap=getattr(attn, "attn_logit_softcapping", None),
             ))
 
     def _describe_gpt2(self, model: PreTrainedModel, copy: bool) -> None:
@@ -1125,7 +1128,7 @@ class LeanForward:
         else:  # a replayed forward (_static_forward): start holds the new positions, on the device
             kv[0].index_copy_(1, start, k.transpose(0, 1))
             kv[1].index_copy_(1, start, v.transpose(0, 1))
-        out = self._attend(q, kv, end, mask, layer.scale)  # out: [T, H * D]
+        out = self._attend(q, kv, end, mask, layer.scale, layer.softcap)  # out: [T, H * D]
         if layer.parallel:  # the MLP reads the layer's input, not the attention's sum
             h = normed if layer.mlp_norm is layer.attn_norm else _apply_norm(x, layer.mlp_norm)
             x.add_(layer.o(out))
@@ -1146,11 +1149,14 @@ class LeanForward:
             h = _apply_norm(h, layer.post_mlp_norm)
         return x.add_(_scaled(h, layer.residual_scale))
 
-    def _attend(self, q: torch.Tensor, kv: torch.Tensor, end: int, mask: Mask, scale: float) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, end: int, mask: Mask, scale: float,
+                softcap: float | None = None) -> torch.Tensor:
         """Attention of q [T, H, D] over the cache's keys/values up to ``end``; [T, H * D].
         4-D inputs throughout: the CPU flash kernel takes only those (3-D ones fall to the math path)."""
         width, first, attn_mask = q.shape[0], *mask
         keys, values = kv[:, :, first:end].unsqueeze(1)  # each [1, KV, S, D]
+        if softcap is not None:
+            return self._attend_capped(q, keys, values, attn_mask, scale, softcap)
         if width < WIDE:
             # GQA without expanding K/V: the n_rep query heads sharing a kv head become n_rep * T
             # query rows of that head (HF's repeat_kv pairs head h with kv head h // n_rep).
@@ -1167,6 +1173,24 @@ class LeanForward:
         out = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys, values, is_causal=causal,
                                              attn_mask=None if causal else attn_mask, scale=scale, **gqa)
         return out[0].transpose(0, 1).reshape(width, -1)
+
+    def _attend_capped(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       attn_mask: torch.Tensor | None, scale: float, cap: float) -> torch.Tensor:
+        """Attention whose scores are soft-capped (Gemma 2), which SDPA cannot do: transformers'
+        eager formula, step for step (scores times the scale, cap * tanh(scores / cap), plus the
+        mask, softmax in float32), with the query heads grouped per kv head as a narrow forward
+        groups them (``_attend``)."""
+        width, n_rep = q.shape[0], self.heads // self.kv_heads
+        q = q.transpose(0, 1).reshape(1, self.kv_heads, n_rep * width, self.head_dim)  # [1, KV, n_rep * T, D]
+        scores = torch.matmul(q, keys.transpose(2, 3)) * scale  # [1, KV, n_rep * T, S]
+        scores = torch.tanh(scores / cap) * cap
+        if attn_mask is CAUSAL:  # a prefill from position 0: queries and keys are the same positions
+            attn_mask = torch.full((width, width), float("-inf"), dtype=scores.dtype, device=scores.device).triu_(1)
+        if attn_mask is not None:
+            scores = scores + (attn_mask if attn_mask.shape[0] == scores.shape[2] else attn_mask.repeat(n_rep, 1))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(weights, values)  # [1, KV, n_rep * T, D]
+        return out.view(self.heads, width, self.head_dim).transpose(0, 1).reshape(width, -1)
 
     def _mask(self, start: int, end: int, window: int | None, device: torch.device) -> Mask:
         """(first key slot, mask) for queries at positions start .. end - 1: each sees the keys at
