@@ -21,7 +21,7 @@ def pytest_configure(config):
     torch.set_num_threads(1)
 
 ARCHS = ("llama", "qwen2", "gpt2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt",
-         "gemma2", "gemma3_text")
+         "gemma2", "gemma3_text", "olmo2")
 SAMPLE_SOURCE = Path(__file__).parent / "data" / "sample_module.py"
 
 

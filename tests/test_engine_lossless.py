@@ -40,7 +40,7 @@ def engines(tiny_pairs, tiny_root):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm",
-                                  "phi", "opt", "gemma2", "gemma3_text"])
+                                  "phi", "opt", "gemma2", "gemma3_text", "olmo2"])
 @settings(max_examples=6, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
@@ -68,7 +68,7 @@ def test_greedy_equals_target_alone(arch, engines, sample_source, data):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm",
-                                  "phi", "opt", "gemma2", "gemma3_text"])
+                                  "phi", "opt", "gemma2", "gemma3_text", "olmo2"])
 def test_near_draft_is_accepted_and_still_lossless(arch, engines, sample_source):
     """With a draft close to the target, drafts are accepted (fewer target forwards than
     tokens), and the output is still exactly the target's."""

@@ -80,6 +80,13 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=16,
                       query_pre_attn_scalar=24, max_position_embeddings=4096, initializer_range=0.4,
                       layer_types=(["sliding_attention", "full_attention"] * layers)[:layers]) | overrides
+    elif arch == "olmo2":  # norms after each branch only, q and k normalised over whole projections
+        from transformers import Olmo2Config
+
+        config_cls = Olmo2Config
+        config = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      initializer_range=0.4) | overrides
     elif arch == "gemma2":  # soft-capped attention scores and logits, sliding and full layers
         from transformers import Gemma2Config
 
@@ -131,7 +138,7 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
     # LayerNorm weights start at 1 and biases (norms', and GPT-2's projections') at 0: spread them
     # out, so the test sees every one of them used
     spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt",
-                           "gemma2", "gemma3_text") else
+                           "gemma2", "gemma3_text", "olmo2") else
               "ln_" if arch in ("gpt2", "gpt_bigcode") else None)
     if spread is not None:
         with torch.no_grad():
@@ -186,6 +193,7 @@ ARCH_CASES = {
     "phi": lambda: tiny("phi"),
     "opt": lambda: tiny("opt"),
     "gemma2": lambda: tiny("gemma2"),
+    "olmo2": lambda: tiny("olmo2"),
     "gemma3": lambda: tiny("gemma3_text"),
     "gemma3-softcap": lambda: tiny("gemma3_text", final_logit_softcapping=30.0),
     # sliding windows that bind (StarCoder2's 4,096 of 16,384 positions, Mistral 7B v0.1's)
@@ -231,7 +239,7 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, trans
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen2", "gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha", "qwen3",
-                                  "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt", "gemma2", "gemma3_text"])
+                                  "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt", "gemma2", "gemma3_text", "olmo2"])
 def test_greedy_generation_equals_generate(case):
     arch, _, variant = case.partition("-")
     model = tiny(arch, layers=2, **({"multi_query": variant == "mqa"} if arch == "gpt_bigcode" else {}))
@@ -435,10 +443,14 @@ def test_crop_cannot_grow_a_cache_and_a_forward_needs_a_token():
     assert lean.cache_length(cache) == 0 and isinstance(cache, StaticCache)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma", "granite"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma", "granite", "olmo2"])
 def test_bfloat16_follows_hf_rounding(arch):
     """Qwen3's head norms and Gemma's norms round as HF's do in bf16 (statistics in float32, and
-    Gemma's (1 + weight) product before the cast)."""
+    Gemma's (1 + weight) product before the cast). OLMo 2 normalises each branch's output, which
+    magnifies a one-ulp difference of a small attention output (SDPA's grouping of the queries
+    rounds otherwise than transformers'): its layer outputs part by 1-2 bf16 ulps, its logits
+    by up to 1.3% of their range here, every argmax equal."""
+    tolerance = 0.02 if arch == "olmo2" else 0.01
     model = tiny(arch).to(torch.bfloat16)
     lean = LeanForward(model)
     cache, hf_cache = lean.new_cache(), compat.new_cache(model)
@@ -447,7 +459,7 @@ def test_bfloat16_follows_hf_rounding(arch):
         step = ids(width, seed=i)
         mine, theirs = lean.forward(step, cache), compat.forward(model, step, hf_cache)
         # the same ops in the same dtype as HF's modules: equal today, a few bf16 ulps at most
-        assert (mine - theirs).abs().max() <= 0.01 * theirs.abs().max()
+        assert (mine - theirs).abs().max() <= tolerance * theirs.abs().max()
         assert torch.equal(mine.argmax(-1), theirs.argmax(-1))
 
 

@@ -2,7 +2,7 @@
 
 ``make_tiny_pair(root, arch)`` writes a byte-level BPE tokenizer with Qwen2.5-Coder-style FIM
 tokens and a target + draft model of the given architecture (llama, qwen2, gpt2, qwen3, gemma,
-granite, gpt_neox, phi3, stablelm, phi, opt, gemma2, gemma3_text) into
+granite, gpt_neox, phi3, stablelm, phi, opt, gemma2, gemma3_text, olmo2) into
 ``root/target`` and ``root/draft``, loadable with AutoModelForCausalLM / AutoTokenizer.
 
 Weights are drawn with a large init range so the next-token distribution is peaked: greedy
@@ -107,6 +107,11 @@ def make_model(arch: str, vocab_size: int, hidden: int, layers: int, seed: int, 
         config = config_cls(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                             **extra, **common)
+    elif arch == "olmo2":  # OLMo 2: norms after each branch only, q/k normalised over whole projections
+        from transformers import Olmo2Config
+
+        config = Olmo2Config(hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, **common)
     elif arch == "gemma2":  # Gemma 2: soft-capped attention scores and logits, sandwich norms
         from transformers import Gemma2Config
 

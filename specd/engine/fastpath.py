@@ -11,7 +11,7 @@ Two families share the cache, masks, attention and the layer step; what differs 
 ``_Layer`` and two fields of ``LeanForward``:
 
 - Llama family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Gemma 2, Gemma 3, Granite, Phi-3, StableLM,
-  Phi):
+  Phi, OLMo 2):
   rotary positions,
   RMSNorm (LayerNorm in StarCoder2; Gemma's scales by 1 + weight in float32), q/k/v as
   nn.Linear fused here into one product, grouped-query attention; Qwen3 also RMS-normalises each
@@ -22,7 +22,8 @@ Two families share the cache, masks, attention and the layer step; what differs 
   parallel residual); Gemma 2 and 3 also normalise each branch's output and may soft-cap their
   logits; Gemma 2 soft-caps its attention scores (an attention of our own: SDPA has no cap);
   Gemma 3 turns its sliding layers' q and k at another rotary base than its full layers'
-  (tables per kind);
+  (tables per kind); OLMo 2 normalises only the branches' outputs, and q and k over their whole
+  projections;
 - GPT-2 family (gpt2; gpt_bigcode: StarCoderBase, SantaCoder, TinyStarCoder): learned absolute
   position embeddings added to the token embeddings, LayerNorm with bias, one fused ``c_attn``
   as the checkpoint stores it (gpt2's ``Conv1D`` keeps its weight [in, out] and runs as
@@ -70,7 +71,7 @@ from specd.engine.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
 log = logging.getLogger(__name__)
 
 LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "gemma2", "gemma3_text", "granite",
-                "phi3", "stablelm", "phi")
+                "phi3", "stablelm", "phi", "olmo2")
 PARTIAL_ROTARY = ("phi3", "stablelm", "phi")  # whose rotation passes a head's dims past the rotary ones through
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
 NEOX_FAMILY = ("gpt_neox",)
@@ -180,16 +181,16 @@ def _llama_family_reason(model: PreTrainedModel) -> str | None:
                 "full_attention", "sliding_attention"):
             return f"layer {i} is {config.layer_types[i]!r}"
         attn = layer.self_attn
-        for name in ("q_norm", "k_norm"):  # Qwen3's per-head norms (OLMo2's span whole projections)
-            norm = getattr(attn, name, None)
-            if norm is not None and (_norm_kind(norm) not in ("rms", "gemma")
-                                     or tuple(norm.weight.shape) != (head_dim,)):
-                return f"layer {i}'s {name} is not an RMSNorm of each head"
+        for name, heads in (("q_norm", config.num_attention_heads), ("k_norm", config.num_key_value_heads)):
+            norm = getattr(attn, name, None)  # Qwen3's and Gemma 3's norm each head, OLMo 2's the whole projection
+            if norm is not None and (_norm_kind(norm) not in ("rms", "gemma", "upcast")
+                                     or tuple(norm.weight.shape) not in ((head_dim,), (heads * head_dim,))):
+                return f"layer {i}'s {name} is not an RMSNorm of each head or of the whole projection"
         linears = [*(getattr(attn, n) for n in _attention_names(attn)),
                    *(getattr(layer.mlp, n) for n in _mlp_names(layer.mlp))]
         if any(type(m) is not nn.Linear for m in linears):
             return f"layer {i} has projections that are not plain nn.Linear"
-        for norm in _layer_norms(layer):
+        for norm in filter(None, _layer_norms(layer)):
             if _norm_kind(norm) is None:
                 return f"layer {i} has a {type(norm).__name__} norm"
     if _norm_kind(_final_norm(body)) is None:
@@ -336,10 +337,12 @@ def _attention_names(attn: nn.Module) -> tuple[str, ...]:
     return ("q_proj", "k_proj", "v_proj", "dense" if hasattr(attn, "dense") else "o_proj")  # Phi: dense
 
 
-def _layer_norms(layer: nn.Module) -> list[nn.Module]:
+def _layer_norms(layer: nn.Module) -> list[nn.Module | None]:
     """A decoder layer's norms: before attention and before the MLP; Phi's one norm feeds both;
-    Gemma 3 also normalises each branch's output (before attention, after it, before the MLP,
-    after it)."""
+    Gemma 2 and 3 also normalise each branch's output (before attention, after it, before the
+    MLP, after it); OLMo 2 normalises only the outputs (None: no norm before a branch)."""
+    if not hasattr(layer, "input_layernorm"):
+        return [None, layer.post_attention_layernorm, None, layer.post_feedforward_layernorm]
     if hasattr(layer, "pre_feedforward_layernorm"):
         return [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
                 layer.post_feedforward_layernorm]
@@ -364,6 +367,8 @@ def _norm_kind(norm: nn.Module) -> str | None:
         return "layer"
     if type(norm).__name__ in ("GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm") and hasattr(norm, "eps"):
         return "gemma"
+    if type(norm).__name__ == "Olmo2RMSNorm" and hasattr(norm, "variance_epsilon"):
+        return "upcast"  # the weight's product taken in float32, then the cast
     if type(norm).__name__.endswith("RMSNorm") and hasattr(norm, "variance_epsilon"):
         return "rms"
     return None
@@ -535,6 +540,7 @@ class _Layer:
     post_attn_norm: _Norm | None = None  # Gemma 3 normalises each branch's output too ...
     post_mlp_norm: _Norm | None = None  # ... before adding it to the residual stream
     softcap: float | None = None  # Gemma 2's soft cap of the attention scores: cap * tanh(scores / cap)
+    projection_norms: tuple[_Norm, _Norm] | None = None  # OLMo 2's RMSNorms of the whole q and k projections
 
     def matmuls(self) -> list[_Matmul]:
         return [m for m in (self.qkv, self.o, self.gate_up, self.up, self.down) if m is not None]
@@ -553,6 +559,8 @@ def _norm(module: nn.Module) -> _Norm:
     if kind == "gemma":  # output * (1 + weight), in float32: the sum is a small copy held here
         with torch.no_grad():
             return _Norm(1.0 + module.weight.float(), None, module.eps, rms=True, upcast=True)
+    if kind == "upcast":
+        return _Norm(module.weight, None, module.variance_epsilon, rms=True, upcast=True)
     return _Norm(module.weight, None, module.variance_epsilon, rms=True)
 
 
@@ -732,10 +740,10 @@ class LeanForward:
                 gate_up = _matmul(gate_up.weight, gate_up.bias, conv1d=False, copy=copy, sizes=(half, half))
             else:
                 gate_up = _fused([mlp.gate_proj, mlp.up_proj], copy) if gated else None
-            norms = [_norm(norm) for norm in _layer_norms(layer)]
+            norms = [None if norm is None else _norm(norm) for norm in _layer_norms(layer)]
             attn_norm, mlp_norm = norms[0], norms[-1]  # Phi: one norm, read by both branches
             post_attn_norm = post_mlp_norm = None
-            if len(norms) == 4:  # Gemma 3: before and after each branch
+            if len(norms) == 4:  # Gemma 2 and 3: before and after each branch (OLMo 2: after only)
                 attn_norm, post_attn_norm, mlp_norm, post_mlp_norm = norms
             self.layers.append(_Layer(
                 attn_norm=attn_norm, qkv=qkv,
@@ -746,7 +754,9 @@ class LeanForward:
                 down=_projection(getattr(mlp, _mlp_names(mlp)[-1]), copy),
                 window=_sliding_window(config, attn),
                 qk_norm=(_head_norm(attn.q_norm, attn.k_norm, self.heads, self.kv_heads)
-                         if hasattr(attn, "q_norm") else None),
+                         if hasattr(attn, "q_norm") and attn.q_norm.weight.numel() == self.head_dim else None),
+                projection_norms=((_norm(attn.q_norm), _norm(attn.k_norm))
+                                  if hasattr(attn, "q_norm") and attn.q_norm.weight.numel() != self.head_dim else None),
                 residual_scale=getattr(layer, "residual_multiplier", 1.0),
                 parallel=len(norms) == 1,
                 rope=getattr(attn, "layer_type", None) if len(self.ropes) > 1 else None,
@@ -1108,8 +1118,13 @@ class LeanForward:
         start .. end - 1; in a replayed forward ``start`` is the tensor of those slots and
         ``end`` the cache's capacity, all of which the mask's keys span."""
         width, heads, kv_heads, dim = x.shape[0], self.heads, self.kv_heads, self.head_dim
-        h = normed = _apply_norm(x, layer.attn_norm)
+        h = normed = x if layer.attn_norm is None else _apply_norm(x, layer.attn_norm)
         qkv = layer.qkv(h)
+        if layer.projection_norms is not None:  # OLMo 2: q and k normalised whole, before the heads split
+            q_size, k_size = heads * dim, kv_heads * dim
+            qkv = torch.cat((_apply_norm(qkv[:, :q_size], layer.projection_norms[0]),
+                             _apply_norm(qkv[:, q_size:q_size + k_size], layer.projection_norms[1]),
+                             qkv[:, q_size + k_size:]), dim=-1)
         if layer.per_head_qkv:
             q, k, v = qkv.reshape(width, heads, 3, dim).unbind(2)  # each [T, H, D]
             if cos is not None:  # GPT-NeoX
@@ -1137,7 +1152,7 @@ class LeanForward:
             if layer.post_attn_norm is not None:
                 branch = _apply_norm(branch, layer.post_attn_norm)
             x.add_(_scaled(branch, layer.residual_scale))
-            h = _apply_norm(x, layer.mlp_norm)
+            h = x if layer.mlp_norm is None else _apply_norm(x, layer.mlp_norm)
         if layer.gate_up is not None:
             gate_up = layer.gate_up(h)
             size = layer.gate_up.sizes[0]
