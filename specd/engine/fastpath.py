@@ -74,10 +74,12 @@ LLAMA_FAMILY = ("llama", "qwen2", "mistral", "starcoder2", "qwen3", "gemma", "ge
                 "phi3", "stablelm", "phi", "olmo2")
 PARTIAL_ROTARY = ("phi3", "stablelm", "phi")  # whose rotation passes a head's dims past the rotary ones through
 GPT2_FAMILY = ("gpt2", "gpt_bigcode")
-NEOX_FAMILY = ("gpt_neox",)
-SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GPT2_FAMILY + NEOX_FAMILY + ("opt",)
-BODIES = {**dict.fromkeys(LLAMA_FAMILY, "model"), **dict.fromkeys(GPT2_FAMILY, "transformer"), "gpt_neox": "gpt_neox",
-          "opt": "model"}
+# model type -> family: the decoder's attribute on the ...ForCausalLM, and which _<family>_reason
+# and LeanForward._describe_<family> read it
+FAMILIES = {**dict.fromkeys(LLAMA_FAMILY, "llama"), **dict.fromkeys(GPT2_FAMILY, "gpt2"), "gpt_neox": "neox",
+            "opt": "opt"}
+BODIES = {"llama": "model", "gpt2": "transformer", "neox": "gpt_neox", "opt": "model"}
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
 # Rotary types with fixed frequencies and scale: HF computes inv_freq and attention_scaling once.
 # "dynamic" and "longrope" change them with the sequence length, so they stay on the HF path.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -123,7 +125,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     package = {"gemma3_text": "gemma3"}.get(model_type, model_type)  # where transformers keeps the class
     if not type(model).__module__.startswith(f"transformers.models.{package}."):
         return f"{type(model).__name__} is not transformers' own {model_type} class (remote code?)"
-    if not (hasattr(model, "lm_head") and hasattr(model, BODIES[model_type])):
+    family = FAMILIES[model_type]
+    if not (hasattr(model, "lm_head") and hasattr(model, BODIES[family])):
         return f"{type(model).__name__} is not a ...ForCausalLM (no LM head)"
     if getattr(model, "hf_quantizer", None) is not None or getattr(config, "quantization_config", None):
         return "quantized weights"
@@ -134,9 +137,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
         return f"weights spread over {len(devices)} devices"
     if next(iter(devices)).type == "meta":
         return "weights not loaded (meta device / offloaded)"
-    reason = (_llama_family_reason(model) if model_type in LLAMA_FAMILY else
-              _gpt2_family_reason(model) if model_type in GPT2_FAMILY else
-              _neox_reason(model) if model_type in NEOX_FAMILY else _opt_reason(model))
+    reason = {"llama": _llama_family_reason, "gpt2": _gpt2_family_reason, "neox": _neox_reason,
+              "opt": _opt_reason}[family](model)
     if reason is not None:
         return reason
     if type(model.lm_head) is not nn.Linear:
@@ -620,16 +622,11 @@ class LeanForward:
         self.model = model
         self.max_positions = model.config.max_position_embeddings
         copy = transposed_weights == "on" or (transposed_weights == "auto" and _copies_pay(model))
-        self.rotary_dim = None  # rotated dims of each head, when fewer than all (GPT-NeoX's partial rotary)
         self.position_offset = 0  # learned positions' first row (OPT's: 2)
-        if model.config.model_type in LLAMA_FAMILY:
-            self._describe_llama(model, copy)
-        elif model.config.model_type in GPT2_FAMILY:
-            self._describe_gpt2(model, copy)
-        elif model.config.model_type in NEOX_FAMILY:
-            self._describe_neox(model, copy)
-        else:
-            self._describe_opt(model, copy)
+        getattr(self, f"_describe_{FAMILIES[model.config.model_type]}")(model, copy)
+        # rotated dims of each head, where fewer than all (partial rotary); every rotary kind turns as many
+        rotary_dim = 2 * next(iter(self.ropes.values()))[0].numel() if self.ropes else None
+        self.rotary_dim = rotary_dim if rotary_dim is not None and rotary_dim < self.head_dim else None
         self.lm_head = _projection(model.lm_head, copy)
         if self.lm_head.narrow:
             self.lm_head = dataclasses.replace(self.lm_head, narrow=self.max_positions)  # measured: every width
@@ -725,8 +722,6 @@ class LeanForward:
         self.logit_cap = getattr(config, "final_logit_softcapping", None)  # Gemma 3's, where set
         self.final_norm = _norm(_final_norm(body))
         self.layers = []
-        rotary_dim = 2 * next(iter(self.ropes.values()))[0].numel()  # every kind turns as many dims
-        self.rotary_dim = rotary_dim if rotary_dim < self.head_dim else None
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
             gated = hasattr(mlp, "gate_proj") or hasattr(mlp, "gate_up_proj")
@@ -788,8 +783,6 @@ class LeanForward:
         self.heads = self.kv_heads = config.num_attention_heads
         attention = body.layers[0].attention
         self.head_dim = attention.head_size
-        rotary_dim = 2 * body.rotary_emb.inv_freq.numel()
-        self.rotary_dim = rotary_dim if rotary_dim < self.head_dim else None
         self.act = ACTIVATIONS[config.hidden_act]
         self.embed, self.positions, self.ropes = body.embed_in, None, _rotaries(body.rotary_emb)
         self.embed_scale = self.logit_scale = self.logit_cap = None
