@@ -146,6 +146,31 @@ def test_token_trees_run_in_the_engine_and_stay_lossless(engines, sample_source)
     assert result.sources["lookup:open"].accepted > 0
 
 
+@pytest.mark.parametrize("mode", ["none", "lookup", "both"])
+def test_a_keystrokes_new_tokens_ride_with_the_first_step(engines, sample_source, mode):
+    """Where rows of logits are computed on demand (the lean forward on a CPU), a request whose
+    prompt adds a few tokens to what the document's cache holds runs them with the first step's
+    draft: one forward to the first token, no prefill forward. A prompt too long for that
+    (a document's first) prefills first. Either way the output is the target's."""
+    engine = engines["llama"]["random"]
+    assert engine.caches is not None and engine.paths["target"][0].lazy_head
+    uri, text = f"file:///keystroke-{mode}.py", sample_source[:3000]
+    forwards_before = 0
+    for typed in ("", "    def ", "    def total"):  # the first request: cold; then two keystrokes' worth
+        request = CompletionRequest(uri=uri, text=text + typed, offset=len(text + typed), max_tokens=MAX_TOKENS,
+                                    stop_at_block_end=False, **MODES[mode])
+        result = engine.complete(request)
+        assert_lossless(engine, result, MAX_TOKENS)
+        state = engine.caches.get(uri)
+        ran = state.target.forwards - forwards_before
+        forwards_before = state.target.forwards
+        if typed:
+            assert 0 < result.prefill_computed <= 64
+            assert ran == result.target_forwards, (ran, result.target_forwards)
+        else:
+            assert result.prefill_computed > 64 and ran == result.target_forwards + 1
+
+
 def test_the_setting_off_verifies_chains_only(engines, sample_source):
     engine = engines["llama"]["random"]
     text = sample_source[:3000]

@@ -250,10 +250,10 @@ def test_fault_in_a_token_tree_forward(engine, sample_source, monkeypatch):
     trees = []
     original = KVState.extend_tree
 
-    def failing(state, new_ids, parents):
+    def failing(state, new_ids, parents, skip=0):
         trees.append(len(new_ids))
         with Fault(state.model, nth=1):
-            return original(state, new_ids, parents)
+            return original(state, new_ids, parents, skip)
 
     monkeypatch.setattr(KVState, "extend_tree", failing)
     try:

@@ -122,11 +122,14 @@ def flat_costs():
     return memory
 
 
+@pytest.mark.parametrize("pending", [1, 6])
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_a_second_branch_stands_where_the_first_fails_and_the_output_is_the_targets(arch):
+def test_a_second_branch_stands_where_the_first_fails_and_the_output_is_the_targets(arch, pending):
     """Two sources match the prompt's last 5 tokens (a tie: the earlier source's draft is
     chosen). The chosen one continues wrongly, the other with what the target writes: the tree
-    verifies both, the second branch stands, and the output equals the target alone."""
+    verifies both, the second branch stands, and the output equals the target alone. With
+    ``pending`` 6 the cache lacks the prompt's last 6 tokens (a keystroke's): they run with the
+    first step's tree, in the same forward."""
     from specd.engine.decode import TREE, DraftPlanner, speculative_decode
     from specd.engine.drafters import LookupDrafter
     from specd.engine.lookup import NgramIndex
@@ -140,9 +143,10 @@ def test_a_second_branch_stands_where_the_first_fails_and_the_output_is_the_targ
                                           ("lookup:workspace", NgramIndex(prompt[-5:] + reference))])
     planner = DraftPlanner(flat_costs(), lookup=lookup, lookup_max=8, trees=True)
     state = KVState(model, LeanForward(model))
-    state.extend(prompt[:-1])
+    state.extend(prompt[:-pending])
     outcome = speculative_decode(state, list(prompt), planner, SamplingParams(0.0, 1.0), 16,
                                  stop=lambda token: None, deadline=float("inf"))
+    assert state.forwards == 1 + outcome.target_forwards  # the pending tokens took no forward of their own
     assert outcome.tokens == reference
     assert planner.stats[TREE].accepted >= 1
     assert planner.stats["lookup:workspace"].accepted >= 8

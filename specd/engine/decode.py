@@ -2,9 +2,11 @@
 
 Invariant between steps: the target's KV cache holds ``seq[:-1]``; ``seq[-1]`` is pending, so
 each step runs ``[seq[-1], d_1 .. d_k]`` through the target and gets k + 1 next-token
-distributions at once (the last prompt token rides along with the first step). Where the
-planner builds a token tree (on a forward path that runs trees), the step runs
-``[seq[-1], tree nodes]`` instead and keeps the path that stood (``KVState.keep``).
+distributions at once (the last prompt token rides along with the first step; so may a
+keystroke's few new prompt tokens before it, whose rows are never read: one forward to the first
+token instead of a prefill and a step). Where the planner builds a token tree (on a forward path
+that runs trees), the step runs ``[seq[-1], tree nodes]`` instead and keeps the path that stood
+(``KVState.keep``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ PROBE_CATCH_UP = 64  # ... if catching it up costs at most this many tokens
 PROBE_LENGTH = 4  # tokens of a lookup match tried after PROBE_EVERY steps of passing matches over
 TRUSTED_NGRAM = 3  # lookup matches this long are their own kind of draft (they stand far more often)
 TREE_BRANCHES = 3  # most drafts a token tree verifies side by side
+MERGED_PREFILL = 64  # most prompt tokens the first step runs before its draft (a keystroke's, see Engine._complete)
 TREE = "tree"  # SourceStats of token trees: steps, branches beyond the first (proposed), and won (accepted)
 CONTESTED = "/contested"  # a kind's acceptance where another source's draft starts with another token ...
 RIVAL = "/rival"  # ... and that of the other source's draft there (measured on every such step, tree or not)
@@ -444,7 +447,10 @@ def speculative_decode(
     generator: torch.Generator | None = None,
     constraint: Constraint | None = None,
 ) -> DecodeOutcome:
-    """Generate after ``seq`` (whose last token is pending; the target holds ``seq[:-1]``).
+    """Generate after ``seq``, of which the target holds a prefix, at least all but the last
+    token: the rest (the last token, or a keystroke's few new prompt tokens, ``MERGED_PREFILL``)
+    runs with the first step's draft in one forward, whose rows before the last prompt token's
+    are never read. Each later step runs the last token and its draft.
 
     ``stop(token)`` sees each new token in order and returns a reason to stop, or None.
     ``constraint``, if given, masks disallowed tokens in the verify logits (token healing):
@@ -454,6 +460,9 @@ def speculative_decode(
     first_token_s = 0.0
     out: list[int] = []
     forwards = 0
+    held = len(target.ids)  # the target holds seq[:held]; seq[held:] runs with the next step
+    if not 0 < len(seq) - held <= max(1, MERGED_PREFILL) or target.ids != seq[:held]:
+        raise ValueError(f"the target holds {held} tokens that do not lead the {len(seq)} to decode after")
     while True:
         if cancel is not None and cancel.is_set():
             raise Cancelled("completion cancelled")
@@ -463,19 +472,22 @@ def speculative_decode(
         draft = planner.propose(seq, room)
         step_started, recordings = time.perf_counter(), target.recordings
         forwards += 1
+        lead = seq[held:]  # the pending token, after the first step's prompt tokens (if any)
+        skip = len(lead) - 1  # rows not read: the prompt tokens' before the last
         if isinstance(draft, DraftTree):
-            rows = target.extend_tree([seq[-1], *draft.tokens], [-1, *(parent + 1 for parent in draft.parents)])
+            parents = [*range(-1, skip), *(skip + 1 + parent for parent in draft.parents)]
+            rows = target.extend_tree([*lead, *draft.tokens], parents, skip=skip)
             if sampling.greedy:
                 path, own = verify_tree_greedy(rows, draft, out, constraint)
             else:
                 path, own = verify_tree(rows, draft, sampling, generator, out, constraint)
-            step_ms = _timed(step_started, recordings, target, rows)
+            step_ms = _timed(step_started, recordings, target, rows) if not skip else None
             stood = [draft.tokens[node] for node in path]
             planner.record_tree(draft, stood, step_ms, rows.head_ms / max(rows.computed, 1))
-            target.keep(len(seq) - 1, [0, *(node + 1 for node in path)])  # seq[-1] and the path that stood
+            target.keep(held, [*range(len(lead)), *(len(lead) + node for node in path)])  # lead and the path that stood
             new = [*stood, own]
         else:
-            rows = target.extend_rows([seq[-1], *draft.tokens])  # k + 1 rows of logits, one forward
+            rows = target.extend_rows([*lead, *draft.tokens], skip=skip)  # k + 1 rows read, one forward
             if sampling.greedy:
                 accepted, own = verify_greedy(rows, draft, out, constraint)
             else:
@@ -483,14 +495,16 @@ def speculative_decode(
                 if constraint is not None:
                     logits = constraint.rows(logits, out, draft.tokens)
                 accepted, own = verify(logits, draft, sampling, generator)  # reads the logits: a device sync
-            step_ms = _timed(step_started, recordings, target, rows)
+            # (a step that also ran prompt tokens is no measure of a k + 1 verify's cost)
+            step_ms = _timed(step_started, recordings, target, rows) if not skip else None
             planner.record(draft, accepted, step_ms, rows.head_ms / max(rows.computed, 1))
-            target.rollback(len(seq) + accepted)  # keep seq[-1] and the accepted drafts
+            target.rollback(len(seq) + accepted)  # keep the lead and the accepted drafts
             new = [*draft.tokens[:accepted], own]
         planner.settle(new[0])
         if not out:
             first_token_s = time.monotonic() - start
         seq.extend(new)
+        held = len(seq) - 1
         for token in new:
             reason = stop(token)
             if reason is not None:

@@ -21,7 +21,7 @@ from specd.engine import compat
 from specd.engine.context import ContextSelector
 from specd.engine.corpus import Corpus, OpenBuffers, common_affixes
 from specd.engine.costs import calibrate
-from specd.engine.decode import TREE_BRANCHES, DraftPlanner, PlannerMemory, speculative_decode
+from specd.engine.decode import MERGED_PREFILL, TREE_BRANCHES, DraftPlanner, PlannerMemory, speculative_decode
 from specd.engine.healing import HealingConstraint, HealingVocabulary
 from specd.engine.drafters import SUGGESTED, ContinuationDrafter, LookupDrafter, ModelDrafter
 from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
@@ -432,9 +432,15 @@ class Engine:
         state = (self.caches.get(key) if settings.kv_reuse else None) or self._new_state()
 
         # Prefill: the target holds prompt[:-1] (the last token rides with the first step),
-        # reusing the longest common prefix. The draft model catches up only if the planner runs it.
+        # reusing the longest common prefix; or, where rows of logits are computed on demand (no
+        # logits for prompt tokens), a keystroke's few new tokens ride with the first step too:
+        # one forward to the first token, as llama.cpp's server runs a prompt's new tail. The
+        # draft model catches up only if the planner runs it.
         reused = min(common_prefix(state.target.ids, prompt.ids), len(prompt.ids) - 1)
-        state.target.prefill(prompt.ids[:-1])
+        if state.target.lazy_head and len(prompt.ids) - reused <= MERGED_PREFILL:
+            state.target.rollback(reused)
+        else:
+            state.target.prefill(prompt.ids[:-1])
         prefill_s = time.monotonic() - started
         if cancel is not None and cancel.is_set():
             raise Cancelled("completion cancelled")

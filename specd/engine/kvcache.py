@@ -152,12 +152,19 @@ class KVState:
         before the call, and the error is raised. The cache is never left inconsistent."""
         return self._forward(new_ids, last_only=last_only)
 
-    def extend_rows(self, new_ids: Sequence[int]) -> Rows:
+    @property
+    def lazy_head(self) -> bool:
+        """Whether this state's forward path computes rows of logits on demand (``LazyRows``)."""
+        return getattr(self.path, "lazy_head", False)
+
+    def extend_rows(self, new_ids: Sequence[int], skip: int = 0) -> Rows:
         """``extend`` for verification: the logits as ``Rows``, computed on demand where the
-        forward path can (``lazy_head``: the lean path on CPU), else all at once."""
-        if not getattr(self.path, "lazy_head", False):
-            return DenseRows(self.extend(new_ids))
-        return LazyRows(self._forward(new_ids, head=False), self.path.head)
+        forward path can (``lazy_head``: the lean path on CPU), else all at once. ``skip``: the
+        first new tokens' rows are not wanted (prompt tokens run with a step): row 0 is then the
+        one after ``new_ids[skip]``."""
+        if not self.lazy_head:
+            return DenseRows(self.extend(new_ids)[skip:])
+        return LazyRows(self._forward(new_ids, head=False)[skip:], self.path.head)
 
     @property
     def recordings(self) -> int:
@@ -177,16 +184,16 @@ class KVState:
         """Whether this state's forward path runs token trees (``extend_tree``)."""
         return getattr(self.path, "trees", False)
 
-    def extend_tree(self, new_ids: Sequence[int], parents: Sequence[int]) -> Rows:
+    def extend_tree(self, new_ids: Sequence[int], parents: Sequence[int], skip: int = 0) -> Rows:
         """``extend_rows`` for a token tree (``parents[i]``: index of token i's parent among
         ``new_ids``, -1 for the first): row i is the next-token distribution after the cache and
-        token i's root path. The cache then holds the whole tree in slot order; ``keep`` keeps one
-        path of it. Only where ``trees``."""
+        token i's root path (``skip`` as for ``extend_rows``). The cache then holds the whole tree
+        in slot order; ``keep`` keeps one path of it. Only where ``trees``."""
         if not self.trees:
             raise ValueError(f"the {self.path.name} forward runs no token trees")
-        if not getattr(self.path, "lazy_head", False):
-            return DenseRows(self._forward(new_ids, parents=parents))
-        return LazyRows(self._forward(new_ids, head=False, parents=parents), self.path.head)
+        if not self.lazy_head:
+            return DenseRows(self._forward(new_ids, parents=parents)[skip:])
+        return LazyRows(self._forward(new_ids, head=False, parents=parents)[skip:], self.path.head)
 
     def keep(self, start: int, nodes: Sequence[int]) -> None:
         """After ``extend_tree`` from ``start`` held tokens: keep those and the tree's ``nodes``
