@@ -461,7 +461,7 @@ def speculative_decode(
     out: list[int] = []
     forwards = 0
     held = len(target.ids)  # the target holds seq[:held]; seq[held:] runs with the next step
-    if not 0 < len(seq) - held <= max(1, MERGED_PREFILL) or target.ids != seq[:held]:
+    if not 0 < len(seq) - held <= MERGED_PREFILL or target.ids != seq[:held]:
         raise ValueError(f"the target holds {held} tokens that do not lead the {len(seq)} to decode after")
     while True:
         if cancel is not None and cancel.is_set():
