@@ -154,7 +154,7 @@ def _vocab(tokenizer_json: dict, vocab_size: int):
     return tokens, types
 
 
-def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
+def permute_rotary_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     """Rows of a Q or K projection from rotate-half to interleaved rotary pairs (per head)."""
     return (weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:])
             .swapaxes(1, 2).reshape(weight.shape))
@@ -420,9 +420,9 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
             elif model_type == "gpt_neox":
                 data = _neox_tensor(key, data, shape)
             elif model_type in ROTARY_PERMUTED and key.endswith("q_proj.weight"):
-                data = _permute(data, shape.heads)
+                data = permute_rotary_rows(data, shape.heads)
             elif model_type in ROTARY_PERMUTED and key.endswith("k_proj.weight"):
-                data = _permute(data, shape.kv_heads)
+                data = permute_rotary_rows(data, shape.kv_heads)
             elif model_type in NORM_PLUS_ONE and key.endswith("norm.weight"):
                 data = data + 1.0
             # Norms and biases stay f32, as llama.cpp expects; matrices take the chosen type.

@@ -22,8 +22,8 @@ llama.cpp's KV cache with one stream per sequence, as ``LlamaCppForward`` builds
                                 (n_embd_v rows of cell_count elements)
 
 K is stored after rotary embedding. llama.cpp's Llama graph rotates interleaved pairs, so the
-GGUF export permutes q/k weights per head (``export._permute``) and its K is a per-head
-permutation of transformers' K; its Qwen2 graph rotates halves as transformers does. Which one
+GGUF export permutes q/k weights per head (``export.permute_rotary_rows``) and its K is a
+per-head permutation of transformers' K; its Qwen2 graph rotates halves as transformers does. Which one
 holds is not assumed: ``TorchPrefill.calibrate`` has llama.cpp prefill a probe itself, reads its
 state back and finds the mapping under which torch's K/V equal llama.cpp's; then a probe handed
 over must decode to llama.cpp's own logits. Anything else (another layout, another version of
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specd.llamacpp.export import _permute
+from specd.llamacpp.export import permute_rotary_rows
 
 MAGIC = 0xAF143CD8
 GGML_TYPES = {0: np.float32, 1: np.float16}  # ggml_type -> element type of K/V rows
@@ -155,8 +155,8 @@ def build(state: SequenceState, seq: int) -> bytes:
 
 
 # K [cells, heads * D] as llama.cpp holds it, from transformers' layout: as it is, or with each
-# head's dims moved as the GGUF export moves the K projection's rows (``export._permute``)
-MAPPINGS = {"as is": lambda keys, heads: keys, "interleaved": lambda keys, heads: _permute(keys.T, heads).T}
+# head's dims moved as the GGUF export moves the K projection's rows (``export.permute_rotary_rows``)
+MAPPINGS = {"as is": lambda keys, heads: keys, "interleaved": lambda keys, heads: permute_rotary_rows(keys.T, heads).T}
 
 
 class TorchPrefill:
