@@ -86,7 +86,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                        "(psm whose prefix ends at a stable anchor; the typed text rides after "
                                        "the middle token, so keystrokes re-prefill only that span)",
                           choices=FIM_LAYOUTS),
-        # A serving engine instead of the resident pair (specd/engine/remote.py, docs/remote.md).
+        # A serving engine instead of the resident pair (specd/engine/remote/engine.py, docs/remote.md).
         "backend": Key(str, "local", "where completions are computed: local (the resident model pair) or remote "
                                      "(an OpenAI-compatible /v1/completions server; model.target then names only "
                                      "the tokenizer)", choices=("local", "remote")),

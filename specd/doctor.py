@@ -51,7 +51,7 @@ def run_doctor(args, cfg) -> int:
     print()
     print("models:")
     if remote:
-        from specd.engine.remote import doctor_report
+        from specd.engine.remote.engine import doctor_report
 
         ok, lines = doctor_report(cfg)
         for line in lines:
@@ -59,7 +59,8 @@ def run_doctor(args, cfg) -> int:
         if ok:
             print("  OK")
         return 0 if ok else 1
-    from specd.engine.engine import Engine, EngineOptions
+    from specd.engine.engine import Engine
+    from specd.engine.options import EngineOptions
     from specd.engine.types import EngineError
 
     started = time.monotonic()

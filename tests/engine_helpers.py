@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specd.engine import CompletionResult
-from specd.engine.engine import Engine, EngineOptions
+from specd.engine.engine import Engine
+from specd.engine.options import EngineOptions
 from specd.engine.models import load_pair
 
 

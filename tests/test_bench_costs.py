@@ -157,7 +157,7 @@ def test_an_engine_replaying_graphs_has_its_lean_path_measured_also_without(llam
     from transformers import AutoModelForCausalLM
 
     from specd.bench.costs import candidate_paths, format_forward_costs, measure_role
-    from specd.engine.fastpath import LeanForward
+    from specd.engine.forward.lean import LeanForward
 
     model = AutoModelForCausalLM.from_pretrained(llama_pair[0], dtype=torch.float32).eval()
     lean = LeanForward(model)

@@ -84,7 +84,7 @@ def test_complete_json_is_checkable_against_plain_transformers(llama_pair, tmp_p
     # healing cut the indentation before the cursor, the same constraint on the first tokens).
     from transformers import AutoTokenizer
 
-    from specd.engine.healing import HealingVocabulary
+    from specd.engine.speculation.healing import HealingVocabulary
 
     model = AutoModelForCausalLM.from_pretrained(target)
     ids = torch.tensor([out["prompt_ids"]])

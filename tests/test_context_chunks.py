@@ -7,7 +7,7 @@ import pytest
 
 from engine_helpers import assert_lossless, make_engine
 from specd.engine import CompletionRequest, ContextChunk
-from specd.engine.context import (
+from specd.engine.front.context import (
     MIN_CHUNK_LINES,
     PROMPT_OVERHEAD_TOKENS,
     QUERY_CHARS_BEFORE,

@@ -2,7 +2,7 @@
 item 6), and other clients are still served.
 
 Open buffers feed prompt lookup. Their tokens are kept in idle time (``OpenBuffers`` in
-specd/engine/corpus.py): an edit re-tokenizes the pieces it touched, a slice at a time, and a
+specd/engine/front/corpus.py): an edit re-tokenizes the pieces it touched, a slice at a time, and a
 completion only ever finishes small buffers inline. Before, a completion re-tokenized up to 8
 edited buffers in full on its own path: 13.4 s with a 1,000 ms budget over 64 buffers of 1 MiB.
 """
@@ -19,7 +19,7 @@ import pytest
 from daemon_helpers import DaemonProcess
 from engine_helpers import make_engine
 from specd.engine import CompletionRequest
-from specd.engine.corpus import SLICE_CHARS, OpenBuffers, common_affixes
+from specd.engine.front.corpus import SLICE_CHARS, OpenBuffers, common_affixes
 from specd.engine.lookup import NgramIndex
 
 MiB = 1 << 20

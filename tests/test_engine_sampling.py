@@ -23,12 +23,12 @@ from scipy.stats import chi2
 from transformers import LlamaConfig
 
 from engine_helpers import make_engine
-from specd.engine import drafters
-from specd.engine.decode import speculative_decode, verify
-from specd.engine.drafters import Draft, ModelDrafter
-from specd.engine.engine import EngineOptions
-from specd.engine.kvcache import KVState
-from specd.engine.sampling import SamplingParams, probabilities
+from specd.engine.speculation import drafters
+from specd.engine.speculation.decode import speculative_decode, verify
+from specd.engine.speculation.drafters import Draft, ModelDrafter
+from specd.engine.options import EngineOptions
+from specd.engine.caches import KVState
+from specd.engine.speculation.sampling import SamplingParams, probabilities
 from specd.engine.types import SourceStats
 
 DRAWS = 1000
@@ -444,7 +444,7 @@ def test_a_biased_tree_rule_is_caught(monkeypatch):
     """The same check fails when the rule is wrong: here, when no draft stands, the lookup
     draft that was just rejected comes out as the target's own token a third of the time (as if
     a rejected point mass were left in p)."""
-    from specd.engine import decode
+    from specd.engine.speculation import decode
 
     original = decode.verify_tree
 

@@ -1,4 +1,4 @@
-"""The lean batch-1 forward (specd.engine.fastpath) computes what HF computes, for the Llama
+"""The lean batch-1 forward (specd.engine.forward.lean) computes what HF computes, for the Llama
 family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Granite) and the GPT-2 family (gpt2, gpt_bigcode with and
 without multi-query attention): logits equal to HF's DynamicCache path through prefill, decode
 and verify widths, rollback and re-extension; greedy generation equals ``model.generate``; the
@@ -29,9 +29,9 @@ from transformers import (
 from transformers.pytorch_utils import Conv1D
 
 from specd.engine import compat
-from specd.engine.decode import verify, verify_greedy
-from specd.engine.drafters import Draft
-from specd.engine.fastpath import (
+from specd.engine.speculation.decode import verify, verify_greedy
+from specd.engine.speculation.drafters import Draft
+from specd.engine.forward.lean import (
     ALL_HOST_ROWS,
     HOST_PROBES,
     HOST_ROWS,
@@ -42,8 +42,8 @@ from specd.engine.fastpath import (
     host_blas,
     unsupported_reason,
 )
-from specd.engine.kvcache import DenseRows, KVState, LazyRows
-from specd.engine.sampling import SamplingParams
+from specd.engine.caches import DenseRows, KVState, LazyRows
+from specd.engine.speculation.sampling import SamplingParams
 from tiny import make_model
 
 VOCAB = 512

@@ -1,4 +1,4 @@
-"""Replayed forwards (specd.engine.graphs, ``LeanForward.use_graphs``): the static-shape forward
+"""Replayed forwards (specd.engine.forward.graphs, ``LeanForward.use_graphs``): the static-shape forward
 that CUDA graphs record computes what HF computes for every architecture the lean path serves,
 through decode, verify, rollback, cache growth and sliding windows; a recording replays new
 tokens at new positions through its static inputs alone; nothing in it reads the device back to
@@ -15,8 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specd.engine import compat
-from specd.engine.fastpath import WIDE, LeanForward
-from specd.engine.graphs import GRAPH_WIDTHS, EagerGraphs
+from specd.engine.forward.lean import WIDE, LeanForward
+from specd.engine.forward.graphs import GRAPH_WIDTHS, EagerGraphs
 from test_fastpath import ARCH_CASES, STEPS, assert_close, assert_same_logits, ids, tiny
 
 # ops that read a device tensor back to the host (a sync, which a CUDA graph cannot record) or
@@ -221,7 +221,7 @@ def test_a_step_that_recorded_a_graph_first_is_not_timed_for_the_planner(tiny_pa
     that width out for a while. The planner hears of replays only (and of every eager step)."""
     from engine_helpers import make_engine
     from specd.engine import CompletionRequest
-    from specd.engine.decode import _timed
+    from specd.engine.speculation.decode import _timed
 
     class Held:
         recordings = 3

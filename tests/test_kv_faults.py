@@ -12,9 +12,10 @@ import torch
 
 from engine_helpers import assert_lossless, make_engine, make_near_draft
 from specd.engine import CompletionRequest, compat
-from specd.engine.engine import edit_end
-from specd.engine.fastpath import LeanForward
-from specd.engine.kvcache import KVState
+from specd.engine.front.documents import edit_end
+from specd.engine.forward.transformers import HFForward
+from specd.engine.forward.lean import LeanForward
+from specd.engine.caches import KVState
 
 MAX_TOKENS = 12
 FAULT_LAYER = 2  # of the tiny target's 4 (and the near draft's 4)
@@ -55,7 +56,7 @@ class Fault:
 
 def assert_consistent(kv: KVState) -> None:
     assert kv.path.consistent(kv.cache, len(kv.ids))
-    if isinstance(kv.path, compat.HFForward):
+    if isinstance(kv.path, HFForward):
         lengths = compat.layer_lengths(kv.cache)
         assert lengths == [len(kv.ids)] * len(lengths), (lengths, len(kv.ids))
         assert compat.cache_length(kv.cache) == len(kv.ids)

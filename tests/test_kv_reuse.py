@@ -7,7 +7,7 @@ import pytest
 
 from engine_helpers import assert_lossless, make_engine
 from specd.engine import CompletionRequest
-from specd.engine.kvcache import common_prefix
+from specd.engine.caches import common_prefix
 
 MAX_TOKENS = 16
 
@@ -171,7 +171,7 @@ def test_typing_through_a_suggestion_drafts_from_its_rest(spm_engine, sample_sou
 def test_idle_prefill_prepares_the_cache_where_the_user_is_typing(llama_pair, sample_source):
     """After an edit, idle slices prefill both caches for a completion at the edit's end: the
     next request there computes no prompt tokens at all, and still equals a cold run."""
-    from specd.engine.engine import edit_end
+    from specd.engine.front.documents import edit_end
 
     assert edit_end("abcdef", "abXYcdef") == 4 and edit_end("abc", "abc!") == 4 and edit_end("abcd", "ad") == 1
     target, draft = llama_pair
@@ -200,7 +200,7 @@ def test_idle_prefill_warms_the_cursor_the_daemon_knows_where_the_diff_is_ambigu
     around the edit, so its end cannot be told from the two texts. The daemon knows it from the
     ranged change and passes it (``update_document(cursor=...)``): idle prefill then warms the
     cache for the real cursor, and the request computes no prompt token."""
-    from specd.engine.engine import edit_end
+    from specd.engine.front.documents import edit_end
 
     target, draft = llama_pair
     engine = make_engine(target, draft, fim_family="demo")
@@ -297,7 +297,7 @@ def test_a_completion_is_remembered_and_drafts_the_next_request(spm_engine, samp
     typed something else than it said. Here the same request comes again with the typing-through
     continuation forgotten (it would propose the same tokens as ``lookup:previous``): the old
     completion is proposed from the index, stands, and the output stays lossless."""
-    from specd.engine.kvcache import SUGGESTIONS_KEPT
+    from specd.engine.caches import SUGGESTIONS_KEPT
 
     uri = "file:///remembered.py"
     text = sample_source

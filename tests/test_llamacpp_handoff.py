@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from specd.engine.fastpath import LeanForward
+from specd.engine.forward.lean import LeanForward
 from specd.llamacpp.export import export_gguf
-from specd.llamacpp.forward import HANDOFF_TOKENS, LlamaCppForward
+from specd.engine.forward.llamacpp import HANDOFF_TOKENS, LlamaCppForward
 from specd.llamacpp.handoff import HandoffError, TorchPrefill, build, parse
 
 WINDOW = 512

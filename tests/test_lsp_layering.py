@@ -13,7 +13,7 @@ FORBIDDEN = ("specd.engine", "specd.daemon", "torch", "transformers")
 
 
 def test_no_forbidden_imports_in_the_source():
-    for path in sorted(LSP.glob("*.py")):
+    for path in sorted(LSP.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = []
             if isinstance(node, ast.Import):

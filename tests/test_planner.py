@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from specd.engine.costs import Acceptance, ForwardCosts
-from specd.engine.decode import PROBE_EVERY, DraftPlanner, PlannerMemory
-from specd.engine.drafters import Draft
+from specd.engine.speculation.costs import Acceptance, ForwardCosts
+from specd.engine.speculation.decode import PROBE_EVERY, DraftPlanner, PlannerMemory
+from specd.engine.speculation.drafters import Draft
 
 
 class FixedLookup:
@@ -190,7 +190,7 @@ def test_lookup_drafts_are_priced_by_where_they_come_from():
     """A match where the context repeats itself and one in the document's recent completions
     are kinds of their own, each apart for 2-token matches: measured, they stand far more often
     than other matches, and matches of 3+ tokens far more often than 2-token ones."""
-    from specd.engine.decode import draft_kind
+    from specd.engine.speculation.decode import draft_kind
 
     assert draft_kind(Draft([1], "lookup:current", None, 3, repeat=True)) == "lookup/repeat"
     assert draft_kind(Draft([1], "lookup:current", None, 2, repeat=True)) == "lookup/repeat/short"
@@ -238,7 +238,7 @@ FLAT = {1: 10.0, 2: 10.2, 4: 10.4, 8: 10.8, 16: 11.6, 32: 13.0}  # a GPU-like ta
 
 
 def test_two_sources_that_disagree_are_verified_as_a_tree_where_width_is_cheap():
-    from specd.engine.drafters import DraftTree
+    from specd.engine.speculation.drafters import DraftTree
     planner = tree_planner(FLAT, contested_first=0.5)
     tree = planner.propose([0], 16)
     assert isinstance(tree, DraftTree)
@@ -259,7 +259,7 @@ def planner_draft(planner):
 
 
 def test_contests_are_measured_and_a_tree_is_recorded_per_branch():
-    from specd.engine.decode import TREE
+    from specd.engine.speculation.decode import TREE
     planner = tree_planner(FLAT, contested_first=0.5)
     tree = planner.propose([0], 16)
     assert planner.contest == [("lookup/trusted/contested", 1), ("lookup/suggested/rival", 9)]
@@ -282,7 +282,7 @@ def test_a_contest_is_measured_where_no_tree_was_built():
 
 
 def test_a_branch_that_leaves_the_chosen_draft_later_shares_its_start():
-    from specd.engine.drafters import DraftTree
+    from specd.engine.speculation.drafters import DraftTree
     mem = memory(FLAT)
     mem.acceptance["lookup/trusted"] = Acceptance.prior(0.9, 0.5, weight=1000)
     mem.acceptance["lookup/suggested"] = Acceptance.prior(0.9, 0.9, weight=1000)

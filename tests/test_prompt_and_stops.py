@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from specd.engine.prompt import (ANCHOR_MAX_LINES, TEMPLATES, PromptBuilder, choose_anchor, detect_family,
+from specd.engine.front.prompt import (ANCHOR_MAX_LINES, TEMPLATES, PromptBuilder, choose_anchor, detect_family,
                                  resolve_layout)
-from specd.engine.kvcache import common_prefix
-from specd.engine.stops import StopRules
+from specd.engine.caches import common_prefix
+from specd.engine.front.stops import StopRules
 from specd.engine.types import ContextChunk, EngineError
 from tiny import make_tokenizer
 

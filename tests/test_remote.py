@@ -30,8 +30,8 @@ from lsp_helpers import daemon_options, link_options, lsp_session, server_env
 from test_lsp_nvim import nvim  # noqa: F401  (the fixture: a Neovim with vim.lsp.inline_completion)
 from specd.client import Client
 from specd.demo import demo_pair_paths
-from specd.engine import remote
-from specd.engine.remote import RemoteEngine, RemoteOptions, completions_url
+from specd.engine.remote import engine as remote
+from specd.engine.remote.engine import RemoteEngine, RemoteOptions, completions_url
 from specd.engine.types import Cancelled, CompletionRequest, EngineError
 from specd.protocol import RpcError
 from specd_lsp.completion import context_at, postprocess
@@ -183,9 +183,9 @@ def test_a_completion_is_what_the_server_writes_for_specds_prompt_ids(daemon, se
 
 def test_the_prompt_is_the_local_engines_prompt(daemon, source):
     """The same builder, template, layout and windows as the local engine, healing off."""
-    from specd.engine.engine import EngineOptions, fit_prompt_budget
+    from specd.engine.options import EngineOptions, context_window, fit_prompt_budget
     from specd.engine.models import load_tokenizer
-    from specd.engine.prompt import PromptBuilder, detect_family
+    from specd.engine.front.prompt import PromptBuilder, detect_family
 
     target = str(demo_pair_paths()[0])
     offset = cursor_in_body(source, 2)
@@ -195,7 +195,7 @@ def test_the_prompt_is_the_local_engines_prompt(daemon, source):
     options = EngineOptions(max_tokens=MAX_TOKENS)  # as the daemon is configured: it sizes the windows
     builder = PromptBuilder(tokenizer, detect_family(tokenizer, target),
                             *fit_prompt_budget(options.prefix_tokens, options.suffix_tokens, options.context_tokens,
-                                               remote._context_window(target), options.max_tokens))
+                                               context_window(target), options.max_tokens))
     assert got["prompt_ids"] == builder.build(source, offset, heal=False).ids
 
 

@@ -7,8 +7,8 @@ import pytest
 
 from engine_helpers import assert_lossless, make_engine
 from specd.engine import CompletionRequest
-from specd.engine.healing import HealingVocabulary
-from specd.engine.prompt import TEMPLATES, PromptBuilder
+from specd.engine.speculation.healing import HealingVocabulary
+from specd.engine.front.prompt import TEMPLATES, PromptBuilder
 from tiny import make_tokenizer
 
 FRESH_LINE = "class Stack:\n    def pop(self):\n        "  # the cursor after Enter + auto-indent
@@ -132,7 +132,7 @@ def test_healed_completion_is_lossless_and_returns_what_follows_the_cursor(llama
 def test_stop_rules_see_only_what_follows_the_cursor(tokenizer):
     """At column 0 the cut token is the newline itself: re-typing it is not a line break of the
     completion, and the re-typed text is not part of it."""
-    from specd.engine.stops import StopRules
+    from specd.engine.front.stops import StopRules
 
     ids = tokenizer.encode("\nfoo = 1\nbar = 2\n", add_special_tokens=False)
     def first_stop(rules):

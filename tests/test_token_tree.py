@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specd.engine.fastpath import LeanForward
-from specd.engine.kvcache import KVState
+from specd.engine.forward.lean import LeanForward
+from specd.engine.caches import KVState
 from test_fastpath import ARCH_CASES, assert_same_logits, ids, tiny
 
 # pending token, then three branches: a (3 tokens), b (2) off the root, c (2) off a's first token
@@ -115,7 +115,7 @@ def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
 
 
 def flat_costs():
-    from specd.engine.decode import PlannerMemory
+    from specd.engine.speculation.decode import PlannerMemory
     memory = PlannerMemory()
     memory.costs.target = {width: 1.0 for width in range(1, 65)}
     memory.costs.record_target = lambda width, ms: None
@@ -130,10 +130,10 @@ def test_a_second_branch_stands_where_the_first_fails_and_the_output_is_the_targ
     verifies both, the second branch stands, and the output equals the target alone. With
     ``pending`` 6 the cache lacks the prompt's last 6 tokens (a keystroke's): they run with the
     first step's tree, in the same forward."""
-    from specd.engine.decode import TREE, DraftPlanner, speculative_decode
-    from specd.engine.drafters import LookupDrafter
+    from specd.engine.speculation.decode import TREE, DraftPlanner, speculative_decode
+    from specd.engine.speculation.drafters import LookupDrafter
     from specd.engine.lookup import NgramIndex
-    from specd.engine.sampling import SamplingParams
+    from specd.engine.speculation.sampling import SamplingParams
 
     model = tiny(arch, seed=3)
     prompt = ids(40, seed=9)[0].tolist()

@@ -15,7 +15,7 @@ from specd.demo import demo_pair_paths  # noqa: E402
 from specd.demo.train import (  # noqa: E402
     ARCHS, FIM_FORMATS, PRESETS, SPECIAL_TOKENS, Settings, add_arguments, settings_from_args, train,
 )
-from specd.engine.prompt import TEMPLATES, detect_family  # noqa: E402
+from specd.engine.front.prompt import TEMPLATES, detect_family  # noqa: E402
 from specd.engine.types import CompletionRequest  # noqa: E402
 
 STARCODER_TOKENS = ["<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>",
@@ -80,7 +80,8 @@ def test_dev_llama_preset():
 
 
 def test_llama_starcoder_smoke_run_loads_in_the_engine(tmp_path, monkeypatch):
-    from specd.engine.engine import Engine, EngineOptions
+    from specd.engine.engine import Engine
+    from specd.engine.options import EngineOptions
 
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")

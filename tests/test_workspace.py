@@ -306,8 +306,8 @@ def counting_encode(calls: list[int]):
 
 
 def test_the_corpus_is_tokenized_in_bounded_slices_and_segmented():
-    from specd.engine import corpus as corpus_module
-    from specd.engine.corpus import Corpus
+    from specd.engine.front import corpus as corpus_module
+    from specd.engine.front.corpus import Corpus
 
     corpus = Corpus()
     big = "".join(f"line {i} of a long file\n" for i in range(4000))  # ~100k chars

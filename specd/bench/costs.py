@@ -1,8 +1,8 @@
 """Forward costs: what one forward of each model costs here, per forward path, width and context.
 
-The engine runs each model through one of three forward paths (``compat.HFForward``, which every
+The engine runs each model through one of three forward paths (``HFForward``, which every
 architecture can take, ``fastpath.LeanForward`` for Llama- and GPT-2-family models, or
-``specd.llamacpp.forward.LlamaCppForward`` with ``engine.forward_backend = llamacpp``). This
+``specd.engine.forward.llamacpp.LlamaCppForward`` with ``engine.forward_backend = llamacpp``). This
 measures each one that serves the model (llama.cpp's where llama-cpp-python is installed; and
 ``lean_eager``, the lean forward without CUDA graphs, where the engine's lean path replays them),
 so a report says what each path buys on this machine and what a forward of each width costs:
@@ -63,8 +63,8 @@ def candidate_paths(model, engine_path, llamacpp: Callable[[], Any] | None = Non
     The engine's own path object is measured as is; the others are built beside it (a
     ``LeanForward`` holds the model's parameters, no copies; ``llamacpp`` builds llama.cpp's
     forward on the model's GGUF file, when llama-cpp-python is installed)."""
-    from specd.engine.compat import HFForward
-    from specd.engine.fastpath import LeanForward, unsupported_reason
+    from specd.engine.forward.transformers import HFForward
+    from specd.engine.forward.lean import LeanForward, unsupported_reason
 
     paths = {engine_path.name: engine_path}
     unavailable: dict[str, str] = {}
@@ -108,7 +108,7 @@ def measure_path(model, path, ids: Sequence[int], contexts: Sequence[int], width
                  last_only: bool = False) -> dict[str, Any]:
     """ms of forwards on one path: ``forward_ms[context][width]`` (``last_only``: logits of the
     last token only, as a draft step asks) and a ``prefill_tokens`` prefill from empty."""
-    from specd.engine.kvcache import KVState
+    from specd.engine.caches import KVState
 
     state = KVState(model, path)
     forward_ms: dict[str, dict[str, float]] = {}
@@ -176,12 +176,12 @@ def measure_forward_costs(engine, repeats: int = REPEATS,
     progress line before the work starts."""
     import torch
 
-    from specd.engine.engine import context_window
+    from specd.engine.options import context_window
 
     pair = engine.pair
     target_path, _ = engine.paths["target"]
     draft_path = engine.paths["draft"][0] if pair.draft is not None else None
-    window = context_window(pair)
+    window = context_window(pair.target_name, pair.target.config)
     cap = window_cap(window, _position_limit(pair.target))
     draft_cap = window_cap(window, _position_limit(pair.target), _position_limit(pair.draft)) if pair.draft else None
     target_contexts = capped(TARGET_CONTEXTS, cap)
@@ -229,7 +229,7 @@ def _llamacpp_factory(engine, role: str) -> Callable[[], Any] | None:
 
     if not available():
         return None
-    from specd.engine.engine import llamacpp_forward
+    from specd.engine.forward.choose import llamacpp_forward
 
     pair = engine.pair
     model, source = (pair.target, pair.target_name) if role == "target" else (pair.draft, pair.draft_name)
@@ -237,7 +237,7 @@ def _llamacpp_factory(engine, role: str) -> Callable[[], Any] | None:
 
 
 def _path_names(model, engine_path) -> str:
-    from specd.engine.fastpath import unsupported_reason
+    from specd.engine.forward.lean import unsupported_reason
     from specd.llamacpp.runtime import available
 
     names = ["hf"]

@@ -308,7 +308,8 @@ def run_eval(args, cfg) -> int:
     import shlex
 
     from specd.bench.run import names_of
-    from specd.engine.engine import Engine, EngineOptions
+    from specd.engine.engine import Engine
+    from specd.engine.options import EngineOptions
     from specd.engine.types import EngineError, ModelLoadError
 
     started = time.monotonic()

@@ -54,8 +54,9 @@ import torch
 
 from specd.bench.workloads import Completion
 from specd.engine import compat
-from specd.engine.engine import Engine, context_window
-from specd.engine.kvcache import common_prefix
+from specd.engine.engine import Engine
+from specd.engine.options import context_window
+from specd.engine.caches import common_prefix
 from specd.engine.types import CompletionRequest, SourceStats
 
 REFERENCE = "hf_greedy"
@@ -218,7 +219,7 @@ class LlamaCppMethod:
         self.engine = engine
         self.max_tokens = max_tokens
         self.stop_ids = set(engine.stop_ids)
-        window = context_window(engine.pair) or 4096
+        window = context_window(engine.pair.target_name, engine.pair.target.config) or 4096
         # K/V in the weights' precision, as specd_llamacpp keeps them: llama-server's f16 K/V moves
         # logits enough to flip near-ties, and the bench compares outputs token for token.
         self.slot = LlamaSlot(gguf_path, n_ctx=window + max_tokens + LOOKUP_TOKENS + 64, threads=threads,

@@ -72,7 +72,8 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def _load_engine(cfg):
-    from specd.engine.engine import Engine, EngineOptions
+    from specd.engine.engine import Engine
+    from specd.engine.options import EngineOptions
 
     engine = Engine(EngineOptions.from_config(cfg))
     engine.ensure_loaded()  # the embedded demo pair when no model is configured
@@ -171,7 +172,7 @@ def context_chunks(engine, item: Completion) -> tuple[list, str | None]:
 def workspace_chunks(engine, text: str, offset: int, path: str, workspace) -> list:
     """The ``workspace`` files' (path, text) chunks most like the code at ``offset``, within the
     prompt's context budget: the daemon's choice (``ContextSelector.choose``)."""
-    from specd.engine.context import WORKSPACE_WEIGHT, Candidate, ContextSelector
+    from specd.engine.front.context import WORKSPACE_WEIGHT, Candidate, ContextSelector
 
     candidates = [Candidate(name, body, WORKSPACE_WEIGHT) for name, body in workspace]
     return ContextSelector(engine.prompts.extra_tokens).choose(text, offset, path, candidates, engine.prompts.encode)

@@ -68,7 +68,7 @@ MODEL_DTYPE_ON_DISK = "bfloat16"
 class FimFormat:
     """A model family's special tokens, as the tokenizer learns them and the samples use them."""
 
-    family: str      # specd.json "fim_family": the engine's prompt template (specd.engine.prompt)
+    family: str      # specd.json "fim_family": the engine's prompt template (specd.engine.front.prompt)
     eos: str
     prefix: str
     middle: str
@@ -120,7 +120,7 @@ FILE_HEADER_RATE = 0.3       # plain files preceded by "<|file_sep|>{path}\n" (r
 # from context when the context has it and not otherwise.
 REPO_TWIN_RATE = 0.6         # of repo samples: one chunk is a near-twin of the middle's surroundings
 REPO_DISTRACTORS = (0, 2)    # unrelated chunks per repo sample (inclusive range)
-REPO_CHUNK_LINES = 40        # a chunk is at most this many lines (as specd.engine.context's windows)
+REPO_CHUNK_LINES = 40        # a chunk is at most this many lines (as specd.engine.front.context's windows)
 REPO_CONTEXT_SHARE = 0.4     # at most this share of the sample's tokens goes to the chunks
 REPO_RENAME_DEF = 0.5        # twin mutations: the enclosing def renamed (the bench's multi_file twin) ...
 REPO_RENAME_WORD = 0.3       # ... or one identifier renamed throughout the chunk (else verbatim)
@@ -401,7 +401,7 @@ class SampleMaker:
 
     def repo_context(self, rel: str, text: str, cursor: int, budget: int) -> list[int]:
         """Ids of repo-level context for a FIM sample cut from ``text`` (path ``rel``) at
-        ``cursor``, in the engine's format (``specd.engine.prompt.PromptBuilder._context_ids``):
+        ``cursor``, in the engine's format (``specd.engine.front.prompt.PromptBuilder._context_ids``):
         ``<repo_name>workspace\n``, each chunk as ``<file_sep>path\n`` + its lines + ``\n``, then
         ``<file_sep>`` + the current path. Unrelated chunks first, the twin (when there is one)
         last: the engine emits the most relevant chunk nearest the current file."""

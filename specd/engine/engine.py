@@ -11,84 +11,36 @@ import gc
 import logging
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from specd.engine import compat
-from specd.engine.context import ContextSelector
-from specd.engine.corpus import Corpus, OpenBuffers, common_affixes
-from specd.engine.costs import calibrate
-from specd.engine.decode import MERGED_PREFILL, TREE_BRANCHES, DraftPlanner, PlannerMemory, speculative_decode
-from specd.engine.healing import HealingConstraint, HealingVocabulary
-from specd.engine.drafters import SUGGESTED, ContinuationDrafter, LookupDrafter, ModelDrafter
-from specd.engine.kvcache import CacheStore, DocumentState, KVState, common_prefix
+from specd.engine.front.context import ContextSelector
+from specd.engine.front.corpus import Corpus, OpenBuffers
+from specd.engine.front.engine_front import EngineFront
+from specd.engine.speculation.costs import calibrate
+from specd.engine.speculation.decode import MERGED_PREFILL, TREE_BRANCHES, DraftPlanner, PlannerMemory, speculative_decode
+from specd.engine.speculation.healing import HealingConstraint, HealingVocabulary
+from specd.engine.speculation.drafters import SUGGESTED, ContinuationDrafter, LookupDrafter, ModelDrafter
+from specd.engine.caches import CacheStore, DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
+from specd.engine.forward.choose import choose_forward_path, llamacpp_forward
 from specd.engine.models import ModelPair, load_pair
-from specd.engine.prompt import FimTemplate, Prompt, PromptBuilder, detect_family
-from specd.engine.sampling import SamplingParams
-from specd.engine.stops import StopRules
+from specd.engine.options import FORWARD_OPTIONS, EngineOptions, context_window
+from specd.engine.front.prompt import FimTemplate, Prompt, PromptBuilder
+from specd.engine.speculation.sampling import SamplingParams
+from specd.engine.front.stops import StopRules
 from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, SourceStats
 
 log = logging.getLogger(__name__)
 
 PREFILL_SLICE = 64  # tokens per idle prefill forward: a new request waits for one slice at most
+WARM_PIECE_TOKENS = 256  # tokens prefilled per idle step while warming a new context chunk set
 MAX_OTHER_BUFFERS = 8  # open buffers searched by lookup, most recently edited first
 ANONYMOUS = "<anonymous>"
 SUGGESTION_LEAD = 8  # prompt tokens indexed before each remembered completion, so its start matches too
-
-
-@dataclass
-class EngineOptions:
-    target: str = ""
-    draft: str = ""
-    device: str = "auto"
-    dtype: str = "auto"
-    trust_remote_code: bool = False
-    fim_family: str = "auto"
-    fim_layout: str = "auto"  # auto | psm | spm | anchored (see specd.engine.prompt)
-    max_tokens: int = 128
-    prefix_tokens: int = 1536
-    suffix_tokens: int = 512
-    use_draft_model: bool = True
-    use_lookup: bool = True
-    kv_reuse: bool = True
-    fast_forward: bool = True  # the lean static-cache forward where the architecture allows
-    transposed_weights: str = "auto"  # auto | on | off (fastpath.LeanForward)
-    numpy_products: str = "auto"  # auto | on | off (fastpath.LeanForward.host_products)
-    cuda_graphs: str = "auto"  # auto | on | off (fastpath.LeanForward.use_graphs)
-    forward_backend: str = "torch"  # torch | llamacpp (specd.llamacpp.forward)
-    llamacpp_prefill: str = "torch"  # torch | llamacpp: where llama.cpp's prompts from empty prefill (handoff.py)
-    token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it
-    draft_max: int = 8
-    lookup_max: int = 16
-    token_tree: bool = True  # several drafts in one verify forward where the planner expects it to pay
-    draft_confidence: float = 0.3
-    cache_budget_mb: int = 2048
-    time_budget_ms: int = 5000
-    threads: int = 0
-    context_tokens: int = 512  # prompt budget for other files' chunks (repo-level context)
-    auto_context: bool = True  # choose those chunks from open buffers and the workspace
-
-    @classmethod
-    def from_config(cls, cfg) -> "EngineOptions":
-        values = {**cfg.section("model"), **cfg.section("engine")}
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
-
-
-# The options that decide which forward paths an engine builds (``Engine.share_paths``).
-FORWARD_OPTIONS = ("target", "draft", "device", "dtype", "trust_remote_code", "fast_forward",
-                   "transposed_weights", "numpy_products", "cuda_graphs", "forward_backend", "llamacpp_prefill")
-
-
-@dataclass
-class _Document:
-    text: str
-    version: int = 0
-    updated: float = field(default_factory=time.monotonic)
 
 
 class Engine:
@@ -98,19 +50,14 @@ class Engine:
         (``share_paths``); None builds them here."""
         self.options = options
         self._loader = loader or _load_from_options
-        self._docs: dict[str, _Document] = {}
-        self._corpus = Corpus()  # workspace files: tokenized and indexed in idle time
+        self.front = EngineFront(options)  # documents, workspace files, context chunks, prompts
         self._buffers = OpenBuffers(MAX_OTHER_BUFFERS)  # open buffers' lookup indexes: idle time too
-        self._edited: OrderedDict[str, int] = OrderedDict()  # uri -> where its last edit ended
-        self._anchors: dict[str, int] = {}  # uri -> where its last anchored prompt's prefix ended
-        self.context = ContextSelector(options.context_tokens)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the counters: stats() reads them from other threads
         self.caches = CacheStore(options.cache_budget_mb * 1024 * 1024)
         self.totals: dict[str, SourceStats] = {}
         self.requests = 0
         self.oom_retries = 0
         self.pair: ModelPair | None = None
-        self.template: FimTemplate | None = None
         self.planning: PlannerMemory | None = None  # forward costs and acceptance of the loaded pair
         self.paths: dict = {}  # role -> (forward path, why not lean)
         if pair is not None:
@@ -130,16 +77,11 @@ class Engine:
 
     def _install(self, pair: ModelPair, paths: dict | None = None) -> None:
         self.pair = pair
-        self.template = detect_family(pair.tokenizer, pair.target_name, self.options.fim_family)
-        prefix, suffix, context = fit_prompt_budget(
-            self.options.prefix_tokens, self.options.suffix_tokens, self.options.context_tokens,
-            context_window(pair), self.options.max_tokens)
-        self.prompts = PromptBuilder(pair.tokenizer, self.template, prefix, suffix, context,
-                                     layout=self.options.fim_layout)
-        self.stop_ids = self.prompts.stop_ids()
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
         self.healing = HealingVocabulary(pair.tokenizer, self.vocab_size)
-        self.prompts.healing = self.healing
+        self.front.install(pair.tokenizer, pair.target_name, context_window(pair.target_name, pair.target.config),
+                           healing=self.healing)
+        self.stop_ids = self.prompts.stop_ids()
         sources = {"target": pair.target_name, "draft": pair.draft_name}
         self.paths = paths if paths is not None else {
             role: self._forward_path(model, sources[role], pair)
@@ -202,7 +144,7 @@ class Engine:
         self.pair = None
         self.paths = {}  # they hold the models (and the lean path its transposed weight copies)
         self._buffers.forget_indexes()
-        self._corpus.forget_indexes()
+        self.corpus.forget_indexes()
         # What settle_heap froze (the models among it) is collectable again: a model held in a
         # reference cycle would otherwise never be freed.
         gc.unfreeze()
@@ -213,48 +155,31 @@ class Engine:
     # -- documents -------------------------------------------------------------------------
 
     def open_document(self, uri: str, text: str) -> None:
-        with self._lock:
-            self._docs[uri] = _Document(text)
+        self.front.documents.open(uri, text)
         self._buffers.set(uri, text)
 
     def update_document(self, uri: str, text: str, cursor: int | None = None) -> None:
-        """The document's new text; ``cursor``, where the edit left the cursor, when the caller
-        knows it (the daemon does, from a ranged change). Without it the edit's end is inferred
-        from the two texts, which is ambiguous where the edit repeats the text around it (typing
-        a space after a space, Enter before an empty line): idle prefill then warms the cache
-        for a cursor a few characters off."""
-        with self._lock:
-            doc = self._docs.get(uri)
-            if doc is None:
-                self._docs[uri] = _Document(text)
-            elif doc.text != text:
-                # Remember where the user is typing: idle time prefills the cache for it there.
-                known = cursor is not None and 0 <= cursor <= len(text)
-                self._edited[uri] = cursor if known else edit_end(doc.text, text)
-                self._edited.move_to_end(uri)
-                doc.text, doc.version, doc.updated = text, doc.version + 1, time.monotonic()
+        """The document's new text; ``cursor``, where the edit left the cursor, when known
+        (``Documents.update``): idle time prefills the cache for a completion there."""
+        self.front.documents.update(uri, text, cursor)
         self._buffers.set(uri, text)
 
     def close_document(self, uri: str) -> None:
-        with self._lock:
-            self._docs.pop(uri, None)
-            self._edited.pop(uri, None)
-            self._anchors.pop(uri, None)
+        self.front.close_document(uri)
         self._buffers.remove(uri)
-        self.context.forget(uri)
         self.caches.drop(uri)
 
     def set_corpus_file(self, name: str, text: str | None) -> None:
         """Extra lookup corpus (workspace files); ``None`` removes one. Tokenized later, by
         ``index_pending_corpus``, never on a request's path."""
-        self._corpus.set(name, text)
+        self.corpus.set(name, text)
 
     def index_pending_corpus(self, budget_s: float) -> bool:
         """Idle work: tokenize and index workspace files for about ``budget_s``; True while more remains."""
         if self.pair is None:
             return False
-        had_work = self._corpus.pending()
-        more = self._corpus.index_pending(self.prompts.encode, budget_s)
+        had_work = self.corpus.pending()
+        more = self.corpus.index_pending(self.prompts.encode, budget_s)
         if had_work and not more:
             settle_heap()  # the workspace's indexes live as long as the engine, like the models
         return more
@@ -272,14 +197,13 @@ class Engine:
         tokens, so the next keystroke's request reuses them. True while more remains."""
         if self.pair is None or not self.options.kv_reuse:
             return False
-        with self._lock:
-            if not self._edited:
-                return False
-            uri, offset = self._edited.popitem(last=True)
-            doc = self._docs.get(uri)
-            text = doc.text if doc else None
+        documents = self.front.documents
+        edited = documents.pop_edited()
+        if edited is None:
+            return False
+        uri, offset, text = edited
         if text is None or offset > len(text):
-            return bool(self._edited)
+            return documents.edits_waiting()
         chunks = self.context.active(uri) if self.options.auto_context else []
         prompt = self.build_prompt(uri, text, offset, chunks, uri).ids[:-1]
         state = self.caches.get(uri)
@@ -293,25 +217,17 @@ class Engine:
                 if kv is not None:
                     kv.prepare(ahead)
         else:
-            with self._lock:  # not done: resume here next slice unless a newer edit came
-                self._edited.setdefault(uri, offset)
+            documents.resume_edited(uri, offset)  # not done: resume here next slice
         self.caches.enforce_budget(keep=uri)
-        return not done or bool(self._edited)
+        return not done or documents.edits_waiting()
 
     def warm_context(self, budget_s: float) -> bool:
         """Idle work: choose the latest document's context chunks; when they changed, prefill a
-        fresh KV state with them (in slices) and swap it in. True while more remains."""
-        if self.pair is None or not self.options.auto_context or not self.template.file_sep:
+        fresh KV state with them (in slices, ``_CacheWarmer``) and swap it in. True while more
+        remains."""
+        if self.pair is None:
             return False
-        with self._lock:
-            open_docs = {uri: doc.text for uri, doc in self._docs.items()}
-        self.context.budget_tokens = self.prompts.extra_tokens  # as fitted to the model's window
-        return self.context.warm_step(
-            open_docs=open_docs, corpus=self._corpus, encode=self.prompts.encode,
-            prompt_ids=lambda key, text, offset, chunks, path: self.prompts.build(
-                text, offset, chunks, path, self._anchors.get(key)).ids,
-            caches=self.caches, budget_s=budget_s,
-            new_state=self._new_state)
+        return self.front.warm_context(budget_s, _CacheWarmer(self))
 
     def _kv(self, role: str) -> KVState:
         path, _ = self.paths[role]
@@ -321,29 +237,36 @@ class Engine:
         return DocumentState(self._kv("target"), self._kv("draft") if self.pair.draft is not None else None)
 
     def document_text(self, uri: str) -> str | None:
-        with self._lock:
-            doc = self._docs.get(uri)
-            return doc.text if doc else None
+        return self.front.documents.text(uri)
 
     def _lookup_sources(self, current: str | None) -> list[tuple[str, NgramIndex]]:
         sources = [("lookup:open", index) for index in self._buffers.indexes(current, self.prompts.encode)]
-        return sources + [("lookup:workspace", index) for index in self._corpus.indexes()]
+        return sources + [("lookup:workspace", index) for index in self.corpus.indexes()]
 
     # -- prompts ---------------------------------------------------------------------------
 
+    @property
+    def prompts(self) -> PromptBuilder | None:
+        return self.front.prompts
+
+    @property
+    def template(self) -> FimTemplate | None:
+        return self.front.template
+
+    @property
+    def context(self) -> ContextSelector:
+        return self.front.context
+
+    @property
+    def corpus(self) -> Corpus:
+        return self.front.corpus
+
     def build_prompt(self, uri: str | None, text: str, offset: int, chunks=None, path: str | None = None,
                      heal: bool | None = None) -> Prompt:
-        """The document's prompt for a cursor at ``offset``. In the anchored layout the anchor
-        carries over from the document's previous prompt (``prompt.choose_anchor``), so the
-        same sequence of requests gives the same ids whoever asks."""
-        with self._lock:
-            previous = self._anchors.get(uri) if uri else None
+        """The document's prompt for a cursor at ``offset`` (``EngineFront.build_prompt``),
+        healed as ``engine.token_healing`` says unless ``heal`` says otherwise."""
         heal = self.options.token_healing if heal is None else heal
-        prompt = self.prompts.build(text, offset, chunks, path, previous, heal=heal)
-        if uri and self.prompts.anchored:
-            with self._lock:
-                self._anchors[uri] = prompt.anchor
-        return prompt
+        return self.front.build_prompt(uri, text, offset, chunks, path, heal=heal)
 
     def healing_constraint(self, healed: str, prompt_length: int):
         """The token-healing constraint as ``generate(prefix_allowed_tokens_fn=...)`` takes it
@@ -354,12 +277,7 @@ class Engine:
 
     def complete(self, req: CompletionRequest, cancel: threading.Event | None = None) -> CompletionResult:
         self.ensure_loaded()
-        text = req.text if req.text is not None else (self.document_text(req.uri) if req.uri else None)
-        if text is None:
-            raise EngineError(f"document {req.uri!r} is not open and no text was given")
-        offset = len(text) if req.offset is None else req.offset
-        if not 0 <= offset <= len(text):
-            raise EngineError(f"cursor offset {offset} is out of range 0..{len(text)}")
+        text, offset = self.front.resolve(req)
         try:
             return self._complete(req, text, offset, cancel)
         except Exception as err:
@@ -400,15 +318,6 @@ class Engine:
             budget_s=pick(req.time_budget_ms, opts.time_budget_ms) / 1000.0,
             sampling=sampling, generator=generator)
 
-    def _request_prompt(self, req: CompletionRequest, text: str, offset: int) -> Prompt:
-        chunks = req.extra_context
-        if not chunks and req.uri and self.options.auto_context:  # the set in use; changes are warmed in idle time
-            chunks = self.context.chunks_for(req.uri, text, offset, req.path or req.uri)
-        prompt = self.build_prompt(req.uri, text, offset, chunks, req.path or req.uri, heal=req.token_healing)
-        if not prompt.ids:
-            raise EngineError("empty prompt: nothing before the cursor and no FIM template to frame it")
-        return prompt
-
     def _planner(self, state: DocumentState, settings: "_RequestSettings", req: CompletionRequest,
                  text: str, offset: int, prompt: Prompt) -> DraftPlanner:
         lookup = continuation = model = None
@@ -427,7 +336,8 @@ class Engine:
                   cancel: threading.Event | None) -> CompletionResult:
         started = time.monotonic()
         settings = self._settings(req)
-        prompt = self._request_prompt(req, text, offset)
+        heal = self.options.token_healing if req.token_healing is None else req.token_healing
+        prompt = self.front.request_prompt(req, text, offset, heal)
         key = req.uri or ANONYMOUS
         state = (self.caches.get(key) if settings.kv_reuse else None) or self._new_state()
 
@@ -506,16 +416,12 @@ class Engine:
         with self._lock:
             acceptance = {name: {"proposed": s.proposed, "accepted": s.accepted, "rate": round(s.rate, 4)}
                           for name, s in self.totals.items()}
-            documents, corpus = len(self._docs), len(self._corpus)
         return {
             "loaded": self.loaded,
             "models": info,
-            "fim_family": self.template.name if self.template else None,
-            "documents": documents,
-            "corpus_files": corpus,
-            "workspace": self._corpus.stats(),
+            **self.front.stats(),
+            "workspace": self.corpus.stats(),
             "open_buffers": self._buffers.stats(),
-            "context": self.context.stats(),
             "cache": {"documents": len(self.caches), "bytes": self.caches.nbytes(),
                       "budget_bytes": self.caches.budget_bytes, "evictions": self.caches.evictions},
             "requests": self.requests,
@@ -548,96 +454,33 @@ class _RequestSettings:
     generator: torch.Generator | None
 
 
-def edit_end(old: str, new: str) -> int:
-    """Offset in ``new`` just after the text an edit changed."""
-    return len(new) - common_affixes(old, new)[1]
+class _CacheWarmer:
+    """``context.Warmer`` for the local engine: a new chunk set's prompt is prefilled into a fresh
+    ``DocumentState`` in slices of ``WARM_PIECE_TOKENS``, then swapped in for the document."""
 
+    def __init__(self, engine: Engine):
+        self.engine = engine
 
-def context_window(pair: ModelPair) -> int | None:
-    """Tokens the target can attend to: a ``trained_context`` in specd.json beside the weights
-    (what the model saw in training), else the config's max_position_embeddings."""
-    import json
-    from pathlib import Path
+    def begin(self, key: str, text: str, offset: int, chunks, path: str | None) -> tuple[list[int], DocumentState]:
+        engine = self.engine
+        anchor = engine.front.documents.anchor(key)  # the document's, left as it is
+        prompt = engine.prompts.build(text, offset, chunks, path, anchor, heal=engine.options.token_healing)
+        return prompt.ids[:-1], engine._new_state()
 
-    meta = Path(pair.target_name) / "specd.json"
-    if meta.is_file():
-        trained = json.loads(meta.read_text(encoding="utf-8")).get("trained_context")
-        if isinstance(trained, int) and trained > 0:
-            return trained
-    window = getattr(pair.target.config, "max_position_embeddings", None)
-    return window if isinstance(window, int) and window > 0 else None
+    def advance(self, job: tuple[list[int], DocumentState], deadline: float) -> tuple[bool, int]:
+        ids, state = job
+        before = len(state.target.ids)
+        done = state.prefill(ids, deadline=deadline, piece=WARM_PIECE_TOKENS)
+        return done, len(state.target.ids) - before
 
-
-def fit_prompt_budget(prefix: int, suffix: int, context: int, window: int | None,
-                      max_tokens: int) -> tuple[int, int, int]:
-    """Shrink the prompt budgets in proportion so prompt + completion fit the model's window."""
-    if window is None:
-        return prefix, suffix, context
-    room = window - max_tokens - 8  # the FIM and file-separator tokens
-    total = prefix + suffix + context
-    if total <= room:
-        return prefix, suffix, context
-    scale = max(room, 64) / total
-    fitted = (max(32, int(prefix * scale)), int(suffix * scale), int(context * scale))
-    log.info("prompt budget %d+%d+%d tokens exceeds the model's %d-token window; using %d+%d+%d",
-             prefix, suffix, context, window, *fitted)
-    return fitted
-
-
-def choose_forward_path(model, options: EngineOptions):
-    """(path, why): the lean static-cache forward where it serves the model exactly (its
-    products routed as ``engine.numpy_products`` says, measured here when auto; its narrow
-    steps replayed from CUDA graphs as ``engine.cuda_graphs`` says), else
-    transformers' own (why says what stands in the way)."""
-    from specd.engine.fastpath import LeanForward, unsupported_reason
-
-    if not options.fast_forward:
-        return compat.HFForward(model), "engine.fast_forward is off"
-    reason = unsupported_reason(model)
-    if reason is not None:
-        return compat.HFForward(model), reason
-    lean = LeanForward(model, options.transposed_weights)
-    lean.host_products(options.numpy_products)
-    lean.use_graphs(options.cuda_graphs)
-    return lean, None
-
-
-# activations llama.cpp's graphs compute from an f16 table (ggml's GELU): other numerics, see below
-INEXACT_ON_LLAMACPP = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
-
-
-def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions):
-    """A ``LlamaCppForward`` for ``model`` (loaded from ``source``), on its GGUF file in the
-    cache (written and checked the first time), its KV cells sized from the cache budget."""
-    from specd.llamacpp.export import cached_gguf
-    from specd.llamacpp.forward import LlamaCppForward
-
-    if pair.device.type != "cpu":
-        raise ValueError(f"the llama.cpp forward runs on the CPU, the models are on {pair.device}")
-    model_type = getattr(model.config, "model_type", None)
-    activation = getattr(model.config, "hidden_act", None) or getattr(model.config, "activation_function", None)
-    if activation in INEXACT_ON_LLAMACPP:
-        # specd is lossless: its output is the target's own greedy. llama.cpp's graphs (gpt2,
-        # starcoder, gemma, gptneox) read gelu from an f16 table, which moved a 7.9M GPT-2's
-        # logits by up to 1.4 and flipped 14 of 1,100 argmaxes, and a random Gemma's greedy
-        # output in 3 of 40 bench completions (docs/llamacpp.md); the bench's llama.cpp peers still run.
-        raise ValueError(f"llama.cpp computes {model_type}'s gelu from an f16 table, so its greedy output is "
-                         "not always the target's own; specd stays lossless on torch")
-    types = {torch.float32: "f32", torch.float16: "f16"}
-    if pair.dtype not in types:
-        raise ValueError(f"weights in {pair.dtype}; the llama.cpp forward takes float32 or float16")
-    window = context_window(pair) or getattr(model.config, "max_position_embeddings", 4096)
-    path = LlamaCppForward(cached_gguf(source, types[pair.dtype]), budget_bytes=options.cache_budget_mb << 20,
-                           window=window, threads=torch.get_num_threads(), kv_bytes=pair.dtype.itemsize)
-    if options.llamacpp_prefill == "torch":
-        from specd.engine.fastpath import LeanForward, unsupported_reason
-
-        reason = unsupported_reason(model)
-        if reason is None:  # the loaded weights themselves: no copies ("off"), prefills are wide
-            path.use_torch_prefill(LeanForward(model, transposed_weights="off"))
-        else:
-            path.prefill_note = f"prefills on llama.cpp: no lean torch forward for this model ({reason})"
-    return path
+    def adopt(self, key: str, job: tuple[list[int], DocumentState]) -> None:
+        _, state = job
+        caches = self.engine.caches
+        old = caches.get(key)
+        if old is not None:  # keep what the typing-through continuation needs
+            state.carry_memory(old)
+        caches.put(key, state)
+        caches.enforce_budget(keep=key)
 
 
 def settle_heap() -> None:
@@ -686,10 +529,10 @@ def _backend(cfg) -> str:
 
 def load_engine(cfg):
     """The loaded engine ``model.backend`` names: the resident model pair (``Engine``), or a
-    serving engine behind an OpenAI-compatible endpoint (``specd.engine.remote.RemoteEngine``).
+    serving engine behind an OpenAI-compatible endpoint (``specd.engine.remote.engine.RemoteEngine``).
     Both fulfil the daemon's ``CompletionEngine``."""
     if _backend(cfg) == "remote":
-        from specd.engine.remote import RemoteEngine
+        from specd.engine.remote.engine import RemoteEngine
 
         return RemoteEngine.from_config(cfg)
     engine = Engine(EngineOptions.from_config(cfg))

@@ -1,4 +1,4 @@
-// specd-lsp's custom protocol, named once (the server defines the same strings in lsp/server.py).
+// specd-lsp's custom protocol, named once (the server defines the same strings in lsp/specd_lsp/server.py).
 
 /** Request (full status) and notification (sent on changes). */
 export const STATUS_METHOD = 'specd/status';

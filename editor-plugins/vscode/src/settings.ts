@@ -89,7 +89,7 @@ export function readSettings(config: ConfigurationLike): SpecdSettings {
 
 /**
  * specd-lsp's settings (its initializationOptions and didChangeConfiguration payload), camelCase
- * as lsp/options.py reads them. The server checks types and ranges itself and names any
+ * as lsp/specd_lsp/options.py reads them. The server checks types and ranges itself and names any
  * value it ignored in one message, so nothing is validated twice here.
  */
 export function serverSettings(settings: SpecdSettings): Record<string, unknown> {

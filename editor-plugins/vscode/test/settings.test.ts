@@ -6,7 +6,7 @@ import {
 import { fakeConfig } from './helpers';
 
 describe('settings → initializationOptions', () => {
-  test('defaults map to the server defaults, camelCase and nested as lsp/options.py reads them', () => {
+  test('defaults map to the server defaults, camelCase and nested as lsp/specd_lsp/options.py reads them', () => {
     assert.deepEqual(serverSettings(readSettings(fakeConfig())), {
       enable: true,
       triggerMode: 'automatic',

@@ -42,17 +42,15 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-from specd.engine.context import ContextSelector
-from specd.engine.corpus import Corpus
-from specd.engine.prompt import FimTemplate, Prompt, PromptBuilder, detect_family
-from specd.engine.stops import StopRules
+from specd.engine.front.context import ContextSelector
+from specd.engine.front.corpus import Corpus
+from specd.engine.front.prompt import FimTemplate, Prompt, PromptBuilder, detect_family
+from specd.engine.front.stops import StopRules
+from specd.engine.options import EngineOptions, context_window, fit_prompt_budget
 from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError
-
-if TYPE_CHECKING:
-    from specd.engine.engine import EngineOptions  # imported where used: that module loads torch
 
 log = logging.getLogger(__name__)
 
@@ -453,8 +451,6 @@ class RemoteEngine:
 
     @classmethod
     def from_config(cls, cfg) -> "RemoteEngine":
-        from specd.engine.engine import EngineOptions
-
         engine = cls(EngineOptions.from_config(cfg), RemoteOptions.from_config(cfg))
         engine.ensure_loaded()
         return engine
@@ -470,7 +466,6 @@ class RemoteEngine:
         what went wrong with it)."""
         if self.prompts is not None:
             return
-        from specd.engine.engine import fit_prompt_budget
         from specd.engine.models import load_tokenizer
 
         source = self.tokenizer_source or _demo_target()
@@ -479,7 +474,7 @@ class RemoteEngine:
         self.template = detect_family(self.tokenizer, source, self.options.fim_family)
         prefix, suffix, context = fit_prompt_budget(
             self.options.prefix_tokens, self.options.suffix_tokens, self.options.context_tokens,
-            _context_window(source), self.options.max_tokens)
+            context_window(source), self.options.max_tokens)
         self.prompts = PromptBuilder(self.tokenizer, self.template, prefix, suffix, context,
                                      layout=self.options.fim_layout)  # no healing vocabulary: healing off
         self.stop_ids = sorted(self.prompts.stop_ids())
@@ -715,8 +710,6 @@ class RemoteEngine:
 def doctor_report(cfg) -> tuple[bool, list[str]]:
     """``specd doctor``'s model section for the remote backend: the tokenizer loads, the server
     lists its models and writes a few tokens (with the times it took)."""
-    from specd.engine.engine import EngineOptions
-
     try:
         engine = RemoteEngine(EngineOptions.from_config(cfg), RemoteOptions.from_config(cfg))
         engine.ensure_loaded()
@@ -760,20 +753,6 @@ def _refused_ids(err: RemoteError) -> bool:
     lowered = err.detail.lower()
     return err.status not in (None, 401, 403, 404) and "prompt" in lowered \
         and any(word in lowered for word in ("string", "str", "type", "valid"))
-
-
-def _context_window(source: str) -> int | None:
-    """The model's window from files beside the tokenizer (``specd.json``'s trained_context,
-    else ``config.json``'s max_position_embeddings); None when neither is there."""
-    folder = Path(source).expanduser()
-    for name, key in (("specd.json", "trained_context"), ("config.json", "max_position_embeddings")):
-        try:
-            value = json.loads((folder / name).read_text(encoding="utf-8")).get(key)
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 def _demo_target() -> str:

@@ -19,10 +19,10 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from specd.engine.costs import Acceptance, ForwardCosts
-from specd.engine.drafters import EMPTY, SUGGESTED, ContinuationDrafter, Draft, DraftTree, LookupDrafter, ModelDrafter
-from specd.engine.kvcache import KVState, Rows, common_prefix
-from specd.engine.sampling import SamplingParams, probabilities
+from specd.engine.speculation.costs import Acceptance, ForwardCosts
+from specd.engine.speculation.drafters import EMPTY, SUGGESTED, ContinuationDrafter, Draft, DraftTree, LookupDrafter, ModelDrafter
+from specd.engine.caches import KVState, Rows, common_prefix
+from specd.engine.speculation.sampling import SamplingParams, probabilities
 from specd.engine.types import Cancelled, SourceStats
 
 PROBE_EVERY = 24  # steps without the draft model after which it is tried once, so its estimate can recover

@@ -12,9 +12,9 @@ from typing import Protocol, Sequence
 
 import torch
 
-from specd.engine.kvcache import KVState
+from specd.engine.caches import KVState
 from specd.engine.lookup import MAX_N, NgramIndex, candidates, lookup
-from specd.engine.sampling import SamplingParams, probabilities, sample
+from specd.engine.speculation.sampling import SamplingParams, probabilities, sample
 
 
 @dataclass

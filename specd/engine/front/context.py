@@ -19,9 +19,10 @@ Stability. The chunks sit at the head of the prompt: changing them costs a prefi
 prompt. So a document keeps its *active* chunk set across keystrokes, and a new set is computed
 only when the cursor's coarse region (``REGION_LINES`` lines) moves or the candidate pool
 changes (a buffer edited, opened or closed, a workspace file changed). When the new set differs,
-``warm_step`` (the engine's idle work) prefills a fresh KV state with it, in slices, and only
-then swaps it in: requests meanwhile use the old set and its still-valid cache, so no keystroke
-waits for a new context. Choosing itself is sliced too: the candidates' windows are computed a
+``warm_step`` (the engine's idle work) hands it to a ``Warmer`` (the local engine prefills a
+fresh KV state with it, in slices) and only then swaps it in: requests meanwhile use the old set
+and its still-valid cache, so no keystroke waits for a new context. Without a warmer (the remote
+engine: the server caches prefixes) a new set is swapped in at once. Choosing itself is sliced too: the candidates' windows are computed a
 few files per idle slice (and cached) before a proposal is made.
 """
 
@@ -34,7 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 from urllib.parse import unquote, urlparse
 
 from specd.engine.types import ContextChunk
@@ -56,7 +57,6 @@ SAME_DIRECTORY_BONUS = 1.15
 NEARBY_FILES = 48  # workspace files considered per proposal, nearest first
 MAX_FILE_CHARS = 200_000  # bigger candidates are only searched in their first part
 PROMPT_OVERHEAD_TOKENS = 32  # repo header and the current file's separator line
-WARM_PIECE_TOKENS = 256  # tokens prefilled per idle step while warming a new chunk set
 MAX_DOCUMENTS = 64  # documents whose chunk sets are remembered (LRU)
 MAX_WINDOW_CACHE = 512  # files whose windows are remembered (LRU)
 
@@ -147,9 +147,22 @@ class _Doc:
 class _Warming:
     key: str
     chunks: list[ContextChunk]
-    ids: list[int]  # the prompt (minus its last token) to prefill
-    state: Any  # the fresh DocumentState being filled
+    job: Any  # the warmer's work in progress (None without a warmer)
     region: int
+
+
+class Warmer(Protocol):
+    """Makes a new chunk set ready before it is swapped in: the local engine prefills a fresh KV
+    state with the document's prompt in slices, so the next request finds it warm."""
+
+    def begin(self, key: str, text: str, offset: int, chunks: list[ContextChunk], path: str | None) -> Any:
+        """Start warming the prompt for ``chunks``; the job ``advance`` and ``adopt`` take."""
+
+    def advance(self, job: Any, deadline: float) -> tuple[bool, int]:
+        """Warm until ``deadline``: (done, tokens warmed in this slice)."""
+
+    def adopt(self, key: str, job: Any) -> None:
+        """Swap the warmed job in for document ``key``."""
 
 
 class ContextSelector:
@@ -199,13 +212,12 @@ class ContextSelector:
     # -- idle work -------------------------------------------------------------------------
 
     def warm_step(self, *, open_docs: dict[str, str], corpus: Any, encode: Callable[[str], list[int]],
-                  prompt_ids: Callable[[str, str, int, list[ContextChunk], str | None], list[int]],
-                  caches: Any, new_state: Callable[[], Any], budget_s: float) -> bool:
+                  budget_s: float, warmer: Warmer | None = None) -> bool:
         """One slice of background work; True while more remains.
 
         ``open_docs``: uri -> text of the open buffers; ``corpus``: the workspace ``Corpus``;
-        ``prompt_ids(key, text, offset, chunks, path)``: the prompt's token ids; ``caches``: the
-        engine's ``CacheStore``; ``new_state()``: an empty ``DocumentState``.
+        ``warmer``: makes a changed chunk set ready before it is swapped in (None: swapped in at
+        once).
         """
         deadline = time.monotonic() + budget_s
         with self._lock:
@@ -230,24 +242,21 @@ class ContextSelector:
                 doc.chosen_region, doc.chosen_pool = doc.region, pool
                 if chunks == doc.active:
                     return True
-            ids = prompt_ids(key, text, offset, chunks, path)[:-1]
-            self._warming = _Warming(key, chunks, ids, new_state(), doc.region)
+            job = warmer.begin(key, text, offset, chunks, path) if warmer is not None else None
+            self._warming = _Warming(key, chunks, job, doc.region)
         warming = self._warming
-        before = len(warming.state.target.ids)
-        done = warming.state.prefill(warming.ids, deadline=deadline, piece=WARM_PIECE_TOKENS)
-        self.warm_tokens += len(warming.state.target.ids) - before
-        if not done:
-            return True
+        if warmer is not None:
+            done, warmed = warmer.advance(warming.job, deadline)
+            self.warm_tokens += warmed
+            if not done:
+                return True
         with self._lock:
             self._warming = None
             doc = self._docs.get(warming.key)
             if doc is None or doc.region != warming.region:
                 return True  # the cursor moved on meanwhile: a new proposal follows
-            old = caches.get(warming.key)
-            if old is not None:  # keep what the typing-through continuation needs
-                warming.state.carry_memory(old)
-            caches.put(warming.key, warming.state)
-            caches.enforce_budget(keep=warming.key)
+            if warmer is not None:
+                warmer.adopt(warming.key, warming.job)
             doc.active = warming.chunks
             self.switches += 1
         return True

@@ -66,7 +66,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
 
-from specd.engine.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
+from specd.engine.forward.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
 
 log = logging.getLogger(__name__)
 

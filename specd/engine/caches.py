@@ -17,6 +17,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specd.engine import compat
+from specd.engine.forward.path import ForwardPath
+from specd.engine.forward.transformers import HFForward
 from specd.engine.lookup import NgramIndex
 
 log = logging.getLogger(__name__)
@@ -30,19 +32,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-
-class ForwardPath(Protocol):
-    """How a model runs over its cache: ``compat.HFForward`` (every architecture) or
-    ``fastpath.LeanForward`` (Llama- and GPT-2-family models, a static cache)."""
-
-    name: str
-
-    def new_cache(self) -> Any: ...
-    def forward(self, input_ids: torch.Tensor, cache: Any, last_only: bool = False) -> torch.Tensor: ...
-    def crop(self, cache: Any, length: int) -> None: ...
-    def consistent(self, cache: Any, length: int) -> bool: ...
-    def nbytes(self, cache: Any) -> int: ...
 
 
 class Rows(Protocol):
@@ -128,7 +117,7 @@ class KVState:
     def __init__(self, model: PreTrainedModel, path: ForwardPath | None = None):
         self.model = model
         self.device = model.device
-        self.path = path if path is not None else compat.HFForward(model)
+        self.path = path if path is not None else HFForward(model)
         self.cache = self.path.new_cache()
         self.ids: list[int] = []
         self.forwards = 0
