@@ -42,10 +42,9 @@ def request_options(args) -> dict[str, Any]:
 
 
 def complete_locally(cfg, text: str, offset: int, path: Path, options: dict[str, Any]) -> dict[str, Any]:
-    from specd.engine import CompletionRequest
-    from specd.engine.engine import Engine
+    from specd.engine import CompletionRequest, load_engine
 
-    engine = Engine.from_config(cfg)
+    engine = load_engine(cfg)
     result = engine.complete(CompletionRequest(uri=path.resolve().as_uri(), text=text, offset=offset,
                                                path=str(path), **options))
     out = result.to_dict()

@@ -122,9 +122,9 @@ class SlowCapableEngine:
 
 
 def real(cfg: Any) -> SlowCapableEngine:
-    from specd.engine import Engine
+    from specd.engine import load_engine
 
-    return SlowCapableEngine(Engine.from_config(cfg))
+    return SlowCapableEngine(load_engine(cfg))
 
 
 class FreeDraftingEngine(SlowCapableEngine):
@@ -142,6 +142,6 @@ class FreeDraftingEngine(SlowCapableEngine):
 
 
 def real_free_drafting(cfg: Any) -> FreeDraftingEngine:
-    from specd.engine import Engine
+    from specd.engine import load_engine
 
-    return FreeDraftingEngine(Engine.from_config(cfg))
+    return FreeDraftingEngine(load_engine(cfg))

@@ -90,6 +90,6 @@ class OomEngine:
 
 
 def real_with_oom(cfg: Any) -> OomEngine:
-    from specd.engine import Engine
+    from specd.engine import load_engine
 
-    return OomEngine(Engine.from_config(cfg))
+    return OomEngine(load_engine(cfg))

@@ -31,7 +31,9 @@ from test_lsp_nvim import nvim  # noqa: F401  (the fixture: a Neovim with vim.ls
 from specd.client import Client
 from specd.demo import demo_pair_paths
 from specd.engine.remote import engine as remote
-from specd.engine.remote.engine import RemoteEngine, RemoteOptions, completions_url
+from specd.engine import load_engine
+from specd.engine.remote.client import RemoteOptions, completions_url
+from specd.engine.remote.engine import RemoteEngine
 from specd.engine.types import Cancelled, CompletionRequest, EngineError
 from specd.protocol import RpcError
 from specd_lsp.completion import context_at, postprocess
@@ -269,7 +271,7 @@ def test_cancel_and_supersede_close_the_stream_at_once_even_from_a_frozen_server
 
 
 def test_cancel_mid_stream_closes_it_and_the_server_serves_on(server, source, monkeypatch):
-    engine = RemoteEngine.from_config(_cfg(remote_config(server.url)))
+    engine = load_engine(_cfg(remote_config(server.url)))
     request = CompletionRequest(text=source, offset=cursor_in_body(source), **GREEDY)
     whole = engine.complete(request)
     cancel = threading.Event()
@@ -334,7 +336,7 @@ def test_refused_connection_a_killed_server_and_its_return(gguf, tmp_path):
 def test_a_server_killed_mid_stream_is_one_line_and_the_next_request_reconnects(gguf, tmp_path, source, monkeypatch):
     server = LlamaServer(gguf, tmp_path / "server.log").start()
     try:
-        engine = RemoteEngine.from_config(_cfg(remote_config(server.url)))
+        engine = load_engine(_cfg(remote_config(server.url)))
         request = CompletionRequest(text=source, offset=cursor_in_body(source), **GREEDY)
         whole = engine.complete(request)
         real_event_text = remote.event_text
@@ -518,7 +520,7 @@ def _cfg(values: dict):
 
 def test_token_ids_greedy_settings_and_the_served_model_name_are_sent(scripted):
     url = f"http://127.0.0.1:{scripted.server_address[1]}/v1"
-    engine = RemoteEngine.from_config(_cfg(remote_config(url, **{"model.remote_body": '{"top_k": 1, "seed": null}'})))
+    engine = load_engine(_cfg(remote_config(url, **{"model.remote_body": '{"top_k": 1, "seed": null}'})))
     result = engine.complete(CompletionRequest(text="def add(a, b):\n    return ", offset=26, max_tokens=8))
     assert result.text == "1 + 2\n" and result.stop_reason == "eos"
     body = scripted.bodies[-1]
@@ -538,7 +540,7 @@ def test_token_ids_greedy_settings_and_the_served_model_name_are_sent(scripted):
 ])
 def test_malformed_or_silent_streams_are_one_line(scripted, script, message):
     where = f"http://127.0.0.1:{scripted.server_address[1]}"
-    engine = RemoteEngine.from_config(_cfg(remote_config(where, **{"model.remote_read_timeout_ms": 500})))
+    engine = load_engine(_cfg(remote_config(where, **{"model.remote_read_timeout_ms": 500})))
     scripted.script = script
     with pytest.raises(EngineError) as failed:
         engine.complete(CompletionRequest(text="x = ", offset=4))
@@ -549,7 +551,7 @@ def test_malformed_or_silent_streams_are_one_line(scripted, script, message):
 
 def test_context_chunks_from_other_buffers_reach_the_remote_prompt(scripted):
     """Chosen in idle time by the local engine's ContextSelector, laid out by its PromptBuilder."""
-    engine = RemoteEngine.from_config(_cfg(remote_config(f"http://127.0.0.1:{scripted.server_address[1]}")))
+    engine = load_engine(_cfg(remote_config(f"http://127.0.0.1:{scripted.server_address[1]}")))
     helper = "def normalise_sku(code):\n    return code.strip().upper()\n"
     engine.open_document("file:///w/skus.py", helper)
     engine.open_document("file:///w/main.py", "from skus import normalise_sku\n\nsku = normalise_sku(")

@@ -25,16 +25,16 @@ from specd.bench.costs import format_forward_costs
 from specd.bench.peers import ABLATIONS, HF_PEERS, LLAMACPP_PEERS, PEERS, REFERENCE, Run
 
 SPECULATIVE_PEERS = ("hf_assisted", "hf_lookup")
-# Speed goals of issue 3 (engine), on the CPU where the bench runs.
+# The engine's speed goals, on the CPU where the bench runs: against HF's peers on edit replay.
 GOAL_WORKLOAD = "edit_replay"
 GOAL_TOKENS_PER_FORWARD = 2.5
 GOAL_VS_GREEDY = 2.0
 GOAL_VS_BEST_SPECULATIVE_PEER = 1.3
-# Issues 15/16: against llama.cpp on the same weights (greedy, prompt cache on).
+# Against llama.cpp on the same weights (greedy, prompt cache on).
 LLAMACPP_REFERENCE = "llamacpp"
 GOAL_VS_LLAMACPP_EDIT = 1.5
 GOAL_VS_LLAMACPP = 1.0
-# Issue 12: specd within 5% of, or faster than, each of its ablations (paired: see vs_ablations).
+# specd within 5% of, or faster than, each of its ablations (paired: see vs_ablations).
 GOAL_VS_ABLATION = 0.95
 
 
@@ -180,11 +180,10 @@ def quality(completions: list[str], expected: list[str]) -> dict[str, Any]:
 
 
 def goals(workloads: dict[str, Any]) -> list[dict[str, Any]]:
-    """The speed goals for ``specd``, checked where their issues set them. Issue 3: on the
-    edit-replay workload (completing lines of a file that already holds similar code), tokens per
-    forward and speed against HF peers that start cold. Issues 15/16: against ``llamacpp`` (what
+    """The speed goals for ``specd``. On the edit-replay workload (completing lines of a file that already holds similar code), tokens per
+    forward and speed against HF peers that start cold. Against ``llamacpp`` (what
     users would pick instead; greedy, prompt cache on), at least 1.5x on edit replay and 1.0x on
-    every other workload. Issue 12: within 5% of each ablation, paired (``vs_ablations``). A goal
+    every other workload. Within 5% of each ablation, paired (``vs_ablations``). A goal
     is met only when specd's outputs there are identical to the reference's and at least one of
     them is non-empty (``evidence``: completions with a non-empty reference that specd matched)."""
     out: list[dict[str, Any]] = []

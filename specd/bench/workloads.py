@@ -21,7 +21,7 @@ completions sharing a ``doc`` are successive requests on one editor buffer.
 How many completions (``--limit N``): N for ``line``, ``cold`` and ``multi_file``; for
 ``edit_replay``, max(2N, ``EDIT_REPLAY_MIN_REQUESTS`` = 24) requests (``edit_replay_requests``).
 A replayed region (one function) gives at most ``REPLAY_STEPS`` = 6 successive requests, so that
-is at least 4 regions: with N requests, as before, the default N = 12 gave 2 regions, and one
+is at least 4 regions: with N requests the default N = 12 would give 2 regions, and one
 function's quirks could decide the workload.
 
 Everything is drawn from ``random.Random`` seeded by (seed, workload name): the same flags

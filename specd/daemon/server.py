@@ -104,7 +104,7 @@ def load_engine(cfg: Any) -> CompletionEngine:
     if hook:
         module_name, _, attr = hook.partition(":")
         return getattr(importlib.import_module(module_name), attr)(cfg)
-    from specd.engine.engine import load_engine as load  # torch and transformers load here, in the worker thread
+    from specd.engine.loading import load_engine as load  # torch and transformers load here, in the worker thread
 
     return load(cfg)  # the resident pair, or a RemoteEngine for model.backend = "remote"
 

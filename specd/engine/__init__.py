@@ -13,14 +13,20 @@ from specd.engine.types import (
 
 __all__ = [
     "Cancelled", "CompletionRequest", "CompletionResult", "ContextChunk", "EngineError",
-    "ModelLoadError", "SourceStats", "Engine", "EngineOptions", "load_pair",
+    "ModelLoadError", "SourceStats", "Engine", "EngineOptions", "load_engine", "load_pair",
 ]
 
 
 def __getattr__(name):  # torch-heavy names load on first use, so the CLI starts fast
-    if name in ("Engine", "EngineOptions"):
-        from specd.engine import engine
-        return getattr(engine, name)
+    if name == "Engine":
+        from specd.engine.engine import Engine
+        return Engine
+    if name == "EngineOptions":
+        from specd.engine.options import EngineOptions
+        return EngineOptions
+    if name == "load_engine":
+        from specd.engine.loading import load_engine
+        return load_engine
     if name == "load_pair":
         from specd.engine.models import load_pair
         return load_pair

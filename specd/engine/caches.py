@@ -64,8 +64,8 @@ class DenseRows:
 
     def argmax(self, i: int) -> int:
         """On a GPU every row's argmax at the first call, in one kernel and one read (each row's
-        own read would be a device sync); on a CPU the row's own (reading all 17 rows of a long
-        verify cost 365 us here, the 3 a verify typically reads 91 us)."""
+        own read would be a device sync); on a CPU the row's own (a verify typically reads a few
+        of its rows, and reading them all costs several times more: docs/engine.md)."""
         if self.logits.device.type == "cpu":
             return int(self.logits[i].argmax())
         if self._argmax is None:

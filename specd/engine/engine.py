@@ -65,16 +65,6 @@ class Engine:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    @classmethod
-    def from_config(cls, cfg) -> "Engine":
-        """The loaded engine ``cfg`` names; for ``model.backend = "remote"`` that is not this
-        class but a ``RemoteEngine`` (see ``load_engine``)."""
-        if _backend(cfg) == "remote":
-            return load_engine(cfg)
-        engine = cls(EngineOptions.from_config(cfg))
-        engine.ensure_loaded()
-        return engine
-
     def _install(self, pair: ModelPair, paths: dict | None = None) -> None:
         self.pair = pair
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
@@ -486,11 +476,11 @@ class _CacheWarmer:
 def settle_heap() -> None:
     """Collect garbage, then take every object alive now out of the cyclic garbage collector's
     sight (``gc.freeze``). The loaded models, tokenizer, imported modules and lookup indexes live
-    as long as the engine: ~380k objects once torch and transformers are imported, and a full
-    collection that walks them all took 0.37-0.41 s here. CPython runs one whenever enough new
-    objects have survived since the last, so once every dozen cold completions or so one of them
-    waited 0.37 s for it. Frozen, they are skipped: later full collections walk only what came
-    after (``release`` unfreezes them before the models are dropped)."""
+    as long as the engine: hundreds of thousands of objects once torch and transformers are
+    imported, and a full collection walks them all. CPython runs one whenever enough new objects
+    have survived since the last, so now and then a cold completion would wait for it (the cost
+    measured: docs/engine.md). Frozen, they are skipped: later full collections walk only what
+    came after (``release`` unfreezes them before the models are dropped)."""
     gc.collect()
     gc.freeze()
 
@@ -521,20 +511,3 @@ def _load_from_options(options: EngineOptions) -> ModelPair:
                     "e.g. Qwen/Qwen2.5-Coder-1.5B with Qwen/Qwen2.5-Coder-0.5B as draft.", "config.toml")
         target, draft = str(paths[0]), draft or str(paths[1])
     return load_pair(target, draft or None, options.device, options.dtype, options.trust_remote_code)
-
-
-def _backend(cfg) -> str:
-    return cfg.section("model").get("backend", "local")
-
-
-def load_engine(cfg):
-    """The loaded engine ``model.backend`` names: the resident model pair (``Engine``), or a
-    serving engine behind an OpenAI-compatible endpoint (``specd.engine.remote.engine.RemoteEngine``).
-    Both fulfil the daemon's ``CompletionEngine``."""
-    if _backend(cfg) == "remote":
-        from specd.engine.remote.engine import RemoteEngine
-
-        return RemoteEngine.from_config(cfg)
-    engine = Engine(EngineOptions.from_config(cfg))
-    engine.ensure_loaded()
-    return engine

@@ -23,330 +23,30 @@ rules (single line, end of block) run on the streamed text and close the stream 
 Cancel, supersede and the time budget close the stream too, which servers take as "stop
 generating".
 
-HTTP: the standard library's ``http.client``, not httpx or requests. One request shape and a
-line-oriented event stream need little, and cancellation needs the socket itself: another thread
-(the daemon's cancel) must cut a read that is blocked waiting for the server, and
-``socket.shutdown`` does that at once, where the libraries offer no thread-safe way. The daemon
-gains no dependency. The connection is kept alive between requests that end cleanly.
+HTTP, the event stream and cancellation: ``specd.engine.remote.client``.
 """
 
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import socket
-import ssl
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Iterator
-from urllib.parse import urlsplit
+from typing import Any
 
-from specd.engine.front.context import ContextSelector
-from specd.engine.front.corpus import Corpus
-from specd.engine.front.prompt import FimTemplate, Prompt, PromptBuilder, detect_family
+from specd.engine.front.engine_front import EngineFront
+from specd.engine.front.prompt import FimTemplate, Prompt, PromptBuilder
 from specd.engine.front.stops import StopRules
-from specd.engine.options import EngineOptions, context_window, fit_prompt_budget
+from specd.engine.options import EngineOptions, context_window
+from specd.engine.remote.client import (RemoteClient, RemoteError, RemoteOptions, Stream, Watch,
+                                        event_text)
 from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
-COMPLETIONS_PATH = "/v1/completions"
-MODELS_PATH = "/v1/models"
 LATENCY_WINDOW = 100  # requests the latency figures cover
-CANCEL_POLL_S = 0.01  # how often a running request looks at its cancel flag and deadline
-ERROR_DETAIL_CHARS = 200  # of a server's error message, in the one line the user sees
-# Of an error response, read to find its message (a validation error may quote the whole prompt).
-ERROR_BODY_BYTES = 4 * 1024 * 1024
-ANONYMOUS = "<anonymous>"
-
-
-class RemoteError(EngineError):
-    """The remote server could not serve a completion; ``str(err)`` is one line for the editor."""
-
-    code = "engine_error"
-    status: int | None = None  # the HTTP status, when the server answered one
-    detail: str = ""  # the server's whole error message
-
-
-@dataclass(frozen=True)
-class RemoteOptions:
-    url: str
-    api_key: str = ""
-    model: str = ""
-    prompt: str = "auto"  # auto | tokens | text
-    connect_timeout_s: float = 3.0
-    read_timeout_s: float = 10.0
-    body: dict[str, Any] | None = None  # merged into each request (None values are dropped)
-
-    @classmethod
-    def from_config(cls, cfg) -> "RemoteOptions":
-        if not cfg["model.remote_url"]:
-            raise ModelLoadError("model.backend is remote but model.remote_url is empty; "
-                                 "set it to the server's base URL, e.g. http://gpu-box:8000")
-        body = cfg["model.remote_body"]
-        return cls(url=cfg["model.remote_url"], api_key=cfg["model.remote_api_key"], model=cfg["model.remote_model"],
-                   prompt=cfg["model.remote_prompt"], connect_timeout_s=cfg["model.remote_connect_timeout_ms"] / 1000,
-                   read_timeout_s=cfg["model.remote_read_timeout_ms"] / 1000, body=json.loads(body) if body else None)
-
-
-def completions_url(base: str) -> str:
-    """The completions endpoint of ``base``: a server root, its ``/v1``, or the endpoint itself."""
-    base = base.strip().rstrip("/")
-    if base.endswith(COMPLETIONS_PATH):
-        return base
-    return base + "/completions" if base.endswith("/v1") else base + COMPLETIONS_PATH
-
-
-# -- HTTP: one streamed completion ------------------------------------------------------------
-
-
-class _Stream:
-    """One request's response: server-sent events read off a connection the caller owns."""
-
-    def __init__(self, response: http.client.HTTPResponse):
-        self.response = response
-        self.done = False  # the server sent [DONE] (the connection may then be reused)
-
-    def events(self) -> Iterator[dict[str, Any]]:
-        """Each ``data:`` payload as JSON, until ``[DONE]`` or the end of the body. Comments
-        (``: ping``), ``event:`` and ``id:`` lines and blank separators are skipped."""
-        while True:
-            line = self.response.readline()
-            if not line:
-                return
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                self.done = True
-                return
-            try:
-                event = json.loads(data)
-            except ValueError:
-                raise RemoteError(f"remote backend: malformed stream from the server (not JSON: "
-                                  f"{data[:60].decode(errors='replace')!r})") from None
-            if not isinstance(event, dict):
-                raise RemoteError("remote backend: malformed stream from the server (an event that is not an object)")
-            yield event
-
-
-def event_text(event: dict[str, Any]) -> tuple[str, str | None]:
-    """(text, finish_reason) of one completion chunk; RemoteError when it is not shaped like one
-    (an ``error`` object mid-stream is the server's message)."""
-    if "error" in event:
-        error = event["error"]
-        message = error.get("message") if isinstance(error, dict) else error
-        raise RemoteError(f"remote backend: the server failed mid-completion: {_first_line(str(message))}")
-    choices = event.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
-            or not isinstance(choices[0].get("text", ""), str):
-        raise RemoteError("remote backend: malformed stream from the server (a chunk without choices[0].text)")
-    return choices[0].get("text") or "", choices[0].get("finish_reason")
-
-
-def _first_line(text: str) -> str:
-    """``text`` on one line (whitespace runs collapsed), cut at ``ERROR_DETAIL_CHARS``."""
-    line = " ".join(text.split())
-    return line if len(line) <= ERROR_DETAIL_CHARS else line[:ERROR_DETAIL_CHARS] + "..."
-
-
-def _error_detail(payload: bytes) -> str:
-    """The server's error message out of an error body (OpenAI, FastAPI or plain text), whole."""
-    try:
-        body = json.loads(payload)
-    except ValueError:
-        return payload.decode(errors="replace")
-    if isinstance(body, dict):
-        for value in (body.get("error"), body.get("detail"), body.get("message")):
-            if isinstance(value, dict):
-                value = value.get("message")
-            if value:
-                return str(value)
-    return str(body)
-
-
-class RemoteClient:
-    """POSTs to one OpenAI-compatible server and streams the answer. Used by one thread at a time
-    (the daemon's model worker); ``close`` may come from any."""
-
-    def __init__(self, options: RemoteOptions):
-        self.options = options
-        self.url = completions_url(options.url)
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ModelLoadError(f"model.remote_url {options.url!r} is not an http:// or https:// URL")
-        self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
-        self.path = parts.path or COMPLETIONS_PATH
-        self.root = self.path[: -len(COMPLETIONS_PATH)] if self.path.endswith(COMPLETIONS_PATH) else ""
-        self._conn: http.client.HTTPConnection | None = None
-        self.interrupted = False  # set by a request's _Watch when it cut the socket: no retry then
-
-    @property
-    def where(self) -> str:
-        return f"{self.scheme}://{self.host}" + (f":{self.port}" if self.port else "")
-
-    def _connect(self) -> http.client.HTTPConnection:
-        if self.scheme == "https":
-            conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.options.connect_timeout_s,
-                                               context=ssl.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=self.options.connect_timeout_s)
-        try:
-            conn.connect()
-        except OSError as err:
-            conn.close()
-            raise self._connection_error(err) from None
-        conn.sock.settimeout(self.options.read_timeout_s)
-        return conn
-
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-        if self.options.api_key:
-            headers["Authorization"] = f"Bearer {self.options.api_key}"
-        return headers
-
-    def request(self, method: str, path: str, body: dict[str, Any] | None = None) -> http.client.HTTPResponse:
-        """Send one request (on the kept-alive connection, or a new one when that went stale) and
-        return its response once the status line is in. Raises RemoteError for HTTP errors."""
-        payload = json.dumps(body).encode() if body is not None else None
-        for attempt in (0, 1):
-            fresh = self._conn is None
-            if fresh:
-                self._conn = self._connect()
-            if self.interrupted:
-                raise self._interrupted()
-            try:
-                self._conn.request(method, path, payload, self._headers())
-                response = self._conn.getresponse()
-                break
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as err:
-                self.close()
-                if self.interrupted:
-                    raise self._interrupted() from None
-                if fresh or attempt:  # a kept-alive connection the server closed meanwhile: once more
-                    raise self._connection_error(err) from None
-            except (OSError, http.client.HTTPException) as err:
-                self.close()
-                if self.interrupted:
-                    raise self._interrupted() from None
-                if isinstance(err, socket.timeout):  # connected, request sent, no status line in time
-                    raise RemoteError(f"remote backend: {self.where} sent nothing for "
-                                      f"{self.options.read_timeout_s:g} s (model.remote_read_timeout_ms)") from None
-                raise self._connection_error(err) from None
-        if response.status >= 400:
-            detail = _error_detail(response.read(ERROR_BODY_BYTES))
-            self.close()
-            raise self._http_error(response.status, response.reason, detail)
-        return response
-
-    def finish(self, stream: _Stream) -> None:
-        """After a stream: keep the connection for the next request only if it ended cleanly."""
-        if stream.done and not stream.response.will_close:
-            try:
-                stream.response.read()  # the chunked body's terminator
-                return
-            except (OSError, http.client.HTTPException):
-                pass
-        self.close()
-
-    def models(self) -> list[str]:
-        response = self.request("GET", self.root + MODELS_PATH)
-        try:
-            listed = json.loads(response.read())
-        except (ValueError, OSError, http.client.HTTPException):
-            self.close()
-            return []
-        data = listed.get("data") if isinstance(listed, dict) else None
-        return [m["id"] for m in data or [] if isinstance(m, dict) and isinstance(m.get("id"), str)]
-
-    # -- one-line errors ---------------------------------------------------------------------
-
-    def _interrupted(self) -> RemoteError:
-        return RemoteError(f"remote backend: the request to {self.where} was interrupted")
-
-    def _connection_error(self, err: BaseException) -> RemoteError:
-        where = self.where
-        if isinstance(err, ConnectionRefusedError):
-            why = "connection refused; is the server running?"
-        elif isinstance(err, socket.timeout):
-            why = f"no answer within {self.options.connect_timeout_s:g} s (model.remote_connect_timeout_ms)"
-        elif isinstance(err, socket.gaierror):
-            why = f"cannot resolve {self.host}"
-        elif isinstance(err, ssl.SSLError):
-            why = f"TLS failed: {err.reason or err}"
-        elif isinstance(err, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
-            why = "the server closed the connection"
-        else:
-            why = _first_line(str(err)) or type(err).__name__
-        return RemoteError(f"remote backend: cannot reach {where}: {why}")
-
-    def _http_error(self, status: int, reason: str, detail: str) -> RemoteError:
-        head = f"remote backend: {self.where} answered {status} {reason}".rstrip()
-        if status in (401, 403):
-            err = RemoteError(f"{head}: the API key was refused; check model.remote_api_key")
-        elif status == 404:
-            err = RemoteError(f"{head} for {self.path}: {_first_line(detail) or 'not found'}; check "
-                              f"model.remote_url and model.remote_model")
-        else:
-            err = RemoteError(f"{head}: {_first_line(detail)}" if detail.strip() else head)
-        err.status, err.detail = status, detail
-        return err
-
-
-class _Watch:
-    """Cuts the request's socket when ``cancel`` is set or ``deadline`` passes, so a read blocked
-    on the server returns at once. ``why`` says which happened (None: neither)."""
-
-    def __init__(self, client: RemoteClient, cancel: threading.Event | None, deadline: float):
-        self.client, self.cancel, self.deadline = client, cancel, deadline
-        self.budget_ms = (deadline - time.monotonic()) * 1000
-        self.why: str | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="specd-remote-watch", daemon=True)
-
-    def __enter__(self) -> "_Watch":
-        self.client.interrupted = False
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def check(self) -> None:
-        """Between events: the same decision without waiting for the watcher."""
-        if self.why is None:
-            self._decide()
-
-    def _decide(self) -> bool:
-        if self.cancel is not None and self.cancel.is_set():
-            self.why = "cancelled"
-        elif time.monotonic() >= self.deadline:
-            self.why = "time_budget"
-        return self.why is not None
-
-    def _run(self) -> None:
-        while not self._done.wait(CANCEL_POLL_S):
-            if self.why is not None or self._decide():
-                self.client.interrupted = True
-                conn = self.client._conn
-                sock = conn.sock if conn is not None else None
-                if sock is not None:
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-                return
 
 
 # -- stop rules on streamed text -----------------------------------------------------------------
@@ -375,31 +75,6 @@ class TextStops(StopRules):
 
 
 # -- the engine ----------------------------------------------------------------------------------
-
-
-class _NoKV:
-    """The KV state ``ContextSelector.warm_step`` fills: none here, the server caches prefixes."""
-
-    class _Ids:
-        ids: list[int] = []
-
-    def __init__(self) -> None:
-        self.target = self._Ids()
-        self.last_prefix = self.last_completion = ""
-
-    def prefill(self, ids: list[int], deadline: float, piece: int) -> bool:
-        return True
-
-
-class _NoCaches:
-    def get(self, key: str) -> None:
-        return None
-
-    def put(self, key: str, state: Any) -> None:
-        pass
-
-    def enforce_budget(self, keep: str | None = None) -> None:
-        pass
 
 
 class _Latency:
@@ -435,13 +110,8 @@ class RemoteEngine:
         self.client = RemoteClient(remote)
         self.tokenizer_source = tokenizer_source or options.target
         self.tokenizer = None
-        self.template: FimTemplate | None = None
-        self.prompts: PromptBuilder | None = None
-        self.context = ContextSelector(options.context_tokens)
-        self._corpus = Corpus()
-        self._docs: dict[str, str] = {}
-        self._anchors: dict[str, int] = {}
-        self._lock = threading.Lock()  # documents and counters: stats() reads them from other threads
+        self.front = EngineFront(options, track_edits=False)  # no idle prefill: the server caches prefixes
+        self._lock = threading.Lock()  # the counters: stats() reads them from other threads
         self._as_text = remote.prompt == "text"
         self._model_name: str | None = remote.model or None
         self._model_checked = bool(remote.model)
@@ -449,17 +119,23 @@ class RemoteEngine:
         self.requests = self.failures = self.cancelled = 0
         self.last_error: str | None = None
 
-    @classmethod
-    def from_config(cls, cfg) -> "RemoteEngine":
-        engine = cls(EngineOptions.from_config(cfg), RemoteOptions.from_config(cfg))
-        engine.ensure_loaded()
-        return engine
-
     # -- lifecycle -------------------------------------------------------------------------
 
     @property
     def loaded(self) -> bool:
         return self.prompts is not None
+
+    @property
+    def prompts(self) -> PromptBuilder | None:
+        return self.front.prompts
+
+    @property
+    def template(self) -> FimTemplate | None:
+        return self.front.template
+
+    @property
+    def context(self):
+        return self.front.context
 
     def ensure_loaded(self) -> None:
         """Load the tokenizer (the server is not asked: it may come up later; each request says
@@ -471,12 +147,7 @@ class RemoteEngine:
         source = self.tokenizer_source or _demo_target()
         self.tokenizer_source = source
         self.tokenizer = load_tokenizer(source, self.options.trust_remote_code)
-        self.template = detect_family(self.tokenizer, source, self.options.fim_family)
-        prefix, suffix, context = fit_prompt_budget(
-            self.options.prefix_tokens, self.options.suffix_tokens, self.options.context_tokens,
-            context_window(source), self.options.max_tokens)
-        self.prompts = PromptBuilder(self.tokenizer, self.template, prefix, suffix, context,
-                                     layout=self.options.fim_layout)  # no healing vocabulary: healing off
+        self.front.install(self.tokenizer, source, context_window(source))  # no healing vocabulary: healing off
         self.stop_ids = sorted(self.prompts.stop_ids())
         self.stop_texts = sorted({self.tokenizer.convert_ids_to_tokens(i) for i in self.stop_ids} - {None})
         log.info("remote backend: %s, tokenizer %s, FIM family %s (%s layout)", self.client.url, source,
@@ -489,47 +160,28 @@ class RemoteEngine:
     # -- documents -------------------------------------------------------------------------
 
     def open_document(self, uri: str, text: str) -> None:
-        with self._lock:
-            self._docs[uri] = text
+        self.front.documents.open(uri, text)
 
     def update_document(self, uri: str, text: str, cursor: int | None = None) -> None:
-        self.open_document(uri, text)
+        self.front.documents.update(uri, text, cursor)
 
     def close_document(self, uri: str) -> None:
-        with self._lock:
-            self._docs.pop(uri, None)
-            self._anchors.pop(uri, None)
-        self.context.forget(uri)
+        self.front.close_document(uri)
 
     def set_corpus_file(self, name: str, text: str | None) -> None:
         """Workspace files: candidates for the prompt's context chunks (no lookup index here)."""
-        self._corpus.set(name, text)
+        self.front.corpus.set(name, text)
 
     def warm_context(self, budget_s: float) -> bool:
         """Idle work: choose the latest document's context chunks, as the local engine does
         (nothing to prefill: the server's prefix cache fills on the next request)."""
-        if self.prompts is None or not self.options.auto_context or not self.template.file_sep:
-            return False
-        with self._lock:
-            open_docs = dict(self._docs)
-        self.context.budget_tokens = self.prompts.extra_tokens
-        return self.context.warm_step(
-            open_docs=open_docs, corpus=self._corpus, encode=self.prompts.encode,
-            prompt_ids=lambda key, text, offset, chunks, path: self.prompts.build(
-                text, offset, chunks, path, self._anchors.get(key), heal=False).ids,
-            caches=_NoCaches(), new_state=_NoKV, budget_s=budget_s)
+        return self.front.warm_context(budget_s)
 
     # -- prompts ---------------------------------------------------------------------------
 
     def build_prompt(self, uri: str | None, text: str, offset: int, chunks=None, path: str | None = None) -> Prompt:
         """The document's prompt, as ``Engine.build_prompt`` builds it, without token healing."""
-        with self._lock:
-            previous = self._anchors.get(uri) if uri else None
-        prompt = self.prompts.build(text, offset, chunks, path, previous, heal=False)
-        if uri and self.prompts.anchored:
-            with self._lock:
-                self._anchors[uri] = prompt.anchor
-        return prompt
+        return self.front.build_prompt(uri, text, offset, chunks, path, heal=False)
 
     def _body(self, req: CompletionRequest, prompt: list[int] | str, max_tokens: int) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -554,13 +206,7 @@ class RemoteEngine:
 
     def complete(self, req: CompletionRequest, cancel: threading.Event | None = None) -> CompletionResult:
         self.ensure_loaded()
-        with self._lock:
-            text = req.text if req.text is not None else (self._docs.get(req.uri) if req.uri else None)
-        if text is None:
-            raise EngineError(f"document {req.uri!r} is not open and no text was given")
-        offset = len(text) if req.offset is None else req.offset
-        if not 0 <= offset <= len(text):
-            raise EngineError(f"cursor offset {offset} is out of range 0..{len(text)}")
+        text, offset = self.front.resolve(req)
         started = time.monotonic()
         try:
             result = self._complete(req, text, offset, cancel, started)
@@ -582,16 +228,11 @@ class RemoteEngine:
 
     def _complete(self, req: CompletionRequest, text: str, offset: int, cancel: threading.Event | None,
                   started: float) -> CompletionResult:
-        chunks = req.extra_context
-        if not chunks and req.uri and self.options.auto_context:
-            chunks = self.context.chunks_for(req.uri, text, offset, req.path or req.uri)
-        prompt = self.build_prompt(req.uri, text, offset, chunks, req.path or req.uri)
-        if not prompt.ids:
-            raise EngineError("empty prompt: nothing before the cursor and no FIM template to frame it")
+        prompt = self.front.request_prompt(req, text, offset, heal=False)
         budget_s = (self.options.time_budget_ms if req.time_budget_ms is None else req.time_budget_ms) / 1000
         max_tokens = max(1, self.options.max_tokens if req.max_tokens is None else req.max_tokens)
         stops = TextStops(self.stop_texts, req.single_line, prompt.indent if req.stop_at_block_end else None)
-        with _Watch(self.client, cancel, started + budget_s) as watch:
+        with Watch(self.client, cancel, started + budget_s) as watch:
             prompt_ids, stream = self._open(req, prompt.ids, max_tokens, watch)
             finish = stop_reason = first_token_s = None
             lost: BaseException | None = None
@@ -629,7 +270,7 @@ class RemoteEngine:
         )
 
     def _open(self, req: CompletionRequest, ids: list[int], max_tokens: int,
-              watch: _Watch) -> tuple[list[int], _Stream]:
+              watch: Watch) -> tuple[list[int], Stream]:
         """Send the prompt (ids, or text when the server takes only strings); the ids the server
         sees (text: what the same tokenizer makes of it) and the response's stream."""
         try:
@@ -647,7 +288,7 @@ class RemoteEngine:
                 prompt, seen = list(ids), list(ids)
             try:
                 response = self.client.request("POST", self.client.path, self._body(req, prompt, max_tokens))
-                return seen, _Stream(response)
+                return seen, Stream(response)
             except RemoteError as err:
                 self._raise_if_watched(watch)
                 if self._as_text or self.remote.prompt != "auto" or not _refused_ids(err):
@@ -656,7 +297,7 @@ class RemoteEngine:
                             "on (set model.remote_prompt = \"text\" to skip this try)", err)
                 self._as_text = True
 
-    def _raise_if_watched(self, watch: _Watch) -> None:
+    def _raise_if_watched(self, watch: Watch) -> None:
         """A request that failed because the watch cut it: say why (cancel, time budget)."""
         watch.check()
         if watch.why == "cancelled":
@@ -688,7 +329,6 @@ class RemoteEngine:
     def stats(self) -> dict[str, Any]:
         with self._lock:
             latency = self.latency.describe()
-            documents = len(self._docs)
             remote = {"url": self.client.url, "model": self._model_name, "requests": self.requests,
                       "failed": self.failures, "cancelled": self.cancelled, "last_error": self.last_error,
                       "prompt": "text" if self._as_text else "tokens", "token_healing": False, **latency}
@@ -698,10 +338,7 @@ class RemoteEngine:
             "models": {"target": f"{self._model_name or 'remote model'} at {self.client.where}", "draft": None,
                        "tokenizer": self.tokenizer_source},
             "device": describe_remote(remote),
-            "fim_family": self.template.name if self.template else None,
-            "documents": documents,
-            "corpus_files": len(self._corpus),
-            "context": self.context.stats(),
+            **self.front.stats(),
             "requests": remote["requests"],
             "remote": remote,
         }
@@ -763,4 +400,3 @@ def _demo_target() -> str:
         raise ModelLoadError("model.backend is remote and model.target is empty: set model.target to the "
                              "served model's tokenizer (a local folder or hub id)")
     return str(paths[0])
-

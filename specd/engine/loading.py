@@ -1,0 +1,23 @@
+"""The one factory: the loaded engine a configuration names."""
+
+from __future__ import annotations
+
+
+def load_engine(cfg):
+    """The loaded engine ``model.backend`` names: the resident model pair (``Engine``), or a
+    serving engine behind an OpenAI-compatible endpoint (``RemoteEngine``). Both fulfil the
+    daemon's ``CompletionEngine``. torch and transformers load here (the local engine only)."""
+    from specd.engine.options import EngineOptions
+
+    options = EngineOptions.from_config(cfg)
+    if cfg.section("model").get("backend", "local") == "remote":
+        from specd.engine.remote.client import RemoteOptions
+        from specd.engine.remote.engine import RemoteEngine
+
+        engine = RemoteEngine(options, RemoteOptions.from_config(cfg))
+    else:
+        from specd.engine.engine import Engine
+
+        engine = Engine(options)
+    engine.ensure_loaded()
+    return engine
