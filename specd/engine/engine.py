@@ -17,9 +17,8 @@ from typing import Any, Callable
 import torch
 
 from specd.engine import compat
-from specd.engine.front.context import ContextSelector
-from specd.engine.front.corpus import Corpus, OpenBuffers
-from specd.engine.front.engine_front import EngineFront
+from specd.engine.front.corpus import OpenBuffers
+from specd.engine.front.engine_front import EngineFront, Fronted
 from specd.engine.speculation.costs import calibrate
 from specd.engine.speculation.decode import MERGED_PREFILL, TREE_BRANCHES, DraftPlanner, PlannerMemory, speculative_decode
 from specd.engine.speculation.healing import HealingConstraint, HealingVocabulary
@@ -29,7 +28,7 @@ from specd.engine.lookup import NgramIndex
 from specd.engine.forward.choose import choose_forward_path, llamacpp_forward
 from specd.engine.models import ModelPair, load_pair
 from specd.engine.options import FORWARD_OPTIONS, EngineOptions, context_window
-from specd.engine.front.prompt import FimTemplate, Prompt, PromptBuilder
+from specd.engine.front.prompt import Prompt
 from specd.engine.speculation.sampling import SamplingParams
 from specd.engine.front.stops import StopRules
 from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, SourceStats
@@ -43,7 +42,7 @@ ANONYMOUS = "<anonymous>"
 SUGGESTION_LEAD = 8  # prompt tokens indexed before each remembered completion, so its start matches too
 
 
-class Engine:
+class Engine(Fronted):
     def __init__(self, options: EngineOptions, pair: ModelPair | None = None,
                  loader: Callable[[EngineOptions], ModelPair] | None = None, paths: dict | None = None):
         """``paths``: forward paths to run ``pair`` on, built by another engine on the same pair
@@ -226,30 +225,11 @@ class Engine:
     def _new_state(self) -> DocumentState:
         return DocumentState(self._kv("target"), self._kv("draft") if self.pair.draft is not None else None)
 
-    def document_text(self, uri: str) -> str | None:
-        return self.front.documents.text(uri)
-
     def _lookup_sources(self, current: str | None) -> list[tuple[str, NgramIndex]]:
         sources = [("lookup:open", index) for index in self._buffers.indexes(current, self.prompts.encode)]
         return sources + [("lookup:workspace", index) for index in self.corpus.indexes()]
 
     # -- prompts ---------------------------------------------------------------------------
-
-    @property
-    def prompts(self) -> PromptBuilder | None:
-        return self.front.prompts
-
-    @property
-    def template(self) -> FimTemplate | None:
-        return self.front.template
-
-    @property
-    def context(self) -> ContextSelector:
-        return self.front.context
-
-    @property
-    def corpus(self) -> Corpus:
-        return self.front.corpus
 
     def build_prompt(self, uri: str | None, text: str, offset: int, chunks=None, path: str | None = None,
                      heal: bool | None = None) -> Prompt:

@@ -96,3 +96,29 @@ class EngineFront:
     def stats(self) -> dict[str, Any]:
         return {"fim_family": self.template.name if self.template else None, "documents": len(self.documents),
                 "corpus_files": len(self.corpus), "context": self.context.stats()}
+
+
+class Fronted:
+    """What an engine with an ``EngineFront`` shows of it: the prompt builder, the FIM template,
+    the context selector and the workspace corpus, read by the bench, ``specd eval`` and tests."""
+
+    front: EngineFront
+
+    @property
+    def prompts(self) -> PromptBuilder | None:
+        return self.front.prompts
+
+    @property
+    def template(self) -> FimTemplate | None:
+        return self.front.template
+
+    @property
+    def context(self) -> ContextSelector:
+        return self.front.context
+
+    @property
+    def corpus(self) -> Corpus:
+        return self.front.corpus
+
+    def document_text(self, uri: str) -> str | None:
+        return self.front.documents.text(uri)

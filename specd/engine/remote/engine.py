@@ -36,8 +36,8 @@ import time
 from collections import deque
 from typing import Any
 
-from specd.engine.front.engine_front import EngineFront
-from specd.engine.front.prompt import FimTemplate, Prompt, PromptBuilder
+from specd.engine.front.engine_front import EngineFront, Fronted
+from specd.engine.front.prompt import Prompt
 from specd.engine.front.stops import StopRules
 from specd.engine.options import EngineOptions, context_window
 from specd.engine.remote.client import (RemoteClient, RemoteError, RemoteOptions, Stream, Watch,
@@ -101,7 +101,7 @@ class _Latency:
         return {"first_token_ms": self._summary(self.first_token), "total_ms": self._summary(self.total)}
 
 
-class RemoteEngine:
+class RemoteEngine(Fronted):
     """A ``CompletionEngine`` whose completions come from a remote server (module docstring)."""
 
     def __init__(self, options: EngineOptions, remote: RemoteOptions, tokenizer_source: str = ""):
@@ -124,18 +124,6 @@ class RemoteEngine:
     @property
     def loaded(self) -> bool:
         return self.prompts is not None
-
-    @property
-    def prompts(self) -> PromptBuilder | None:
-        return self.front.prompts
-
-    @property
-    def template(self) -> FimTemplate | None:
-        return self.front.template
-
-    @property
-    def context(self):
-        return self.front.context
 
     def ensure_loaded(self) -> None:
         """Load the tokenizer (the server is not asked: it may come up later; each request says
