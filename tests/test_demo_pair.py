@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from specd.demo import DEMO_DIR, demo_pair_paths  # noqa: E402
 from specd.demo.heldout import HELDOUT_MODULES, heldout_files, stdlib_dir, training_files  # noqa: E402
-from specd.demo.train import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, SPECIAL_TOKENS  # noqa: E402
+from specd.demo.data import FIM_MIDDLE, FIM_PREFIX, FIM_SUFFIX, SPECIAL_TOKENS  # noqa: E402
 
 # Shipped-size bounds from the design: small enough to live in the wheel.
 TARGET_PARAMS = (6e6, 10e6)

@@ -12,9 +12,8 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from specd.demo import demo_pair_paths  # noqa: E402
-from specd.demo.train import (  # noqa: E402
-    ARCHS, FIM_FORMATS, PRESETS, SPECIAL_TOKENS, Settings, add_arguments, settings_from_args, train,
-)
+from specd.demo.data import FIM_FORMATS, SPECIAL_TOKENS  # noqa: E402
+from specd.demo.train import ARCHS, PRESETS, Settings, add_arguments, settings_from_args, train  # noqa: E402
 from specd.engine.front.prompt import TEMPLATES, detect_family  # noqa: E402
 from specd.engine.types import CompletionRequest  # noqa: E402
 
@@ -151,7 +150,7 @@ def test_repo_samples_put_chunks_first_in_the_engines_format_with_a_twin_of_the_
     import random
     import re
 
-    from specd.demo.train import SampleMaker, train_tokenizer
+    from specd.demo.data import SampleMaker, train_tokenizer
 
     files = [(f"pkg/mod{n}.py", "".join(f"def func{n}_{k}(value):\n    return value * {k} + {n}\n\n\n"
                                          for k in range(30))) for n in range(6)]
