@@ -1,4 +1,5 @@
-"""Run the real daemon (``python -m specd serve``) as a subprocess in private XDG dirs."""
+"""Run the real daemon (``python -m specd serve``) as a subprocess in private XDG dirs; and
+the buffers' operations on cursors and edits as a client sends them (parsed, then applied)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,25 @@ from pathlib import Path
 from typing import Any
 
 from specd.client import Client, DaemonUnavailable
+from specd.daemon import buffers
+from specd.daemon.params import parse_cursor, parse_edits
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
+
+
+def resolve_cursor(index: buffers.TextIndex, cursor: Any, encoding: Any = None) -> int:
+    """A cursor in wire form -> its code-point offset in ``index.text``."""
+    return buffers.locate(index, parse_cursor(cursor, encoding))
+
+
+def edit_index(index: buffers.TextIndex, edits: list[Any], encoding: str) -> buffers.TextIndex:
+    """Edits in wire form applied in order to ``index``'s text."""
+    return buffers.edit_index(index, parse_edits(edits, encoding))
+
+
+def apply_edits(text: str, edits: list[Any], encoding: str) -> str:
+    return edit_index(buffers.TextIndex(text), edits, encoding).text
 
 
 def base_env(root: Path, engine: str = "fake", config: dict[str, Any] | None = None,

@@ -24,10 +24,10 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from daemon_helpers import DaemonProcess, free_port, raw_connect, read_all, wait_for
+from daemon_helpers import DaemonProcess, apply_edits, edit_index, free_port, raw_connect, read_all, resolve_cursor, wait_for
 from specd.client import Client
 from specd.daemon import scheduler as scheduler_module
-from specd.daemon.buffers import TextIndex, apply_edits, edit_index, resolve_cursor
+from specd.daemon.buffers import TextIndex
 from specd.daemon.listeners import RuntimeLock, StartupError, prepare_private_dir
 from specd.daemon.scheduler import CompletionQueue
 from specd.daemon.worker import Job
@@ -368,13 +368,13 @@ def test_long_uris_are_refused(tmp_path):
 
 
 def test_unauthenticated_tcp_cannot_lock_the_owner_out(tmp_path):
-    from specd.daemon import server
+    from specd.daemon import admission
 
     port = free_port()
     with LocalDaemon(tmp_path, tcp=f"127.0.0.1:{port}", token="s3cret") as d:
-        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(server.MAX_PREAUTH_CONNECTIONS)]
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(admission.MAX_PREAUTH_CONNECTIONS)]
         try:
-            wait_for(lambda: len(d.daemon.connections) == server.MAX_PREAUTH_CONNECTIONS, 5, message="pre-auth connections")
+            wait_for(lambda: len(d.daemon.connections) == admission.MAX_PREAUTH_CONNECTIONS, 5, message="pre-auth connections")
             with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
                 refused = replies(read_all(extra, timeout=5))
             assert refused and refused[0][2][0]["code"] == "too_many_connections"
@@ -386,12 +386,12 @@ def test_unauthenticated_tcp_cannot_lock_the_owner_out(tmp_path):
 
 
 def test_pre_auth_messages_are_small_and_hello_has_a_deadline(tmp_path):
-    from specd.daemon import server
+    from specd.daemon import admission
 
     port = free_port()
     with LocalDaemon(tmp_path, tcp=f"127.0.0.1:{port}", token="s3cret", hello_deadline_s=0.5) as d:
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-            sock.sendall(pack([0, 1, "hello", [{"client": "x" * (server.PREAUTH_MAX_FRAME_BYTES + 10)}]]))
+            sock.sendall(pack([0, 1, "hello", [{"client": "x" * (admission.PREAUTH_MAX_FRAME_BYTES + 10)}]]))
             got = replies(read_all(sock, timeout=5))
         assert got[-1][2][0]["code"] == "frame_too_large"
         with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
@@ -400,13 +400,13 @@ def test_pre_auth_messages_are_small_and_hello_has_a_deadline(tmp_path):
             assert time.monotonic() - started < 5
         assert replies(data)[-1][2][0]["code"] == "unauthorized" and "within 0.5 s" in replies(data)[-1][2][0]["message"]
         with Client.connect_tcp("127.0.0.1", port, token="s3cret") as c:  # a large message once authenticated
-            assert c.request("status", {"pad": "x" * (server.PREAUTH_MAX_FRAME_BYTES * 2)})["state"] == "ready"
+            assert c.request("status", {"pad": "x" * (admission.PREAUTH_MAX_FRAME_BYTES * 2)})["state"] == "ready"
 
 
 def test_wrong_tokens_back_off(tmp_path, monkeypatch):
-    from specd.daemon import server
+    from specd.daemon import admission
 
-    monkeypatch.setattr(server, "AUTH_BACKOFF_BASE_S", 0.2)
+    monkeypatch.setattr(admission, "AUTH_BACKOFF_BASE_S", 0.2)
     port = free_port()
     with LocalDaemon(tmp_path, tcp=f"127.0.0.1:{port}", token="s3cret"):
         waits = []

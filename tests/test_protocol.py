@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specd.daemon.buffers import BufferStore, TextIndex, apply_edits, resolve_cursor
+from daemon_helpers import apply_edits, resolve_cursor
+from specd.daemon.buffers import BufferStore, TextIndex
+from specd.daemon.params import parse_edits
 from specd.protocol import (
     ErrorCode,
     FrameDecoder,
@@ -282,11 +284,11 @@ def test_store_limits_versions_owners():
         store.open("c", "é" * 6, 0, owner=1)  # 12 bytes of UTF-8, 6 characters
     assert info.value.code == "document_too_large"
     with pytest.raises(RpcError) as info:
-        store.change("a", 1, None, "x", "utf-32")
+        store.change("a", 1, None, "x")
     assert info.value.code == "stale_version"
-    assert store.change("a", None, [{"start": 3, "end": 3, "text": "4"}], None, "utf-32").version == 2
+    assert store.change("a", None, parse_edits([{"start": 3, "end": 3, "text": "4"}], "utf-32"), None).version == 2
     with pytest.raises(RpcError):
-        store.change("a", 3, [{"start": 0, "end": 0, "text": "x" * 20}], None, "utf-32")
+        store.change("a", 3, parse_edits([{"start": 0, "end": 0, "text": "x" * 20}], "utf-32"), None)
     assert store.get("a").text == "1234" and store.get("a").version == 2  # unchanged by the failure
     assert store.release_owner(1) == ["b"]  # "a" is still held by owner 2
     assert store.close("a", owner=2) is True and len(store) == 0

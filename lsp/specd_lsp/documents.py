@@ -1,39 +1,24 @@
 """The editor's open documents as specd-lsp holds them, and their edits as the daemon takes them.
 
-specd-lsp keeps its own copy (not pygls's workspace, whose line splitting differs from LSP's
-and the daemon's) because it needs the text around the cursor for post-processing and the
-type-through cache. Each LSP content change is applied here first; the same change goes to
+specd-lsp keeps its own copy of each document, a mirror of the editor's across the process
+boundary (not pygls's workspace, whose line splitting differs from LSP's and the daemon's),
+because it needs the text around the cursor for post-processing and the type-through cache; the
+document model itself (text, version, position index) is ``specd.protocol.documents``, the
+daemon's too. Each LSP content change is applied here first; the same change goes to
 the daemon as a code-point ``{start, end, text}`` edit computed on the same text, so both
 copies agree whatever the negotiated position encoding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from specd_lsp.positions import DEFAULT_ENCODING, TextIndex
+from specd.protocol.documents import Document as TextDocument
+from specd_lsp.positions import DEFAULT_ENCODING
 
 
-@dataclass
-class Document:
-    uri: str
-    text: str
-    version: int
-    language: str | None = None
-    _index: TextIndex | None = field(default=None, repr=False)
-
-    @property
-    def index(self) -> TextIndex:
-        if self._index is None or self._index.text is not self.text:
-            self._index = TextIndex(self.text)
-        return self._index
-
-    def offset(self, line: int, character: int, encoding: str = DEFAULT_ENCODING) -> int:
-        return self.index.offset(line, character, encoding)
-
-    def position(self, offset: int, encoding: str = DEFAULT_ENCODING) -> tuple[int, int]:
-        return self.index.position(offset, encoding)
+class Document(TextDocument):
+    """An open document (the shared model) that takes LSP content changes."""
 
     def apply(self, change: Any, encoding: str = DEFAULT_ENCODING) -> dict[str, Any]:
         """Apply one LSP content change; return it as the daemon's edit (code-point offsets).
@@ -52,8 +37,7 @@ class Document:
             start, end = end, start
         # The line index is carried to the new text (only the touched lines rescanned), so a
         # didChange with 1,000 content changes ("replace all") is one pass, not 1,000 scans.
-        self._index = self.index.replace(start, end, new_text)
-        self.text = self._index.text
+        self.replace(start, end, new_text)
         return {"start": start, "end": end, "text": new_text}
 
 

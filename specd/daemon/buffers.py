@@ -1,21 +1,23 @@
-"""Open documents: text + version, full or ranged edits, and cursor conversion.
+"""Open documents: the store, typed edits applied to them, and cursors resolved in them.
 
 Everything here runs on the daemon's event loop; nothing is shared with the worker thread
-except immutable ``str`` snapshots. Positions follow LSP: lines are split at ``\\r\\n``, ``\\r``
-or ``\\n``, lines and characters count from 0, a character past the end of its line means the
-end of the line, and the unit of ``character`` is chosen per request (utf-32 = code points,
-utf-16 = LSP's default, utf-8 = bytes as Neovim counts columns).
+except immutable ``str`` snapshots. Documents are ``specd.protocol.documents.Document``, the
+model specd-lsp uses too, over an index that refuses positions outside the text. Positions
+follow LSP: lines are split at ``\\r\\n``, ``\\r`` or ``\\n``, lines and characters count from
+0, a character past the end of its line means the end of the line, and the unit of
+``character`` is chosen per request (utf-32 = code points, utf-16 = LSP's default, utf-8 =
+bytes as Neovim counts columns). Values come parsed (``params``): nothing here reads a wire map.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Iterable
 
-from specd.daemon.params import check_encoding, check_int, param_error
+from specd.daemon.params import ByteCursor, Cursor, Edit, LineCursor, OffsetCursor, OffsetEdit, RangeEdit, WholeText
+from specd.protocol.documents import Document as TextDocument
 from specd.protocol.errors import ErrorCode, RpcError
-from specd.protocol.positions import LINE_BREAK  # noqa: F401  (re-exported)
 from specd.protocol.positions import TextIndex as SharedTextIndex
 from specd.protocol.positions import scan_line_starts
 
@@ -27,7 +29,8 @@ def utf8_size(text: str, limit: int) -> int:
     return len(text.encode("utf-8", errors="surrogatepass"))
 
 
-__all__ = ["BufferStore", "Document", "TextIndex", "apply_edits", "check_encoding", "edit_index", "index_in_steps", "resolve_cursor", "utf8_size"]
+__all__ = ["BufferStore", "Document", "TextIndex", "apply_edit", "apply_edits", "edit_end", "edit_index",
+           "index_in_steps", "locate", "utf8_size"]
 
 
 class TextIndex(SharedTextIndex):
@@ -62,10 +65,10 @@ class TextIndex(SharedTextIndex):
 
 
 # Texts above this many characters get their line index built in steps (``index_in_steps``),
-# the event loop serving others between them; below it, building at once costs one step. (At
-# 1 MiB, building at once took 24-36 ms: the first edit of a change stalled the loop that long,
-# as the index is otherwise built on first use.)
-INDEX_STEP_CHARS = 256 * 1024  # one step: ~6 ms of scanning
+# the event loop serving others between them; below it, building at once costs one step. The
+# index is otherwise built on first use, which would stall the loop for the first edit of a
+# change to a large text.
+INDEX_STEP_CHARS = 256 * 1024  # characters scanned in one step
 STEPWISE_INDEX_CHARS = INDEX_STEP_CHARS
 
 
@@ -82,103 +85,64 @@ async def index_in_steps(text: str) -> TextIndex:
     return index
 
 
-def resolve_cursor(index: TextIndex, cursor: Any, encoding: Any = None) -> int:
-    """A cursor in any accepted form -> code-point offset into ``index.text``.
-
-    Accepted: an integer (code-point offset); ``{"offset": n}``; ``{"byte_offset": n}``;
-    ``{"line": l, "character": c}`` or ``{"line": l, "col": c}`` with an optional
-    ``"encoding"`` (utf-32 default, utf-16, utf-8).
-    """
-    if isinstance(cursor, int) and not isinstance(cursor, bool):
-        return index.char_offset(cursor)
-    if not isinstance(cursor, dict):
-        raise param_error("cursor must be an integer offset or a map (offset, byte_offset, or line + character)")
-    encoding = check_encoding(cursor.get("encoding", encoding))
-    if "offset" in cursor:
-        return index.char_offset(check_int(cursor["offset"], "cursor.offset"))
-    if "byte_offset" in cursor:
-        return index.byte_offset_to_char(check_int(cursor["byte_offset"], "cursor.byte_offset"))
-    if "line" in cursor:
-        character = cursor.get("character", cursor.get("col"))
-        if character is None:
-            raise param_error("cursor with a line needs a character (or col)")
-        return index.offset(check_int(cursor["line"], "cursor.line"), check_int(character, "cursor.character"), encoding)
-    raise param_error("cursor needs offset, byte_offset, or line + character")
+def locate(index: TextIndex, cursor: Cursor) -> int:
+    """The code-point offset of ``cursor`` in ``index.text``; ``out_of_range`` outside it."""
+    if isinstance(cursor, OffsetCursor):
+        return index.char_offset(cursor.offset)
+    if isinstance(cursor, ByteCursor):
+        return index.byte_offset_to_char(cursor.byte_offset)
+    return index.offset(cursor.line, cursor.character, cursor.encoding)
 
 
 @dataclass
-class Document:
-    uri: str
-    text: str
-    version: int
-    language: str | None = None
+class Document(TextDocument):
+    """An open document (the shared model) and the connections that hold it open."""
+
     owners: set[int] = field(default_factory=set)  # connection ids that opened it
-    _index: TextIndex | None = None
 
-    @property
-    def index(self) -> TextIndex:
-        if self._index is None or self._index.text is not self.text:
-            self._index = TextIndex(self.text)
-        return self._index
+    index_type = TextIndex
 
 
-def apply_edits(text: str, edits: list[Any], encoding: str) -> str:
+def apply_edit(index: TextIndex, edit: Edit, number: int = 0) -> TextIndex:
+    """The index of the text after ``edit`` (``edits[number]`` in messages).
+
+    The line index is carried from edit to edit (``TextIndex.replace`` rescans only what an
+    edit touched), so many ranged edits on a large file cost as many small rescans and string
+    splices, not as many scans of the whole text."""
+    if isinstance(edit, WholeText):
+        return TextIndex(edit.text)
+    if isinstance(edit, RangeEdit):
+        start, end = locate(index, edit.start), locate(index, edit.end)
+    else:
+        start, end = edit.start, edit.end
+        for value in (start, end):
+            if value < 0 or value > len(index.text):
+                raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: offset {value} outside the document (0..{len(index.text)})")
+    if start > end:
+        raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: start {start} is after end {end}")
+    return index.replace(start, end, edit.text)
+
+
+def edit_index(index: TextIndex, edits: Iterable[Edit]) -> TextIndex:
     """Apply edits in order, each to the result of the one before (LSP's contentChanges)."""
-    return edit_index(TextIndex(text), edits, encoding).text
-
-
-def edit_index(index: TextIndex, edits: list[Any], encoding: str, first: int = 0) -> TextIndex:
-    """Apply edits in order, each to the result of the one before (LSP's contentChanges).
-
-    One pass: the line index is carried from edit to edit (``TextIndex.replace`` rescans only
-    what an edit touched), so 400 ranged edits on a 1 MiB file cost 400 small rescans and
-    string splices, not 400 scans of the whole text. ``first`` numbers the edits in messages
-    when ``edits`` is a slice of a longer list."""
-    text = index.text
-    for number, edit in enumerate(edits, first):
-        if not isinstance(edit, dict):
-            raise param_error(f"edits[{number}] must be a map")
-        new_text = edit.get("text")
-        if not isinstance(new_text, str):
-            raise param_error(f"edits[{number}].text must be a string")
-        if "range" in edit:
-            rng = edit["range"]
-            if not isinstance(rng, dict) or not isinstance(rng.get("start"), dict) or not isinstance(rng.get("end"), dict):
-                raise param_error(f"edits[{number}].range must be {{start: {{line, character}}, end: {{line, character}}}}")
-            start = resolve_cursor(index, rng["start"], encoding)
-            end = resolve_cursor(index, rng["end"], encoding)
-        elif "start" in edit or "end" in edit:
-            start = check_int(edit.get("start"), f"edits[{number}].start")
-            end = check_int(edit.get("end", start), f"edits[{number}].end")
-            for value in (start, end):
-                if value < 0 or value > len(text):
-                    raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: offset {value} outside the document (0..{len(text)})")
-        else:  # no range: the whole text
-            index = TextIndex(new_text)
-            text = new_text
-            continue
-        if start > end:
-            raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: start {start} is after end {end}")
-        index = index.replace(start, end, new_text)
-        text = index.text
+    for number, edit in enumerate(edits):
+        index = apply_edit(index, edit, number)
     return index
 
 
-def last_edit_end(index: TextIndex, edits: list[Any], encoding: str) -> int | None:
-    """Offset in ``index.text`` (the text after ``edits``) just after the last edit's new text:
-    where the cursor is when a user types. None when the last edit replaced the whole text. The
-    text before an edit's start is the same before and after it, so its start resolves against
-    the final text."""
-    if not edits or not isinstance(edits[-1], dict) or not isinstance(edits[-1].get("text"), str):
+def apply_edits(text: str, edits: Iterable[Edit]) -> str:
+    return edit_index(TextIndex(text), edits).text
+
+
+def edit_end(index: TextIndex, edit: Edit) -> int | None:
+    """Offset in ``index.text`` (the text after ``edit``, the last of a change) just after the
+    edit's new text: where the cursor is when a user types. None when it replaced the whole
+    text. The text before an edit's start is the same before and after it, so its start
+    resolves against the final text."""
+    if isinstance(edit, WholeText):
         return None
-    last = edits[-1]
-    if "range" in last:
-        start = resolve_cursor(index, last["range"]["start"], encoding)
-    elif "start" in last:
-        start = last["start"]
-    else:
-        return None
-    end = start + len(last["text"])
+    start = locate(index, edit.start) if isinstance(edit, RangeEdit) else edit.start
+    end = start + len(edit.text)
     return end if 0 <= end <= len(index.text) else None
 
 
@@ -192,6 +156,10 @@ class BufferStore:
 
     def __len__(self) -> int:
         return len(self.docs)
+
+    def texts(self) -> dict[str, str]:
+        """Every open document's text, by URI."""
+        return {uri: doc.text for uri, doc in self.docs.items()}
 
     def total_chars(self) -> int:
         return sum(len(doc.text) for doc in self.docs.values())
@@ -211,8 +179,10 @@ class BufferStore:
             raise RpcError(ErrorCode.UNKNOWN_DOCUMENT, f"document {uri!r} is not open")
         return doc
 
-    def open(self, uri: str, text: str, version: int, owner: int, language: str | None = None) -> Document:
-        """Open (or reopen, replacing text and version) a document."""
+    def open(self, uri: str, text: str, version: int, owner: int, language: str | None = None,
+             index: TextIndex | None = None) -> Document:
+        """Open (or reopen, replacing text and version) a document; ``index``: ``text``'s line
+        index, when built already."""
         self.check_size(text, uri)
         doc = self.docs.get(uri)
         if doc is None:
@@ -226,13 +196,15 @@ class BufferStore:
         else:
             doc.text, doc.version = text, version
             doc.language = language or doc.language
+        if index is not None and index.text is text:
+            doc.set_index(index)
         doc.owners.add(owner)
         return doc
 
-    def change(self, uri: str, version: int | None, edits: list[Any] | None, text: str | None, encoding: str) -> Document:
-        """Apply a full text or ranged edits atomically: on any error the document is unchanged."""
+    def change(self, uri: str, version: int | None, edits: Iterable[Edit] | None, text: str | None) -> Document:
+        """Apply a full text or edits atomically: on any error the document is unchanged."""
         doc = self.changeable(uri, version)
-        index = TextIndex(text) if text is not None else edit_index(doc.index, edits or [], encoding)
+        index = TextIndex(text) if text is not None else edit_index(doc.index, edits or [])
         return self.commit(doc, index, version)
 
     def changeable(self, uri: str, version: int | None) -> Document:
@@ -251,7 +223,7 @@ class BufferStore:
         if self.docs.get(doc.uri) is not doc:
             raise RpcError(ErrorCode.UNKNOWN_DOCUMENT, f"document {doc.uri!r} was closed while it was being changed")
         self.check_size(index.text, doc.uri)
-        doc.text, doc._index = index.text, index
+        doc.set_index(index)
         doc.version = version if version is not None else doc.version + 1
         return doc
 

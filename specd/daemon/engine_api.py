@@ -1,11 +1,16 @@
 """What the daemon needs of an engine: the contract ``specd.engine.Engine`` (and the tests'
 fake engines) fulfil. The daemon's loop calls none of it; the model worker and the document
-mirror do, on their threads."""
+mirror do, on their threads.
+
+``CompletionEngine`` is required. The rest is optional, each a protocol of its own that an
+engine offers by defining its method: ``CorpusEngine`` (workspace files for lookup) and the
+idle work the worker runs between jobs (``idle_work``, in priority order). An engine that
+defines none of them has no idle work; the worker checks with ``isinstance``."""
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from specd.engine.types import CompletionRequest, CompletionResult
@@ -33,3 +38,48 @@ class CorpusEngine(Protocol):
     """An engine whose prompt lookup also searches workspace files."""
 
     def set_corpus_file(self, name: str, text: str | None) -> None: ...
+
+
+# -- idle work: each method does about ``budget_s`` seconds of its work and returns True while
+# more remains. The worker calls them between jobs, in ``idle_work``'s order.
+
+
+@runtime_checkable
+class PrefillsPending(Protocol):
+    def prefill_pending(self, budget_s: float) -> bool:
+        """Prefill the cache of the document edited last, where its last edit ended."""
+
+
+@runtime_checkable
+class IndexesBuffers(Protocol):
+    def index_pending_buffers(self, budget_s: float) -> bool:
+        """Re-tokenize the edited parts of open buffers for lookup."""
+
+
+@runtime_checkable
+class IndexesCorpus(Protocol):
+    def index_pending_corpus(self, budget_s: float) -> bool:
+        """Tokenize workspace files for lookup."""
+
+
+@runtime_checkable
+class WarmsContext(Protocol):
+    def warm_context(self, budget_s: float) -> bool:
+        """Prefill a document's cache with a new set of context chunks."""
+
+
+IdleStep = Callable[[float], bool]
+
+
+def idle_work(engine: object) -> list[IdleStep]:
+    """The idle work ``engine`` offers, in priority order."""
+    work: list[IdleStep] = []
+    if isinstance(engine, PrefillsPending):
+        work.append(engine.prefill_pending)
+    if isinstance(engine, IndexesBuffers):
+        work.append(engine.index_pending_buffers)
+    if isinstance(engine, IndexesCorpus):
+        work.append(engine.index_pending_corpus)
+    if isinstance(engine, WarmsContext):
+        work.append(engine.warm_context)
+    return work

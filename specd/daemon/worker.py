@@ -4,12 +4,14 @@
 releases the models after an idle period and reloads them for the next job. The event loop
 only submits jobs and awaits their futures, so it never blocks on the model.
 
-Between jobs the worker gives the engine idle time in short slices (``BACKGROUND_SLICE_S``):
+Between jobs the worker gives the engine idle time in short slices (``BACKGROUND_SLICE_S``),
+running the idle work the engine declares (``engine_api.idle_work``, in priority order):
 ``prefill_pending`` prefills the cache of the document just edited (where the edit ended),
 ``index_pending_buffers`` re-tokenizes the edited parts of open buffers for lookup (a completion
-never does that for a large one), ``index_pending_corpus`` tokenizes workspace files, ``warm_context`` prefills a document's cache
-with a new set of context chunks. A job that arrives waits one slice at most; ``wake`` (the
-workspace watcher fed the engine) starts the slices without a job.
+never does that for a large one), ``index_pending_corpus`` tokenizes workspace files,
+``warm_context`` prefills a document's cache with a new set of context chunks. A job that
+arrives waits one slice at most; ``wake`` (the workspace watcher fed the engine) starts the
+slices without a job.
 
 A job carries a ``threading.Event`` the engine polls between decoding steps; setting it
 (``cancel``/supersede/disconnect/shutdown) makes ``engine.complete`` raise ``Cancelled``. A job
@@ -26,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from specd.daemon.engine_api import idle_work
+
 log = logging.getLogger("specd.worker")
 
 # Worker states, as `status` reports them.
@@ -39,7 +43,6 @@ STOPPED = "stopped"
 EngineFactory = Callable[[], Any]
 
 BACKGROUND_SLICE_S = 0.02  # idle work per slice: the longest a new job waits for it
-BACKGROUND_WORK = ("prefill_pending", "index_pending_buffers", "index_pending_corpus", "warm_context")  # engine methods, in priority order
 
 
 @dataclass(eq=False)
@@ -205,15 +208,12 @@ class ModelWorker:
     def _background(self) -> bool:
         """One slice of the engine's idle work; True while more remains. Never loads models and
         does not count as activity (idle unload still happens)."""
-        for name in BACKGROUND_WORK:
-            work = getattr(self.engine, name, None)
-            if work is None:
-                continue
+        for work in idle_work(self.engine):
             try:
                 if work(BACKGROUND_SLICE_S):
                     return True
             except Exception:  # idle work is an optimisation: log it, never die of it
-                log.exception("background %s failed", name)
+                log.exception("background %s failed", work.__name__)
                 return False
         return False
 
@@ -236,6 +236,8 @@ class ModelWorker:
 class DocumentMirror:
     """Keeps the engine's view of open documents current, off the event loop.
 
+    A mirror, not a shared store: the engine reads its documents on the model thread while the
+    loop edits the buffers, so the two share only immutable ``str`` snapshots, handed over here.
     Updates coalesce: only the latest text of each document is sent, so fast typing in a large
     file costs one ``update_document`` per pause, not one per keystroke. Until the engine exists
     updates are dropped; ``replay`` sends every open document once it does.

@@ -1,0 +1,146 @@
+"""``complete`` and ``cancel``: a completion request built from a buffer (or a stateless text),
+queued for the model worker and awaited; a newer complete for a document supersedes the one in
+flight; cancel, close and disconnect stop a job at the engine's next step.
+
+The only holder of a queued request's text is its job's closure, so dropping the job (done,
+cancelled, superseded) drops the text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from typing import Any, Callable
+
+from specd.daemon.admission import Connection
+from specd.daemon.buffers import BufferStore, TextIndex, index_in_steps, locate
+from specd.daemon.handlers.documents import DocumentLocks
+from specd.daemon.metrics import LatencyWindow
+from specd.daemon.params import CancelParams, CompleteParams, LineCursor
+from specd.daemon.scheduler import CompletionQueue
+from specd.daemon.worker import Job
+from specd.protocol.errors import ErrorCode, RpcError
+
+
+def _error_code(err: BaseException) -> str:
+    code = getattr(err, "code", None)
+    return code if isinstance(code, str) else ErrorCode.ENGINE_ERROR.value
+
+
+def _completion_job(req: Any) -> Job:
+    """The model work for one ``complete``; its closure is the only holder of ``req``."""
+    return Job(fn=lambda engine, cancel: engine.complete(req, cancel).to_dict(),
+               label=f"complete {req.uri or '<text>'}", key=req.uri)
+
+
+class CompletionMethods:
+    def __init__(self, buffers: BufferStore, locks: DocumentLocks, completions: CompletionQueue, *,
+                 load_failure: Callable[[], RpcError | None], on_finished: Callable[[], None]):
+        self.buffers = buffers
+        self.locks = locks
+        self.completions = completions
+        self._load_failure = load_failure  # the error every request gets once the models failed to load
+        self._on_finished = on_finished  # a completion ended: the engine's figures changed
+        self.jobs_by_uri: dict[str, Job] = {}  # the complete in flight for each document
+        self.latency = LatencyWindow()
+        self.counts: collections.Counter[str] = collections.Counter()  # completed, cancelled, failed, superseded
+
+    async def _request(self, params: CompleteParams) -> tuple[Any, int | None]:
+        """The engine's request for ``params``, and the version of the document it reads."""
+        from specd.engine.types import CompletionRequest, ContextChunk
+
+        version = None
+        if params.text is None:
+            doc = self.buffers.get(params.uri)
+            text, version, index = doc.text, doc.version, doc.index
+        else:
+            text = params.text
+            self.buffers.check_size(text, "text")
+            index = await index_in_steps(text) if isinstance(params.cursor, LineCursor) else TextIndex(text)
+        offset = locate(index, params.cursor)
+        chunks = []
+        for number, chunk in enumerate(params.extra_context):
+            self.buffers.check_size(chunk.text, f"extra_context[{number}]")
+            chunks.append(ContextChunk(path=chunk.path, text=chunk.text))
+        request = CompletionRequest(uri=params.uri, text=text, offset=offset, path=params.path,
+                                    extra_context=chunks, **params.options)
+        return request, version
+
+    async def complete(self, conn: Connection, params: CompleteParams, msgid: int | None) -> dict[str, Any]:
+        if params.text is None:  # the open document, after the changes sent before this request
+            async with self.locks.hold(params.uri):
+                req, version = await self._request(params)
+        else:
+            req, version = await self._request(params)
+        if (failure := self._load_failure()) is not None:
+            raise failure
+        received = time.monotonic()
+        msgid = msgid if msgid is not None else 0
+        uri, offset = req.uri, req.offset
+        # Text this job keeps alive while it waits: a stateless text, or a document snapshot
+        # that a later change would otherwise have released.
+        held = len(req.text) + sum(len(chunk.text) for chunk in req.extra_context)
+        job = _completion_job(req)
+        del req  # only the job holds the request now: dropping the job drops its text
+        if uri is not None:
+            previous = self.jobs_by_uri.get(uri)
+            if previous is not None:
+                previous.request_cancel(f"superseded by a newer complete for {uri}")
+                self.completions.discard(previous)
+                self.counts["superseded"] += 1
+        self.completions.put(conn.id, job, held)
+        if uri is not None:
+            self.jobs_by_uri[uri] = job
+        conn.jobs[msgid] = job
+        try:
+            result = await asyncio.wrap_future(job.future)
+        except (asyncio.CancelledError, Exception) as err:
+            if isinstance(err, asyncio.CancelledError):  # this request's task was cut (connection closing)
+                job.request_cancel(job.cancel_reason or "the request was cancelled")
+            self.counts["cancelled" if job.cancel.is_set() else "failed"] += 1
+            if job.cancel.is_set() or isinstance(err, asyncio.CancelledError) or _error_code(err) == ErrorCode.CANCELLED:
+                raise RpcError(ErrorCode.CANCELLED, job.cancel_reason or "cancelled") from None
+            if isinstance(err, RpcError):
+                raise
+            raise RpcError(_error_code(err), str(err) or type(err).__name__) from None
+        finally:
+            self._on_finished()  # its requests, acceptance, errors are in the next status
+            self.completions.discard(job)
+            conn.jobs.pop(msgid, None)
+            if job.key is not None and self.jobs_by_uri.get(job.key) is job:
+                del self.jobs_by_uri[job.key]
+        done = time.monotonic()
+        self.latency.add((done - received) * 1000)
+        self.counts["completed"] += 1
+        started = job.started_at or received
+        result.update(
+            uri=uri,
+            version=version,
+            offset=offset,
+            queued_ms=round((started - received) * 1000, 2),
+            latency_ms=round((done - received) * 1000, 2),
+        )
+        return result
+
+    async def cancel(self, conn: Connection, params: CancelParams, msgid: int | None) -> dict[str, Any]:
+        targets = []
+        if params.msgid is not None and params.msgid in conn.jobs:
+            targets.append(conn.jobs[params.msgid])
+        if params.uri is not None and params.uri in self.jobs_by_uri:
+            targets.append(self.jobs_by_uri[params.uri])
+        for job in targets:
+            job.request_cancel("cancelled by the client")
+            self.completions.discard(job)
+        return {"cancelled": len(targets)}
+
+    def document_closed(self, uri: str) -> None:
+        job = self.jobs_by_uri.get(uri)
+        if job is not None:
+            job.request_cancel("the document was closed")
+
+    def disconnected(self, conn: Connection) -> None:
+        """``conn``'s peer is gone: its completions are moot."""
+        for job in list(conn.jobs.values()):
+            job.request_cancel("the client disconnected")
+            self.completions.discard(job)
