@@ -24,7 +24,8 @@ from transformers import LlamaConfig
 
 from engine_helpers import make_engine
 from specd.engine.speculation import drafters
-from specd.engine.speculation.decode import speculative_decode, verify
+from specd.engine.speculation.loop import speculative_decode
+from specd.engine.speculation.verify import verify
 from specd.engine.speculation.drafters import Draft, ModelDrafter
 from specd.engine.options import EngineOptions
 from specd.engine.caches import KVState
@@ -291,7 +292,7 @@ def test_draft_chain_stops_on_confidence_not_on_the_token_drawn(monkeypatch, tem
     confident = rows(*[[0.45, 0.25, 0.15, 0.10, 0.05]] * 5)  # top >= 0.3, the rest below it
     unsure = rows(*[[0.28, 0.27, 0.20, 0.15, 0.10]] * 5)  # every token below 0.3
     if temperature > 0:  # draw the least likely token every time
-        monkeypatch.setattr(drafters, "sample", lambda q, params, generator: int(q.argmin()))
+        monkeypatch.setattr(drafters.model, "sample", lambda q, params, generator: int(q.argmin()))
     drawn = 4 if temperature > 0 else 0
     for table, chain in ((confident, SHIPPED.draft_max), (unsure, 1)):
         drafter = ModelDrafter(KVState(Bigram(table)), 5, sampling, SHIPPED.draft_confidence)
@@ -444,9 +445,9 @@ def test_a_biased_tree_rule_is_caught(monkeypatch):
     """The same check fails when the rule is wrong: here, when no draft stands, the lookup
     draft that was just rejected comes out as the target's own token a third of the time (as if
     a rejected point mass were left in p)."""
-    from specd.engine.speculation import decode
+    from specd.engine.speculation import verify as verification
 
-    original = decode.verify_tree
+    original = verification.verify_tree
 
     def biased(rows, tree, sampling, generator, out, constraint=None):
         path, own = original(rows, tree, sampling, generator, out, constraint)
@@ -454,7 +455,7 @@ def test_a_biased_tree_rule_is_caught(monkeypatch):
             return [], tree.branches[-1].tokens[0]  # the lookup draft, rejected, drawn anyway
         return path, own
 
-    monkeypatch.setattr(decode, "verify_tree", biased)
+    monkeypatch.setattr(verification, "verify_tree", biased)
     sampling = SamplingParams(temperature=1.0)
     target = KVState(Bigram(BIGRAM_P), BigramTreePath(BIGRAM_P))
     prompt = [3, 0]

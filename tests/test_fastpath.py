@@ -29,7 +29,7 @@ from transformers import (
 from transformers.pytorch_utils import Conv1D
 
 from specd.engine import compat
-from specd.engine.speculation.decode import verify, verify_greedy
+from specd.engine.speculation.verify import verify, verify_greedy
 from specd.engine.speculation.drafters import Draft
 from specd.engine.forward.lean import (
     ALL_HOST_ROWS,

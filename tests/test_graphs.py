@@ -221,7 +221,7 @@ def test_a_step_that_recorded_a_graph_first_is_not_timed_for_the_planner(tiny_pa
     that width out for a while. The planner hears of replays only (and of every eager step)."""
     from engine_helpers import make_engine
     from specd.engine import CompletionRequest
-    from specd.engine.speculation.decode import _timed
+    from specd.engine.speculation.loop import _timed
 
     class Held:
         recordings = 3

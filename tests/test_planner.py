@@ -9,13 +9,18 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from specd.engine.lookup import NgramIndex
 from specd.engine.speculation.costs import Acceptance, ForwardCosts
-from specd.engine.speculation.decode import PROBE_EVERY, DraftPlanner, PlannerMemory
-from specd.engine.speculation.drafters import Draft
+from specd.engine.speculation.drafters import ContinuationDrafter, Draft, LookupDrafter, ModelDrafter
+from specd.engine.speculation.planner import PROBE_EVERY, DraftPlanner, PlannerMemory
+from specd.engine.speculation.sampling import SamplingParams
 
 
-class FixedLookup:
-    def __init__(self, tokens, ngram=4, source="lookup:current"):
+class FixedLookup(LookupDrafter):
+    """Stands in for LookupDrafter's index search: always the same match."""
+
+    def __init__(self, tokens, ngram=4, source="lookup:current", longest=16):
+        super().__init__(NgramIndex(), [], longest)
         self.tokens, self.ngram, self.source = tokens, ngram, source
 
     def propose(self, seq, k):
@@ -29,11 +34,11 @@ class _State:
     recordings: int = 0  # CUDA graphs recorded (KVState.recordings)
 
 
-class CountingModel:
-    """Stands in for ModelDrafter: records how often and how long it was asked to draft."""
+class CountingModel(ModelDrafter):
+    """Stands in for ModelDrafter's model: records how often and how long it was asked to draft."""
 
-    def __init__(self, synced=True):
-        self.state = _State()
+    def __init__(self, synced=True, longest=8):
+        super().__init__(_State(), 8, SamplingParams(), 0.0, longest=longest)
         self.synced = synced
         self.calls: list[int] = []
 
@@ -43,6 +48,12 @@ class CountingModel:
         self.calls.append(k)
         self.state.forwards += k
         return Draft([7] * k, "draft", torch.full((k, 8), 1 / 8))
+
+
+def looked_up(tokens, source, ngram, repeat=False):
+    """A lookup draft as the planner hands it out: carrying its kind."""
+    draft = Draft(tokens, source, None, ngram, repeat)
+    return Draft(tokens, source, None, ngram, repeat, kind=LookupDrafter.kind(draft))
 
 
 def memory(target_ms, draft_step=1.0, alphas=None):
@@ -60,7 +71,7 @@ CPU = {1: 10.0, 2: 10.8, 4: 12.0, 8: 15.0, 16: 21.0, 32: 34.0}
 def test_useless_draft_model_is_not_run():
     mem = memory(CPU, draft_step=3.0, alphas={"draft": 0.05})
     model = CountingModel()
-    planner = DraftPlanner(mem, model=model, draft_max=8)
+    planner = DraftPlanner(mem, [model])
     seq = list(range(100))
     for _ in range(PROBE_EVERY - 1):
         assert planner.propose(seq, 40).tokens == []
@@ -70,7 +81,7 @@ def test_useless_draft_model_is_not_run():
 def test_good_draft_model_is_run_at_a_length_that_pays():
     mem = memory(CPU, draft_step=1.0, alphas={"draft": 0.8})
     model = CountingModel()
-    planner = DraftPlanner(mem, model=model, draft_max=8)
+    planner = DraftPlanner(mem, [model])
     draft = planner.propose(list(range(100)), 40)
     assert draft.source == "draft" and 3 <= len(draft) <= 8
 
@@ -78,7 +89,7 @@ def test_good_draft_model_is_run_at_a_length_that_pays():
 def test_probe_lets_a_rejected_draft_model_recover():
     mem = memory(CPU, draft_step=3.0, alphas={"draft": 0.05})
     model = CountingModel()
-    planner = DraftPlanner(mem, model=model, draft_max=8)
+    planner = DraftPlanner(mem, [model])
     seq = list(range(100))
     model.state.ids = list(seq)
     for _ in range(PROBE_EVERY + 1):
@@ -88,16 +99,16 @@ def test_probe_lets_a_rejected_draft_model_recover():
 
 def test_trusted_lookup_goes_as_long_as_the_match():
     mem = memory(CPU, alphas={"lookup/trusted": 0.95})
-    planner = DraftPlanner(mem, lookup=FixedLookup(list(range(16))), lookup_max=16)
+    planner = DraftPlanner(mem, [FixedLookup(list(range(16)), longest=16)])
     assert len(planner.propose([1, 2, 3], 40)) == 16
 
 
 def test_lookup_is_cut_to_its_expected_value():
     """A weak match on a machine where width is expensive: short, or none at all."""
     steep = {1: 10.0, 2: 14.0, 4: 22.0, 8: 38.0, 16: 70.0}
-    planner = DraftPlanner(memory(steep, alphas={"lookup/short": 0.2}), lookup=FixedLookup(list(range(16)), ngram=2))
+    planner = DraftPlanner(memory(steep, alphas={"lookup/short": 0.2}), [FixedLookup(list(range(16)), ngram=2)])
     assert planner.propose([1, 2, 3], 40).tokens == []
-    planner = DraftPlanner(memory(steep, alphas={"lookup/short": 0.6}), lookup=FixedLookup(list(range(16)), ngram=2))
+    planner = DraftPlanner(memory(steep, alphas={"lookup/short": 0.6}), [FixedLookup(list(range(16)), ngram=2)])
     assert 1 <= len(planner.propose([1, 2, 3], 40)) <= 3
 
 
@@ -107,7 +118,7 @@ def test_draft_model_catch_up_is_weighed():
     mem = memory(CPU, draft_step=1.0, alphas={"draft": 0.6})
     mem.costs.draft_per_token = 0.5  # a 1,000-token catch-up costs 50 target forwards
     model = CountingModel(synced=False)
-    planner = DraftPlanner(mem, model=model, draft_max=8)
+    planner = DraftPlanner(mem, [model])
     assert planner.propose(list(range(1000)), 4).tokens == []
     assert planner.propose(list(range(1000)), 4000).source == "draft"
 
@@ -116,7 +127,7 @@ def test_record_learns_acceptance_and_costs():
     mem = memory(CPU)
     planner = DraftPlanner(mem)
     for _ in range(50):
-        planner.record(Draft([1, 2, 3, 4], "lookup:current", None, 2), 0, ms=12.0)
+        planner.record(looked_up([1, 2, 3, 4], "lookup:current", 2), 0, ms=12.0)
     assert mem.of("lookup/short").first < 0.05
     assert mem.costs.target_ms(5) == pytest.approx(12.0, rel=0.01)
     assert planner.stats["lookup:current"].proposed == 200
@@ -133,9 +144,9 @@ def test_a_lookup_switched_off_by_a_bad_stretch_is_tried_again():
     the estimate drifts back toward the prior, so lookup drafts again later (and would drop
     again at once if it still lost)."""
     mem = memory(CPU)
-    planner = DraftPlanner(mem, lookup=FixedLookup(list(range(8)), ngram=4), lookup_max=8)
+    planner = DraftPlanner(mem, [FixedLookup(list(range(8)), ngram=4, longest=8)])
     for _ in range(40):
-        planner.record(Draft([1, 2, 3, 4], "lookup:current", None, 4), 0)
+        planner.record(looked_up([1, 2, 3, 4], "lookup:current", 4), 0)
     assert planner.propose([1, 2, 3], 40).tokens == []
     steps = 0
     while not planner.propose([1, 2, 3], 40).tokens:
@@ -158,7 +169,7 @@ def test_a_lookup_match_passed_over_is_probed_now_and_then():
     """Priced out (a stale cost table, a pessimistic estimate), a match is still tried, short,
     every PROBE_EVERY steps: its acceptance and the verify's cost get measured again."""
     steep = {1: 10.0, 2: 14.0, 4: 22.0, 8: 38.0, 16: 70.0}
-    planner = DraftPlanner(memory(steep, alphas={"lookup/short": 0.05}), lookup=FixedLookup(list(range(16)), ngram=2))
+    planner = DraftPlanner(memory(steep, alphas={"lookup/short": 0.05}), [FixedLookup(list(range(16)), ngram=2)])
     drafts = [planner.propose([1, 2, 3], 40) for _ in range(2 * PROBE_EVERY)]
     assert [len(d) for d in drafts].count(0) == 2 * PROBE_EVERY - 2
     assert [i for i, d in enumerate(drafts) if d.tokens] == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]
@@ -180,7 +191,7 @@ def test_drafts_that_stand_whole_or_not_at_all_are_drafted_whole():
     assert Acceptance.prior(0.4, 0.4).expected(8) < 0.7
     mem = memory(CPU)
     mem.acceptance["lookup/trusted"] = acceptance
-    planner = DraftPlanner(mem, lookup=FixedLookup(list(range(8)), ngram=4), lookup_max=8)
+    planner = DraftPlanner(mem, [FixedLookup(list(range(8)), ngram=4, longest=8)])
     assert len(planner.propose([1, 2, 3], 40)) == 8
     mem.acceptance["lookup/trusted"] = Acceptance.prior(0.4, 0.4, weight=1000)
     assert len(planner.propose([1, 2, 3], 40)) <= 2
@@ -190,28 +201,29 @@ def test_lookup_drafts_are_priced_by_where_they_come_from():
     """A match where the context repeats itself and one in the document's recent completions
     are kinds of their own, each apart for 2-token matches: measured, they stand far more often
     than other matches, and matches of 3+ tokens far more often than 2-token ones."""
-    from specd.engine.speculation.decode import draft_kind
-
+    draft_kind = LookupDrafter.kind
     assert draft_kind(Draft([1], "lookup:current", None, 3, repeat=True)) == "lookup/repeat"
     assert draft_kind(Draft([1], "lookup:current", None, 2, repeat=True)) == "lookup/repeat/short"
     assert draft_kind(Draft([1], "lookup:suggested", None, 5)) == "lookup/suggested"
     assert draft_kind(Draft([1], "lookup:suggested", None, 2)) == "lookup/suggested/short"
     assert draft_kind(Draft([1], "lookup:workspace", None, 4)) == "lookup/trusted"
     assert draft_kind(Draft([1], "lookup:open", None, 2)) == "lookup/short"
-    assert draft_kind(Draft([1], "lookup:previous", None, 5)) == "lookup:previous"
-    assert draft_kind(Draft([1], "draft")) == "draft"
+    assert ContinuationDrafter.kind(Draft([1], "lookup:previous", None, 5)) == "lookup:previous"
+    assert ModelDrafter.kind(Draft([1], "draft")) == "draft"
     mem = memory(CPU, alphas={"lookup/repeat/short": 0.9, "lookup/short": 0.05})
-    planner = DraftPlanner(mem, lookup=FixedLookup(list(range(8)), ngram=2), lookup_max=8)
+    lookup = FixedLookup(list(range(8)), ngram=2, longest=8)
+    planner = DraftPlanner(mem, [lookup])
     assert planner.propose([1, 2, 3], 40).tokens == []
-    planner.lookup.propose = lambda seq, k: Draft(list(range(k)), "lookup:current", None, 2, repeat=True)
+    lookup.propose = lambda seq, k: Draft(list(range(k)), "lookup:current", None, 2, repeat=True)
     draft = planner.propose([1, 2, 3], 40)
     assert len(draft) == 8 and draft.repeat
 
 
-class ManyLookups:
+class ManyLookups(LookupDrafter):
     """Stands in for LookupDrafter with several sources' matches, best first."""
 
     def __init__(self, *drafts):
+        super().__init__(NgramIndex(), [])
         self.drafts = list(drafts)
 
     def propose(self, seq, k):
@@ -231,7 +243,7 @@ def tree_planner(target_ms, contested_first, trees=True, **alphas):
     mem.acceptance["lookup/suggested"] = Acceptance.prior(0.9, 0.9, weight=1000)
     mem.acceptance["lookup/trusted/contested"] = Acceptance.prior(contested_first, 0.9, weight=1000)
     mem.acceptance["lookup/suggested/rival"] = Acceptance.prior(0.9, weight=4)
-    return DraftPlanner(mem, lookup=ManyLookups(CURRENT, SUGGESTED), trees=trees)
+    return DraftPlanner(mem, [ManyLookups(CURRENT, SUGGESTED)], trees=trees)
 
 
 FLAT = {1: 10.0, 2: 10.2, 4: 10.4, 8: 10.8, 16: 11.6, 32: 13.0}  # a GPU-like table: width is nearly free
@@ -259,7 +271,7 @@ def planner_draft(planner):
 
 
 def test_contests_are_measured_and_a_tree_is_recorded_per_branch():
-    from specd.engine.speculation.decode import TREE
+    from specd.engine.speculation.planner import TREE
     planner = tree_planner(FLAT, contested_first=0.5)
     tree = planner.propose([0], 16)
     assert planner.contest == [("lookup/trusted/contested", 1), ("lookup/suggested/rival", 9)]
@@ -286,8 +298,7 @@ def test_a_branch_that_leaves_the_chosen_draft_later_shares_its_start():
     mem = memory(FLAT)
     mem.acceptance["lookup/trusted"] = Acceptance.prior(0.9, 0.5, weight=1000)
     mem.acceptance["lookup/suggested"] = Acceptance.prior(0.9, 0.9, weight=1000)
-    planner = DraftPlanner(mem, lookup=ManyLookups(CURRENT, Draft([1, 2, 5, 5], "lookup:suggested", None, 4)),
-                           trees=True)
+    planner = DraftPlanner(mem, [ManyLookups(CURRENT, Draft([1, 2, 5, 5], "lookup:suggested", None, 4))], trees=True)
     tree = planner.propose([0], 16)
     assert isinstance(tree, DraftTree)
     assert tree.tokens == [1, 2, 3, 4, 5, 5] and tree.parents == [-1, 0, 1, 2, 1, 4]

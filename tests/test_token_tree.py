@@ -115,7 +115,7 @@ def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
 
 
 def flat_costs():
-    from specd.engine.speculation.decode import PlannerMemory
+    from specd.engine.speculation.planner import PlannerMemory
     memory = PlannerMemory()
     memory.costs.target = {width: 1.0 for width in range(1, 65)}
     memory.costs.record_target = lambda width, ms: None
@@ -130,7 +130,8 @@ def test_a_second_branch_stands_where_the_first_fails_and_the_output_is_the_targ
     verifies both, the second branch stands, and the output equals the target alone. With
     ``pending`` 6 the cache lacks the prompt's last 6 tokens (a keystroke's): they run with the
     first step's tree, in the same forward."""
-    from specd.engine.speculation.decode import TREE, DraftPlanner, speculative_decode
+    from specd.engine.speculation.loop import speculative_decode
+    from specd.engine.speculation.planner import TREE, DraftPlanner
     from specd.engine.speculation.drafters import LookupDrafter
     from specd.engine.lookup import NgramIndex
     from specd.engine.speculation.sampling import SamplingParams
@@ -140,8 +141,8 @@ def test_a_second_branch_stands_where_the_first_fails_and_the_output_is_the_targ
     reference = greedy_reference(model, prompt, 16)
     wrong = [(t + 7) % 500 + 1 for t in reference]  # differs from the reference at every token
     lookup = LookupDrafter(NgramIndex(), [("lookup:open", NgramIndex(prompt[-5:] + wrong)),
-                                          ("lookup:workspace", NgramIndex(prompt[-5:] + reference))])
-    planner = DraftPlanner(flat_costs(), lookup=lookup, lookup_max=8, trees=True)
+                                          ("lookup:workspace", NgramIndex(prompt[-5:] + reference))], longest=8)
+    planner = DraftPlanner(flat_costs(), [lookup], trees=True)
     state = KVState(model, LeanForward(model))
     state.extend(prompt[:-pending])
     outcome = speculative_decode(state, list(prompt), planner, SamplingParams(0.0, 1.0), 16,

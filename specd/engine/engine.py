@@ -20,9 +20,10 @@ from specd.engine import compat
 from specd.engine.front.corpus import OpenBuffers
 from specd.engine.front.engine_front import EngineFront, Fronted
 from specd.engine.speculation.costs import calibrate
-from specd.engine.speculation.decode import MERGED_PREFILL, TREE_BRANCHES, DraftPlanner, PlannerMemory, speculative_decode
+from specd.engine.speculation import drafters
+from specd.engine.speculation.loop import MERGED_PREFILL, speculative_decode
+from specd.engine.speculation.planner import TREE_BRANCHES, DraftPlanner, PlannerMemory
 from specd.engine.speculation.healing import HealingConstraint, HealingVocabulary
-from specd.engine.speculation.drafters import SUGGESTED, ContinuationDrafter, LookupDrafter, ModelDrafter
 from specd.engine.caches import CacheStore, DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
 from specd.engine.forward.choose import choose_forward_path, llamacpp_forward
@@ -290,17 +291,13 @@ class Engine(Fronted):
 
     def _planner(self, state: DocumentState, settings: "_RequestSettings", req: CompletionRequest,
                  text: str, offset: int, prompt: Prompt) -> DraftPlanner:
-        lookup = continuation = model = None
-        if settings.use_lookup:
-            suggested = [(SUGGESTED, index) for index in state.suggestions]
-            lookup = LookupDrafter(state.context_index, suggested + self._lookup_sources(req.uri))
-            continuation = self._continuation(state, text, offset, prompt)
-        if settings.use_draft:
-            model = ModelDrafter(state.draft, self.vocab_size, settings.sampling, self.options.draft_confidence,
-                                 settings.generator)
-        return DraftPlanner(self.planning, lookup=lookup, model=model, continuation=continuation,
-                            lookup_max=self.options.lookup_max, draft_max=self.options.draft_max,
-                            trees=self.options.token_tree and state.target.trees)
+        """A planner over the drafters of ``drafters.REGISTRY`` that have something to draft here."""
+        inputs = drafters.DrafterInputs(
+            state=state, options=self.options, sampling=settings.sampling, generator=settings.generator,
+            vocab_size=self.vocab_size, use_lookup=settings.use_lookup, use_draft=settings.use_draft,
+            lookup_sources=lambda: self._lookup_sources(req.uri),
+            previous=lambda: self._continuation(state, text, offset, prompt))
+        return DraftPlanner(self.planning, drafters.build(inputs), trees=self.options.token_tree and state.target.trees)
 
     def _complete(self, req: CompletionRequest, text: str, offset: int,
                   cancel: threading.Event | None) -> CompletionResult:
@@ -367,8 +364,9 @@ class Engine(Fronted):
                 total.steps += s.steps
 
     def _continuation(self, state: DocumentState, text: str, offset: int,
-                      prompt: Prompt) -> ContinuationDrafter | None:
-        """If the user typed (part of) the last suggestion, its rest drafts this completion."""
+                      prompt: Prompt) -> tuple[int, list[int]] | None:
+        """If the user typed (part of) the last suggestion, its rest drafts this completion:
+        (the prompt's length in tokens, the rest's tokens)."""
         old_prefix, old_completion = state.last_prefix, state.last_completion
         if not old_completion or offset < len(old_prefix) or not text.startswith(old_prefix):
             return None
@@ -376,7 +374,7 @@ class Engine(Fronted):
         if len(typed) >= len(old_completion) or not old_completion.startswith(typed):
             return None
         # The output re-types the healed text first, then the suggestion's rest.
-        return ContinuationDrafter(len(prompt.ids), self.prompts.encode(prompt.healed + old_completion[len(typed):]))
+        return len(prompt.ids), self.prompts.encode(prompt.healed + old_completion[len(typed):])
 
     # -- reporting -------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """What drafting costs and buys on this machine, for this model pair, measured as it runs.
 
-The planner (``decode.DraftPlanner``) chooses each step's draft to maximise expected tokens per
+The planner (``planner.DraftPlanner``) chooses each step's draft to maximise expected tokens per
 millisecond, so it needs two things per loaded pair:
 
 - ``ForwardCosts``: milliseconds of a target forward by width (how many tokens it verifies),

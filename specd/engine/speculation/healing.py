@@ -137,7 +137,7 @@ class HealingVocabulary:
 
 @dataclass(frozen=True)
 class HealingConstraint:
-    """The constraint of one healed prompt, as the decode loop applies it (``decode.Constraint``)."""
+    """The constraint of one healed prompt, as the decode loop applies it (``verify.Constraint``)."""
 
     vocabulary: HealingVocabulary
     healed: str

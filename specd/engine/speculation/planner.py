@@ -1,107 +1,79 @@
-"""The speculative loop: draft, verify in one target forward, accept/reject, roll back.
-
-Invariant between steps: the target's KV cache holds ``seq[:-1]``; ``seq[-1]`` is pending, so
-each step runs ``[seq[-1], d_1 .. d_k]`` through the target and gets k + 1 next-token
-distributions at once (the last prompt token rides along with the first step; so may a
-keystroke's few new prompt tokens before it, whose rows are never read: one forward to the first
-token instead of a prefill and a step). Where the planner builds a token tree (on a forward path
-that runs trees), the step runs ``[seq[-1], tree nodes]`` instead and keeps the path that stood
-(``KVState.keep``).
+"""The draft planner: per step, the draft (or token tree of drafts) that maximises expected tokens
+per millisecond, from what each drafter declares (``drafters.Drafter``) and what the planner has
+measured (``PlannerMemory``: forward costs by width, acceptance by kind). It counts proposals and
+acceptances per source for reporting. No model here and no branching on a drafter's type or source.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
-import torch
-
+from specd.engine.caches import common_prefix
 from specd.engine.speculation.costs import Acceptance, ForwardCosts
-from specd.engine.speculation.drafters import EMPTY, SUGGESTED, ContinuationDrafter, Draft, DraftTree, LookupDrafter, ModelDrafter
-from specd.engine.caches import KVState, Rows, common_prefix
-from specd.engine.speculation.sampling import SamplingParams, probabilities
-from specd.engine.types import Cancelled, SourceStats
+from specd.engine.speculation.drafters import EMPTY, Draft, Drafter, DraftTree, Prior
+from specd.engine.types import SourceStats
 
-PROBE_EVERY = 24  # steps without the draft model after which it is tried once, so its estimate can recover
+PROBE_EVERY = 24  # steps without a priced drafter (the draft model) after which it is tried once, so its estimate can recover
 PROBE_CATCH_UP = 64  # ... if catching it up costs at most this many tokens
-PROBE_LENGTH = 4  # tokens of a lookup match tried after PROBE_EVERY steps of passing matches over
-TRUSTED_NGRAM = 3  # lookup matches this long are their own kind of draft (they stand far more often)
+PROBE_LENGTH = 4  # tokens of an offered draft (a lookup match) tried after PROBE_EVERY steps of passing such drafts over
 TREE_BRANCHES = 3  # most drafts a token tree verifies side by side
-MERGED_PREFILL = 64  # most prompt tokens the first step runs before its draft (a keystroke's, see Engine._complete)
 TREE = "tree"  # SourceStats of token trees: steps, branches beyond the first (proposed), and won (accepted)
 CONTESTED = "/contested"  # a kind's acceptance where another source's draft starts with another token ...
 RIVAL = "/rival"  # ... and that of the other source's draft there (measured on every such step, tree or not)
-
-PRIORS = {  # (first, then): acceptance of a draft's first token, and of each later one, before anything is measured
-    ContinuationDrafter.source: (0.9, 0.9),
-    "lookup/repeat": (0.8, 0.9),
-    "lookup/repeat/short": (0.4, 0.85),
-    "lookup/suggested": (0.7, 0.85),
-    "lookup/suggested/short": (0.3, 0.8),
-    "lookup/trusted": (0.5, 0.7),
-    "lookup/short": (0.3, 0.6),
-    ModelDrafter.source: (0.5, 0.5),
-}
-
-
-def draft_kind(draft: Draft) -> str:
-    """The acceptance bucket a draft belongs to: lookup matches by where they come from and by
-    how long a match (n-gram) they rest on. Measured on the development pairs (every candidate's
-    proposal against what the target wrote, edit_replay and line): a match where the context
-    repeats itself has its first token stand 89-100% of the time on 3+ tokens (30-53% on 2), one
-    in the document's recent completions 46-100% (22-33%), any other match 19-83% (29-42%)."""
-    if not draft.source.startswith("lookup:") or draft.source == ContinuationDrafter.source:
-        return draft.source
-    short = draft.ngram < TRUSTED_NGRAM
-    if draft.repeat:
-        return "lookup/repeat/short" if short else "lookup/repeat"
-    if draft.source == SUGGESTED:
-        return "lookup/suggested/short" if short else "lookup/suggested"
-    return "lookup/short" if short else "lookup/trusted"
+UNKNOWN_PRIOR: Prior = (0.3, 0.5)  # a kind no drafter declared a prior for
 
 
 @dataclass
 class PlannerMemory:
-    """What the planner learns across requests, per loaded pair: costs and acceptance."""
+    """What the planner learns across requests, per loaded pair: costs and acceptance, and the
+    priors its drafters declared (``Drafter.priors``; a kind belongs to one drafter)."""
 
     costs: ForwardCosts = field(default_factory=ForwardCosts)
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
-    steps_since_model: int = 0
-    steps_since_lookup: int = 0  # steps a lookup match was found and not drafted
+    priors: dict[str, Prior] = field(default_factory=dict)
+    steps_unpriced: dict[str, int] = field(default_factory=dict)  # priced drafter's kind -> steps it did not run
+    steps_passed_over: int = 0  # steps an offered draft was found and not drafted
 
     def of(self, kind: str) -> Acceptance:
         if kind not in self.acceptance:
             base = kind.removesuffix(CONTESTED).removesuffix(RIVAL)
-            self.acceptance[kind] = Acceptance.prior(*PRIORS.get(base, (0.3, 0.5)))
+            self.acceptance[kind] = Acceptance.prior(*self.priors.get(base, UNKNOWN_PRIOR))
         return self.acceptance[kind]
 
 
 @dataclass
 class DraftPlanner:
-    """Per step, the draft that maximises expected tokens per millisecond: none, the rest of the
-    previous suggestion, a lookup match, or a draft-model chain, each cut to its best length.
+    """Per step, the draft that maximises expected tokens per millisecond: none, or one of the
+    drafters' drafts, each cut to its best length; where the forward path runs trees, several
+    drafters' drafts side by side (``_tree``).
+
+    Drafters whose ``cost`` is None are offered first, in priority order: each proposes up to its
+    ``longest`` tokens and the draft is cut to its best length, priced by its kind's acceptance.
+    Then each drafter with a ``cost`` (a model's forwards) is priced before it drafts and runs only
+    when its chain beats the best offer.
 
     rate(draft of k tokens) = (1 + E[accepted | k]) / (step_ms(k + 1) + drafting ms), where a
     step pays for the rows of logits it reads (1 + accepted) when they are computed on demand;
-    a plain step is rate 1 / step_ms(1). The draft model's catch-up (tokens its cache lacks) is spread
-    over the steps the rest of the completion should take. Counts proposals and acceptances per
-    source for reporting.
+    a plain step is rate 1 / step_ms(1). A priced drafter's catch-up (tokens its cache lacks) is
+    spread over the steps the rest of the completion should take.
     """
 
     memory: PlannerMemory
-    lookup: LookupDrafter | None = None
-    model: ModelDrafter | None = None
-    continuation: ContinuationDrafter | None = None
-    lookup_max: int = 16
-    draft_max: int = 8
+    drafters: Sequence[Drafter] = ()  # in priority order: of two drafts that rate the same, the earlier drafter's
     trees: bool = False  # may verify several drafts as a token tree (a forward path that runs trees)
     stats: dict[str, SourceStats] = field(default_factory=dict)
     # This step's contest, when another source's draft started with another token than the
     # chosen one: (kind + CONTESTED, its first token), and each rival's (kind + RIVAL, first token)
     contest: list[tuple[str, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.drafters = list(self.drafters)  # this planner's own: a drafter that ends leaves it
+        for drafter in self.drafters:
+            for kind, prior in drafter.priors.items():
+                self.memory.priors.setdefault(kind, prior)
 
     def _best_length(self, kind: str, available: int, extra_ms: Callable[[int], float]) -> tuple[int, float]:
         acceptance, costs = self.memory.of(kind), self.memory.costs
@@ -121,56 +93,63 @@ class DraftPlanner:
         if room <= 0:
             return EMPTY
         best, best_rate = EMPTY, 1.0 / self.memory.costs.step_ms(1, 1)
-        candidates: list[Draft] = []
-        if self.continuation is not None:
-            draft = self.continuation.propose(seq, room)
-            if draft.tokens:
-                candidates.append(draft)
-            else:
-                self.continuation = None  # diverged or used up: it never proposes again
-        alternatives = list(candidates)  # what a token tree may add beside the chosen draft
-        if self.lookup is not None:
-            k = min(room, self.lookup_max)
-            matches = self.lookup.propose_all(seq, k) if self.trees else [self.lookup.propose(seq, k)]
-            candidates.append(matches[0] if matches else EMPTY)
-            alternatives += matches
+        offers = self._offers(seq, room)  # each offered drafter's best draft
+        alternatives = [draft for drafts in offers for draft in drafts]  # what a token tree may add beside the chosen draft
         unchosen = []
         probe = None
-        for draft in candidates:
+        for draft in (drafts[0] if drafts else EMPTY for drafts in offers):
             if draft.tokens:
-                kind = draft_kind(draft)
-                k, rate = self._best_length(kind, len(draft), lambda k: 0.0)
-                unchosen.append(kind)
+                k, rate = self._best_length(draft.kind, len(draft), lambda k: 0.0)
+                unchosen.append(draft.kind)
                 if rate > best_rate:
                     best, best_rate = dataclasses.replace(draft, tokens=draft.tokens[:k]), rate
                 elif probe is None:
                     probe = dataclasses.replace(draft, tokens=draft.tokens[:PROBE_LENGTH])
         if best.tokens:
-            self.memory.steps_since_lookup = 0
+            self.memory.steps_passed_over = 0
         elif probe is not None:
-            # Matches keep being passed over: try one short one now and then, so its acceptance
+            # Offers keep being passed over: try one short one now and then, so its acceptance
             # and the cost of a verify that wide are measured again (both may be stale).
-            self.memory.steps_since_lookup += 1
-            if self.memory.steps_since_lookup >= PROBE_EVERY:
-                self.memory.steps_since_lookup = 0
+            self.memory.steps_passed_over += 1
+            if self.memory.steps_passed_over >= PROBE_EVERY:
+                self.memory.steps_passed_over = 0
                 best = probe
-        if self.model is not None:
-            catch_up = len(seq) - common_prefix(self.model.state.ids, seq)
-            k = self._model_length(catch_up, room, best_rate)
+        for drafter in [drafter for drafter in self.drafters if drafter.cost is not None]:
+            cost = drafter.cost
+            catch_up = cost.catch_up(seq)
+            k = self._priced_length(drafter, catch_up, room, best_rate)
             if k:
                 self._relax(unchosen)
-                self.memory.steps_since_model = 0
-                state = self.model.state
-                started, forwards, recordings = time.perf_counter(), state.forwards, state.recordings
-                draft = self.model.propose(seq, k)
-                if state.recordings == recordings:  # a step that recorded a CUDA graph first is no measure
-                    self.memory.costs.record_draft(catch_up, state.forwards - forwards,
+                self.memory.steps_unpriced[cost.kind] = 0
+                started, forwards, recordings = time.perf_counter(), cost.forwards, cost.recordings
+                draft = self._kinded(drafter, drafter.propose(seq, k))
+                if cost.recordings == recordings:  # a step that recorded a CUDA graph first is no measure
+                    self.memory.costs.record_draft(catch_up, cost.forwards - forwards,
                                                    (time.perf_counter() - started) * 1000)
                 return self._tree(draft, alternatives)
-            self.memory.steps_since_model += 1
-            unchosen.append(ModelDrafter.source)
-        self._relax([kind for kind in unchosen if not best.tokens or kind != draft_kind(best)])
+            self.memory.steps_unpriced[cost.kind] = self.memory.steps_unpriced.get(cost.kind, 0) + 1
+            unchosen.append(cost.kind)
+        self._relax([kind for kind in unchosen if not best.tokens or kind != best.kind])
         return self._tree(best, alternatives)
+
+    def _offers(self, seq: Sequence[int], room: int) -> list[list[Draft]]:
+        """Per drafter that costs nothing to ask, in priority order: its drafts (all its candidates
+        where a token tree may verify them, else its one), with their kinds. A drafter that
+        ``ends_when_empty`` and proposes nothing leaves this planner, never to propose again."""
+        offers = []
+        for drafter in [drafter for drafter in self.drafters if drafter.cost is None]:
+            k = room if drafter.longest is None else min(room, drafter.longest)
+            drafts = drafter.propose_all(seq, k) if self.trees else [drafter.propose(seq, k)]
+            if drafter.ends_when_empty and not (drafts and drafts[0].tokens):
+                self.drafters.remove(drafter)
+                continue
+            offers.append([self._kinded(drafter, draft) for draft in drafts])
+        return offers
+
+    @staticmethod
+    def _kinded(drafter: Drafter, draft: Draft) -> Draft:
+        """``draft`` carrying its drafter's kind for it (what it is priced and learnt under)."""
+        return dataclasses.replace(draft, kind=drafter.kind(draft)) if draft.tokens else draft
 
     def _tree(self, chosen: Draft, alternatives: list[Draft]) -> Draft | DraftTree:
         """``chosen``, or a token tree of it and the alternatives (other sources' drafts) that
@@ -191,13 +170,13 @@ class DraftPlanner:
         rivals = {}
         for draft in alternatives:
             if draft.tokens and draft.tokens[0] != chosen.tokens[0]:
-                rivals.setdefault(draft.tokens[0], draft_kind(draft) + RIVAL)
+                rivals.setdefault(draft.tokens[0], draft.kind + RIVAL)
         costs = self.memory.costs
-        main = self.memory.of(draft_kind(chosen))
+        main = self.memory.of(chosen.kind)
         if rivals:
             # Where sources disagree, each is right less often than it is overall (often neither
             # is): the first tokens are priced as measured in such contests (``settle``).
-            self.contest = [(draft_kind(chosen) + CONTESTED, chosen.tokens[0]),
+            self.contest = [(chosen.kind + CONTESTED, chosen.tokens[0]),
                             *((kind, token) for token, kind in rivals.items())]
             contested = self.memory.of(self.contest[0][0])
             main = dataclasses.replace(main, first_hits=contested.first_hits, first_misses=contested.first_misses)
@@ -212,7 +191,7 @@ class DraftPlanner:
             shared = common_prefix(draft.tokens, chosen.tokens)
             if shared >= min(len(draft), len(chosen)) or (shared, draft.tokens[shared]) in taken:
                 continue
-            acceptance = self.memory.of(draft_kind(draft))
+            acceptance = self.memory.of(draft.kind)
             reach = 1.0 if shared == 0 else main.first * main.then ** (shared - 1)
             next_stands = self.memory.of(rivals[draft.tokens[0]]).first if shared == 0 else acceptance.then
             odds = min(next_stands, left[shared])
@@ -237,18 +216,20 @@ class DraftPlanner:
         for kind in set(kinds):
             self.memory.of(kind).relax()
 
-    def _model_length(self, catch_up: int, room: int, rate_to_beat: float) -> int:
-        """Draft-model chain length worth running (its cache lacks ``catch_up`` tokens), or 0."""
-        acceptance, costs = self.memory.of(ModelDrafter.source), self.memory.costs
+    def _priced_length(self, drafter: Drafter, catch_up: int, room: int, rate_to_beat: float) -> int:
+        """Chain length worth drafting with ``drafter`` (its cache lacks ``catch_up`` tokens), or 0."""
+        kind = drafter.cost.kind
+        acceptance, costs = self.memory.of(kind), self.memory.costs
 
         def drafting_ms(k: int) -> float:
             steps_left = max(1.0, room / (1.0 + acceptance.expected(k)))
             return costs.draft_ms(1, k) + costs.draft_ms(catch_up, 0) / steps_left
 
-        k, rate = self._best_length(ModelDrafter.source, min(room, self.draft_max), drafting_ms)
+        available = room if drafter.longest is None else min(room, drafter.longest)
+        k, rate = self._best_length(kind, available, drafting_ms)
         if rate > rate_to_beat:
             return k
-        if self.memory.steps_since_model >= PROBE_EVERY and catch_up <= PROBE_CATCH_UP:
+        if self.memory.steps_unpriced.get(kind, 0) >= PROBE_EVERY and catch_up <= PROBE_CATCH_UP:
             return min(2, room)
         return 0
 
@@ -266,7 +247,7 @@ class DraftPlanner:
         stats.proposed += len(draft)
         stats.accepted += accepted
         stats.steps += 1
-        self.memory.of(draft_kind(draft)).record(len(draft), accepted)
+        self.memory.of(draft.kind).record(len(draft), accepted)
 
     def settle(self, first: int) -> None:
         """After a step whose first new token was ``first`` (the target's): which side of this
@@ -292,225 +273,3 @@ class DraftPlanner:
         stats.steps += 1
         stats.proposed += len(tree.branches) - 1
         stats.accepted += 1 if common_prefix(accepted, tree.branches[0].tokens) < len(accepted) else 0
-
-
-class Constraint(Protocol):
-    """Masks the target's logits (token healing): ``rows`` for a forward's rows [k + 1, V]
-    after ``before`` + draft[:i], ``row`` for one row [V] after ``before``."""
-
-    def rows(self, logits: torch.Tensor, before: Sequence[int], draft: Sequence[int]) -> torch.Tensor: ...
-    def row(self, logits: torch.Tensor, before: Sequence[int]) -> torch.Tensor: ...
-
-
-def _row(rows: Rows, i: int, constraint: Constraint | None, before: Sequence[int]) -> torch.Tensor:
-    """Row i of the logits, masked by the constraint after ``before`` when there is one."""
-    logits = rows.row(i)
-    return logits if constraint is None else constraint.row(logits, before)
-
-
-def _choice(rows: Rows, i: int, constraint: Constraint | None, before: Sequence[int]) -> int:
-    """The target's greedy token at row i (under the constraint after ``before``)."""
-    if constraint is None:
-        return rows.argmax(i)
-    return int(constraint.row(rows.row(i), before).argmax())
-
-
-def _stands(p: torch.Tensor, token: int, q: torch.Tensor | None, generator: torch.Generator | None) -> bool:
-    """One step of speculative sampling: a draft ``token`` drawn from q (None: a point mass,
-    q(token) = 1) stands with probability min(1, p(token) / q(token))."""
-    q_token = q[token].item() if q is not None else 1.0
-    return torch.rand((), generator=generator).item() < min(1.0, p[token].item() / q_token)
-
-
-def _rejected(p: torch.Tensor, token: int, q: torch.Tensor | None) -> torch.Tensor:
-    """What p becomes once a draft ``token`` drawn from q was rejected: norm(max(0, p - q)); for a
-    point mass, p with the token removed; p itself where that leaves nothing (p == q up to
-    rounding: any draw from p is right)."""
-    if q is not None:
-        residual = (p - q).clamp(min=0.0)
-    else:
-        residual = p.clone()
-        residual[token] = 0.0
-    total = residual.sum()
-    return p if total <= 0 else residual / total
-
-
-def verify_greedy(rows: Rows, draft: Draft, out: Sequence[int],
-                  constraint: Constraint | None = None) -> tuple[int, int]:
-    """Greedy verification reading rows only as far as the draft stands: a draft token stands
-    iff it is the target's argmax (under the constraint); the first mismatch is replaced by the
-    argmax, and if all stand the last row gives a bonus token. Rows past the first mismatch are
-    never computed (``LazyRows``)."""
-    n, k = 0, len(draft)
-    while True:
-        choice = _choice(rows, n, constraint, [*out, *draft.tokens[:n]])
-        if n == k or choice != draft.tokens[n]:
-            return n, choice
-        n += 1
-
-
-def verify_tree_greedy(rows: Rows, tree: DraftTree, out: Sequence[int],
-                       constraint: Constraint | None = None) -> tuple[list[int], int]:
-    """``verify_greedy`` down a token tree (row 0: after the pending token; row i + 1: after
-    node i): from the root, follow the child whose token is the target's argmax while there is
-    one. Returns the path of nodes that stood and the target's own token after them; rows off the
-    path are never computed."""
-    children = tree.children()
-    node, path, stood = -1, [], []
-    while True:
-        choice = _choice(rows, node + 1, constraint, [*out, *stood])
-        child = children.get(node, {}).get(choice)
-        if child is None:
-            return path, choice
-        path.append(child)
-        stood.append(choice)
-        node = child
-
-
-def verify_tree(rows: Rows, tree: DraftTree, sampling: SamplingParams, generator: torch.Generator | None,
-                out: Sequence[int], constraint: Constraint | None = None) -> tuple[list[int], int]:
-    """Speculative sampling down a token tree: at each node, the drafts offered after it are
-    tested in turn as SpecInfer's multi-draft rule tests them, each as one step of ``verify``:
-    draft d drawn from q stands with probability min(1, p(d) / q(d)) under the current p, and if
-    it does not, p becomes norm(max(0, p - q)) for the next (a point mass: p with d removed).
-    The first that stands moves down to its node; when none does, the target's own token is
-    drawn from what p has become. Each test is an exact rejection step for a draft drawn
-    independently of the others, so the token that comes out follows the target's p, as for a
-    chain. Returns the path of nodes that stood and the target's own token after them."""
-    offers = tree.offers()
-    node, path, stood = -1, [], []
-    while True:
-        p = probabilities(_row(rows, node + 1, constraint, [*out, *stood]), sampling)
-        for child, token, q in offers.get(node, []):
-            if _stands(p, token, q, generator):
-                break
-            p = _rejected(p, token, q)
-        else:
-            return path, int(torch.multinomial(p, 1, generator=generator))
-        path.append(child)
-        stood.append(token)
-        node = child
-
-
-def verify(logits: torch.Tensor, draft: Draft, sampling: SamplingParams,
-           generator: torch.Generator | None) -> tuple[int, int]:
-    """Accepted draft count n and the target's own next token after them.
-
-    logits: [k + 1, V]; row i is the target's distribution for the token after draft[:i].
-    """
-    k = len(draft)
-    if sampling.greedy:
-        # Greedy: a draft token stands iff it is the target's argmax; the first mismatch is
-        # replaced by the argmax, and if all stand the last row gives a bonus token.
-        choice = logits.argmax(-1).tolist()
-        n = 0
-        while n < k and choice[n] == draft.tokens[n]:
-            n += 1
-        return n, choice[n]
-    p = probabilities(logits, sampling)  # [k + 1, V]
-    for i, token in enumerate(draft.tokens):
-        # Speculative sampling: accept d with probability min(1, p(d) / q(d)); on rejection
-        # draw from norm(max(0, p - q)). A lookup draft is a point mass: q(d) = 1, so accept
-        # with p(d), and the residual is p with d removed.
-        q = draft.probs[i] if draft.probs is not None else None
-        if not _stands(p[i], token, q, generator):
-            return i, int(torch.multinomial(_rejected(p[i], token, q), 1, generator=generator))
-    return k, int(torch.multinomial(p[k], 1, generator=generator))
-
-
-@dataclass
-class DecodeOutcome:
-    tokens: list[int]
-    stop_reason: str
-    target_forwards: int
-    first_token_s: float
-
-
-def _timed(started: float, recordings: int, target: KVState, rows: Rows) -> float | None:
-    """ms of a verify step since ``started``, less the rows of logits computed on demand (they
-    are priced apart); None when the forward recorded a CUDA graph first (``recordings`` moved):
-    a recording costs a few forwards once, and would price that width out for a while."""
-    if target.recordings != recordings:
-        return None
-    return (time.perf_counter() - started) * 1000 - rows.head_ms
-
-
-def speculative_decode(
-    target: KVState,
-    seq: list[int],
-    planner: DraftPlanner,
-    sampling: SamplingParams,
-    max_tokens: int,
-    stop: Callable[[int], str | None],
-    deadline: float,
-    cancel: threading.Event | None = None,
-    generator: torch.Generator | None = None,
-    constraint: Constraint | None = None,
-) -> DecodeOutcome:
-    """Generate after ``seq``, of which the target holds a prefix, at least all but the last
-    token: the rest (the last token, or a keystroke's few new prompt tokens, ``MERGED_PREFILL``)
-    runs with the first step's draft in one forward, whose rows before the last prompt token's
-    are never read. Each later step runs the last token and its draft.
-
-    ``stop(token)`` sees each new token in order and returns a reason to stop, or None.
-    ``constraint``, if given, masks disallowed tokens in the verify logits (token healing):
-    drafts and the target's own tokens obey it alike.
-    """
-    start = time.monotonic()
-    first_token_s = 0.0
-    out: list[int] = []
-    forwards = 0
-    held = len(target.ids)  # the target holds seq[:held]; seq[held:] runs with the next step
-    if not 0 < len(seq) - held <= MERGED_PREFILL or target.ids != seq[:held]:
-        raise ValueError(f"the target holds {held} tokens that do not lead the {len(seq)} to decode after")
-    while True:
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("completion cancelled")
-        if out and time.monotonic() > deadline:
-            return DecodeOutcome(out, "time_budget", forwards, first_token_s)
-        room = max_tokens - len(out) - 1  # one token of each step is the target's own
-        draft = planner.propose(seq, room)
-        step_started, recordings = time.perf_counter(), target.recordings
-        forwards += 1
-        lead = seq[held:]  # the pending token, after the first step's prompt tokens (if any)
-        skip = len(lead) - 1  # rows not read: the prompt tokens' before the last
-        if isinstance(draft, DraftTree):
-            parents = [*range(-1, skip), *(skip + 1 + parent for parent in draft.parents)]
-            rows = target.extend_tree([*lead, *draft.tokens], parents, skip=skip)
-            if sampling.greedy:
-                path, own = verify_tree_greedy(rows, draft, out, constraint)
-            else:
-                path, own = verify_tree(rows, draft, sampling, generator, out, constraint)
-            step_ms = _timed(step_started, recordings, target, rows) if not skip else None
-            stood = [draft.tokens[node] for node in path]
-            planner.record_tree(draft, stood, step_ms, rows.head_ms / max(rows.computed, 1))
-            target.keep(held, [*range(len(lead)), *(len(lead) + node for node in path)])  # lead and the path that stood
-            new = [*stood, own]
-        else:
-            rows = target.extend_rows([*lead, *draft.tokens], skip=skip)  # k + 1 rows read, one forward
-            if sampling.greedy:
-                accepted, own = verify_greedy(rows, draft, out, constraint)
-            else:
-                logits = rows.dense()
-                if constraint is not None:
-                    logits = constraint.rows(logits, out, draft.tokens)
-                accepted, own = verify(logits, draft, sampling, generator)  # reads the logits: a device sync
-            # (a step that also ran prompt tokens is no measure of a k + 1 verify's cost)
-            step_ms = _timed(step_started, recordings, target, rows) if not skip else None
-            planner.record(draft, accepted, step_ms, rows.head_ms / max(rows.computed, 1))
-            target.rollback(len(seq) + accepted)  # keep the lead and the accepted drafts
-            new = [*draft.tokens[:accepted], own]
-        planner.settle(new[0])
-        if not out:
-            first_token_s = time.monotonic() - start
-        seq.extend(new)
-        held = len(seq) - 1
-        for token in new:
-            reason = stop(token)
-            if reason is not None:
-                if reason != "eos":
-                    out.append(token)
-                return DecodeOutcome(out, reason, forwards, first_token_s)
-            out.append(token)
-            if len(out) >= max_tokens:
-                return DecodeOutcome(out, "max_tokens", forwards, first_token_s)

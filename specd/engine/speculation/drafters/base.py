@@ -1,29 +1,38 @@
-"""Drafters propose tokens; the target verifies them. One interface, no branching on type.
+"""What every drafter shares: the draft types (``Draft``, ``DraftTree``, ``EMPTY``), the
+``Drafter`` protocol (everything the planner asks of a drafter, with defaults), the cost model
+inputs of a drafter that runs a model (``DraftingCost``), and what the engine hands the
+registry's factories for one request (``DrafterInputs``).
 
-``propose(seq, k) -> Draft``: up to k tokens to follow ``seq``. ``Draft.probs`` holds the
-drafter's distribution q for each token (the draft model), or None for a deterministic
-proposal (prompt lookup), which the verifier treats as a point mass.
+A drafter proposes tokens; the target verifies them. ``propose(seq, k) -> Draft``: up to k tokens
+to follow ``seq``. ``Draft.probs`` holds the drafter's distribution q for each token (the draft
+model), or None for a deterministic proposal (prompt lookup), which the verifier treats as a point
+mass. The planner and the loop never branch on a drafter's type or source: what differs between
+drafters is declared here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, ClassVar, Mapping, Protocol, Sequence
 
 import torch
 
-from specd.engine.caches import KVState
-from specd.engine.lookup import MAX_N, NgramIndex, candidates, lookup
-from specd.engine.speculation.sampling import SamplingParams, probabilities, sample
+from specd.engine.caches import DocumentState, KVState, common_prefix
+from specd.engine.lookup import NgramIndex
+from specd.engine.options import EngineOptions
+from specd.engine.speculation.sampling import SamplingParams
+
+Prior = tuple[float, float]  # (first, then): acceptance of a draft's first token, and of each later one
 
 
 @dataclass
 class Draft:
     tokens: list[int]
-    source: str
+    source: str  # who proposed it: what stats() counts it under
     probs: torch.Tensor | None = None  # q: [len(tokens), V], None = deterministic
     ngram: int = 0  # lookup: length of the matched n-gram
     repeat: bool = False  # lookup: the context repeats itself (``lookup.Match.repeat``)
+    kind: str = ""  # its acceptance bucket (its drafter's ``kind``): set by the planner, priced and learnt under
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -87,96 +96,93 @@ class DraftTree:
                     out.setdefault(node, []).append((child, token, None))
                 node = child
         return out
-SUGGESTED = "lookup:suggested"  # lookup's source for matches in the document's recent completions
+
+
+class DraftingCost(Protocol):
+    """Cost model inputs of a drafter whose drafting runs forwards of a model: the planner prices
+    a chain before it is drafted (``ForwardCosts.draft_ms``: per forward, and per token the
+    model's cache must catch up on) and measures the forwards it took after."""
+
+    kind: str  # the acceptance bucket its chains are priced under before they exist
+
+    def catch_up(self, seq: Sequence[int]) -> int:
+        """Tokens of ``seq`` the model's cache lacks: run before its first drafted token."""
+        ...
+
+    @property
+    def forwards(self) -> int:
+        """Forwards the model has run so far (a counter: the planner reads it before and after)."""
+        ...
+
+    @property
+    def recordings(self) -> int:
+        """CUDA graphs recorded so far: a drafting that recorded one is no measure of its cost."""
+        ...
+
+
+@dataclass(frozen=True)
+class KVCost:
+    """``DraftingCost`` of a drafter that runs forwards on a ``KVState``."""
+
+    kind: str
+    state: KVState
+
+    def catch_up(self, seq: Sequence[int]) -> int:
+        return len(seq) - common_prefix(self.state.ids, seq)
+
+    @property
+    def forwards(self) -> int:
+        return self.state.forwards
+
+    @property
+    def recordings(self) -> int:
+        return self.state.recordings
 
 
 class Drafter(Protocol):
-    def propose(self, seq: Sequence[int], k: int) -> Draft: ...
+    """Everything the planner asks of a drafter. Drafters subclass it for the defaults: a drafter
+    that costs nothing to ask, proposes one draft per step, and whose drafts are of one kind, its
+    source.
 
+    Per step, the planner first asks every drafter whose ``cost`` is None (an index look-up: asking
+    costs nothing) for up to ``longest`` tokens, prices each draft by its ``kind``'s acceptance
+    and cuts it to its best length; then it prices the chain of each drafter with a ``cost`` (a
+    model's forwards) before drafting, and runs it only when it pays."""
 
-class LookupDrafter:
-    """Longest n-gram match of the context's tail: the context itself (the current document's
-    prompt plus what has been generated; its matches may run periodic, ``NgramIndex.continuation``),
-    then whatever else the engine passes in priority order: this document's recent completions
-    (``lookup:suggested``), other open buffers, the workspace corpus."""
+    priors: ClassVar[Mapping[str, Prior]] = {}  # its kinds -> acceptance before anything is measured
+    longest: int | None = None  # most tokens in one draft (None: as many as the completion has room for)
+    ends_when_empty: bool = False  # drafts only while the output agrees with it: dropped the first step it proposes nothing
+    cost: DraftingCost | None = None  # None: asking costs nothing; else what drafting k tokens costs
 
-    def __init__(self, context_index: NgramIndex, others: Sequence[tuple[str, NgramIndex]]):
-        self.context_index = context_index
-        self.others = list(others)
+    @staticmethod
+    def kind(draft: Draft) -> str:
+        """The acceptance bucket ``draft`` is priced and learnt under (one of ``priors``' keys)."""
+        return draft.source
 
     def propose(self, seq: Sequence[int], k: int) -> Draft:
-        self.context_index.sync(seq)  # incremental: only the newly accepted tokens are indexed
-        match = lookup(seq, k, [("lookup:current", self.context_index), *self.others],
-                       holding_tail=self.context_index)
-        if match is None:
-            return EMPTY
-        return Draft(match.tokens, match.source, None, match.ngram, match.repeat)
+        """Up to k tokens to follow ``seq`` (``EMPTY``: none)."""
+        ...
 
     def propose_all(self, seq: Sequence[int], k: int) -> list[Draft]:
-        """Every source's match (``propose``'s first), for a token tree."""
-        self.context_index.sync(seq)
-        matches = candidates(seq, k, [("lookup:current", self.context_index), *self.others],
-                             holding_tail=self.context_index)
-        return [Draft(m.tokens, m.source, None, m.ngram, m.repeat) for m in matches]
+        """Every candidate it has, best (``propose``'s) first: what a token tree may verify side by
+        side. One unless the drafter offers several."""
+        return [self.propose(seq, k)]
 
 
-class ContinuationDrafter:
-    """The document's previous completion minus what the user typed since: while the user types
-    through a suggestion, its rest is the best possible draft. It proposes only while the output
-    so far agrees with it; the first rejection ends it."""
+@dataclass(frozen=True)
+class DrafterInputs:
+    """What the engine has for one request, for the registry's factories to build drafters from.
+    The callables are asked only by a factory that builds (they may encode text)."""
 
-    source = "lookup:previous"
-
-    def __init__(self, prompt_length: int, tokens: list[int]):
-        self.prompt_length = prompt_length
-        self.tokens = tokens
-
-    def propose(self, seq: Sequence[int], k: int) -> Draft:
-        done = len(seq) - self.prompt_length
-        if done >= len(self.tokens) or list(seq[self.prompt_length:]) != self.tokens[:done]:
-            return EMPTY
-        return Draft(self.tokens[done:done + k], self.source, None, MAX_N)
+    state: DocumentState  # the document's KV states (target, draft), context index, recent completions
+    options: EngineOptions  # lookup_max, draft_max, draft_confidence
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    vocab_size: int  # the target's: a drafting distribution must index the same token ids
+    use_lookup: bool
+    use_draft: bool  # ... and the pair has a draft model
+    lookup_sources: Callable[[], list[tuple[str, NgramIndex]]]  # other open buffers', the workspace's, in priority order
+    previous: Callable[[], tuple[int, list[int]] | None]  # the last suggestion's rest after what was typed: (prompt length, tokens)
 
 
-class ModelDrafter:
-    """Chain from the draft model; stops early when its confidence (the top probability of its
-    next-token distribution, known before the draw) falls below a threshold."""
-
-    source = "draft"
-
-    def __init__(self, state: KVState, vocab_size: int, sampling: SamplingParams, confidence: float,
-                 generator: torch.Generator | None = None):
-        self.state = state
-        self.vocab_size = vocab_size  # the target's: q must index the same token ids as p
-        self.sampling = sampling
-        self.confidence = confidence
-        self.generator = generator
-
-    def _fit_vocab(self, q: torch.Tensor) -> torch.Tensor:
-        if q.shape[-1] == self.vocab_size:
-            return q
-        if q.shape[-1] > self.vocab_size:
-            q = q[..., : self.vocab_size]
-            return q / q.sum(-1, keepdim=True)
-        return torch.nn.functional.pad(q, (0, self.vocab_size - q.shape[-1]))
-
-    def propose(self, seq: Sequence[int], k: int) -> Draft:
-        if k <= 0:
-            return EMPTY
-        logits = self.state.logits_after(seq)  # [1, V]
-        tokens: list[int] = []
-        probs: list[torch.Tensor] = []
-        while True:
-            q = self._fit_vocab(probabilities(logits[-1], self.sampling))  # [V]
-            # Stop on q alone, before drawing: a cut that depended on the drawn token would
-            # skew the drafted tokens away from q, and verification divides by q (not lossless).
-            # Greedy draws the argmax, so this is the argmax's confidence there, as before.
-            if tokens and q.max().item() < self.confidence:
-                break
-            token = sample(q, self.sampling, self.generator)
-            tokens.append(token)
-            probs.append(q)
-            if len(tokens) == k:
-                break
-            logits = self.state.extend([token], last_only=True)
-        return Draft(tokens, self.source, torch.stack(probs))
+DrafterFactory = Callable[[DrafterInputs], "Drafter | None"]  # a registry entry: None where it has nothing to draft

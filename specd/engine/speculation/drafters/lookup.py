@@ -1,0 +1,72 @@
+"""Prompt lookup as a drafter: the longest n-gram match of the context's tail, in the current
+context first, then this document's recent completions, other open buffers and the workspace.
+Asking costs nothing (an incremental index, no model); every source's match is a candidate for a
+token tree; a draft's kind says how far it is trusted (where it comes from, how long a match)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from specd.engine.lookup import NgramIndex, candidates, lookup
+from specd.engine.options import EngineOptions
+from specd.engine.speculation.drafters.base import EMPTY, Draft, Drafter, DrafterInputs
+
+CURRENT = "lookup:current"  # matches in the context itself (the prompt plus what has been generated)
+SUGGESTED = "lookup:suggested"  # matches in the document's recent completions
+TRUSTED_NGRAM = 3  # matches this long are their own kind of draft (they stand far more often)
+
+
+class LookupDrafter(Drafter):
+    """Longest n-gram match of the context's tail: the context itself (the current document's
+    prompt plus what has been generated; its matches may run periodic, ``NgramIndex.continuation``),
+    then whatever else the engine passes in priority order: this document's recent completions
+    (``lookup:suggested``), other open buffers, the workspace corpus."""
+
+    priors = {  # measured on the development pairs, see ``kind``
+        "lookup/repeat": (0.8, 0.9),
+        "lookup/repeat/short": (0.4, 0.85),
+        "lookup/suggested": (0.7, 0.85),
+        "lookup/suggested/short": (0.3, 0.8),
+        "lookup/trusted": (0.5, 0.7),
+        "lookup/short": (0.3, 0.6),
+    }
+
+    def __init__(self, context_index: NgramIndex, others: Sequence[tuple[str, NgramIndex]],
+                 longest: int = EngineOptions.lookup_max):
+        self.context_index = context_index
+        self.others = list(others)
+        self.longest = longest
+
+    @classmethod
+    def for_request(cls, inputs: DrafterInputs) -> "LookupDrafter | None":
+        if not inputs.use_lookup:
+            return None
+        suggested = [(SUGGESTED, index) for index in inputs.state.suggestions]
+        return cls(inputs.state.context_index, suggested + inputs.lookup_sources(), inputs.options.lookup_max)
+
+    @staticmethod
+    def kind(draft: Draft) -> str:
+        """By where the match comes from and how long a match (n-gram) it rests on. Measured on the
+        development pairs (every candidate's proposal against what the target wrote, edit_replay
+        and line): a match where the context repeats itself has its first token stand 89-100% of
+        the time on 3+ tokens (30-53% on 2), one in the document's recent completions 46-100%
+        (22-33%), any other match 19-83% (29-42%)."""
+        short = draft.ngram < TRUSTED_NGRAM
+        if draft.repeat:
+            return "lookup/repeat/short" if short else "lookup/repeat"
+        if draft.source == SUGGESTED:
+            return "lookup/suggested/short" if short else "lookup/suggested"
+        return "lookup/short" if short else "lookup/trusted"
+
+    def propose(self, seq: Sequence[int], k: int) -> Draft:
+        self.context_index.sync(seq)  # incremental: only the newly accepted tokens are indexed
+        match = lookup(seq, k, [(CURRENT, self.context_index), *self.others], holding_tail=self.context_index)
+        if match is None:
+            return EMPTY
+        return Draft(match.tokens, match.source, None, match.ngram, match.repeat)
+
+    def propose_all(self, seq: Sequence[int], k: int) -> list[Draft]:
+        """Every source's match (``propose``'s first), for a token tree."""
+        self.context_index.sync(seq)
+        matches = candidates(seq, k, [(CURRENT, self.context_index), *self.others], holding_tail=self.context_index)
+        return [Draft(m.tokens, m.source, None, m.ngram, m.repeat) for m in matches]

@@ -1,0 +1,117 @@
+"""The speculative loop: draft, verify in one target forward, accept/reject, roll back.
+
+Invariant between steps: the target's KV cache holds ``seq[:-1]``; ``seq[-1]`` is pending, so
+each step runs ``[seq[-1], d_1 .. d_k]`` through the target and gets k + 1 next-token
+distributions at once (the last prompt token rides along with the first step; so may a
+keystroke's few new prompt tokens before it, whose rows are never read: one forward to the first
+token instead of a prefill and a step). Where the planner builds a token tree (on a forward path
+that runs trees), the step runs ``[seq[-1], tree nodes]`` instead and keeps the path that stood
+(``KVState.keep``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from specd.engine.caches import KVState, Rows
+from specd.engine.speculation.drafters import DraftTree
+from specd.engine.speculation.planner import DraftPlanner
+from specd.engine.speculation.sampling import SamplingParams
+from specd.engine.speculation.verify import Constraint, accept_chain, accept_tree
+from specd.engine.types import Cancelled
+
+MERGED_PREFILL = 64  # most prompt tokens the first step runs before its draft (a keystroke's, see Engine._complete)
+
+
+@dataclass
+class DecodeOutcome:
+    tokens: list[int]
+    stop_reason: str
+    target_forwards: int
+    first_token_s: float
+
+
+def _timed(started: float, recordings: int, target: KVState, rows: Rows) -> float | None:
+    """ms of a verify step since ``started``, less the rows of logits computed on demand (they
+    are priced apart); None when the forward recorded a CUDA graph first (``recordings`` moved):
+    a recording costs a few forwards once, and would price that width out for a while."""
+    if target.recordings != recordings:
+        return None
+    return (time.perf_counter() - started) * 1000 - rows.head_ms
+
+
+def speculative_decode(
+    target: KVState,
+    seq: list[int],
+    planner: DraftPlanner,
+    sampling: SamplingParams,
+    max_tokens: int,
+    stop: Callable[[int], str | None],
+    deadline: float,
+    cancel: threading.Event | None = None,
+    generator: torch.Generator | None = None,
+    constraint: Constraint | None = None,
+) -> DecodeOutcome:
+    """Generate after ``seq``, of which the target holds a prefix, at least all but the last
+    token: the rest (the last token, or a keystroke's few new prompt tokens, ``MERGED_PREFILL``)
+    runs with the first step's draft in one forward, whose rows before the last prompt token's
+    are never read. Each later step runs the last token and its draft.
+
+    ``stop(token)`` sees each new token in order and returns a reason to stop, or None.
+    ``constraint``, if given, masks disallowed tokens in the verify logits (token healing):
+    drafts and the target's own tokens obey it alike.
+    """
+    start = time.monotonic()
+    first_token_s = 0.0
+    out: list[int] = []
+    forwards = 0
+    held = len(target.ids)  # the target holds seq[:held]; seq[held:] runs with the next step
+    if not 0 < len(seq) - held <= MERGED_PREFILL or target.ids != seq[:held]:
+        raise ValueError(f"the target holds {held} tokens that do not lead the {len(seq)} to decode after")
+    while True:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("completion cancelled")
+        if out and time.monotonic() > deadline:
+            return DecodeOutcome(out, "time_budget", forwards, first_token_s)
+        room = max_tokens - len(out) - 1  # one token of each step is the target's own
+        draft = planner.propose(seq, room)
+        step_started, recordings = time.perf_counter(), target.recordings
+        forwards += 1
+        lead = seq[held:]  # the pending token, after the first step's prompt tokens (if any)
+        skip = len(lead) - 1  # rows not read: the prompt tokens' before the last
+        if isinstance(draft, DraftTree):
+            parents = [*range(-1, skip), *(skip + 1 + parent for parent in draft.parents)]
+            rows = target.extend_tree([*lead, *draft.tokens], parents, skip=skip)
+            path, own = accept_tree(rows, draft, sampling, generator, out, constraint)
+            # (a step that also ran prompt tokens is no measure of a verify's cost)
+            step_ms = _timed(step_started, recordings, target, rows) if not skip else None
+            stood = [draft.tokens[node] for node in path]
+            planner.record_tree(draft, stood, step_ms, rows.head_ms / max(rows.computed, 1))
+            target.keep(held, [*range(len(lead)), *(len(lead) + node for node in path)])  # lead and the path that stood
+            new = [*stood, own]
+        else:
+            rows = target.extend_rows([*lead, *draft.tokens], skip=skip)  # k + 1 rows read, one forward
+            accepted, own = accept_chain(rows, draft, sampling, generator, out, constraint)
+            step_ms = _timed(step_started, recordings, target, rows) if not skip else None
+            planner.record(draft, accepted, step_ms, rows.head_ms / max(rows.computed, 1))
+            target.rollback(len(seq) + accepted)  # keep the lead and the accepted drafts
+            new = [*draft.tokens[:accepted], own]
+        planner.settle(new[0])
+        if not out:
+            first_token_s = time.monotonic() - start
+        seq.extend(new)
+        held = len(seq) - 1
+        for token in new:
+            reason = stop(token)
+            if reason is not None:
+                if reason != "eos":
+                    out.append(token)
+                return DecodeOutcome(out, reason, forwards, first_token_s)
+            out.append(token)
+            if len(out) >= max_tokens:
+                return DecodeOutcome(out, "max_tokens", forwards, first_token_s)
