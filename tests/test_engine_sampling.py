@@ -29,6 +29,7 @@ from specd.engine.speculation.verify import verify
 from specd.engine.speculation.drafters import Draft, ModelDrafter
 from specd.engine.options import EngineOptions
 from specd.engine.caches import KVState
+from specd.engine.forward.path import BasicPath
 from specd.engine.speculation.sampling import SamplingParams, probabilities
 from specd.engine.types import SourceStats
 
@@ -363,7 +364,7 @@ def test_chi_square_detects_a_biased_sampler(engine, sample_source):
 
 # -- token trees ------------------------------------------------------------------------------
 
-class BigramTreePath:
+class BigramTreePath(BasicPath):
     """A forward path over a bigram table that runs token trees (``KVState.extend_tree``): a
     bigram's row depends on a node's own token only, so what a tree test checks is that each
     node's row is read where it belongs and the kept path is the one that stood."""

@@ -76,7 +76,7 @@ def candidate_paths(model, engine_path, llamacpp: Callable[[], Any] | None = Non
             paths["lean"] = LeanForward(model)
         else:
             unavailable["lean"] = reason
-    elif getattr(engine_path, "graphs", None) is not None:  # the engine replays CUDA graphs: and without?
+    elif engine_path.replays:  # the engine replays CUDA graphs: and without?
         paths["lean_eager"] = LeanForward(model)
     if "llamacpp" not in paths and llamacpp is not None:
         try:
@@ -112,7 +112,7 @@ def measure_path(model, path, ids: Sequence[int], contexts: Sequence[int], width
 
     state = KVState(model, path)
     forward_ms: dict[str, dict[str, float]] = {}
-    lazy = not last_only and getattr(path, "lazy_head", False)
+    lazy = not last_only and path.lazy_head
     verify_ms: dict[str, dict[str, float]] = {}
     for context in sorted(contexts):
         state.prefill(list(ids[:context]))  # keeps the shorter context already held, runs the rest
@@ -243,7 +243,7 @@ def _path_names(model, engine_path) -> str:
     names = ["hf"]
     if engine_path.name == "lean" or unsupported_reason(model) is None:
         names.append("lean")
-    if getattr(engine_path, "graphs", None) is not None:
+    if engine_path.replays:
         names.append("lean_eager")
     if engine_path.name == "llamacpp" or available():
         names.append("llamacpp")

@@ -144,7 +144,7 @@ class KVState:
     @property
     def lazy_head(self) -> bool:
         """Whether this state's forward path computes rows of logits on demand (``LazyRows``)."""
-        return getattr(self.path, "lazy_head", False)
+        return self.path.lazy_head
 
     def extend_rows(self, new_ids: Sequence[int], skip: int = 0) -> Rows:
         """``extend`` for verification: the logits as ``Rows``, computed on demand where the
@@ -159,19 +159,18 @@ class KVState:
     def recordings(self) -> int:
         """CUDA graphs this state's forward path has recorded so far (``LeanForward.use_graphs``;
         0 on every other path): a forward that recorded one first is no measure of its width."""
-        return getattr(self.path, "recordings", 0)
+        return self.path.recordings
 
     def prepare(self, ahead: int) -> int:
         """Idle work for a forward path that replays recorded graphs (``LeanForward.prepare``):
         room for ``ahead`` more tokens and the recordings the next request will want. Returns
         how many were recorded (0 on every other path)."""
-        prepare = getattr(self.path, "prepare", None)
-        return prepare(self.cache, ahead) if prepare is not None else 0
+        return self.path.prepare(self.cache, ahead)
 
     @property
     def trees(self) -> bool:
         """Whether this state's forward path runs token trees (``extend_tree``)."""
-        return getattr(self.path, "trees", False)
+        return self.path.trees
 
     def extend_tree(self, new_ids: Sequence[int], parents: Sequence[int], skip: int = 0) -> Rows:
         """``extend_rows`` for a token tree (``parents[i]``: index of token i's parent among

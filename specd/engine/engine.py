@@ -77,7 +77,7 @@ class Engine(Fronted):
             role: self._forward_path(model, sources[role], pair)
             for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
         for role, (path, why) in self.paths.items():
-            detail = why or getattr(path, "description", "")
+            detail = why or path.description
             log.info("%s forward: %s%s", role, path.name, f" ({detail})" if detail else "")
         self.planning = PlannerMemory(calibrate(
             lambda: self._kv("target"), (lambda: self._kv("draft")) if pair.draft is not None else None,
@@ -85,8 +85,7 @@ class Engine(Fronted):
             self._widest_verify(), pair.device))
         log.info("forward costs: %s", self.planning.costs.describe())
         for path, _ in self.paths.values():  # which forwards to record is learnt from requests
-            if getattr(path, "uses", None):
-                path.uses.clear()
+            path.forget_uses()
         settle_heap()
         log.info("engine ready: target %s, draft %s, FIM family %s (%s layout), device %s",
                  pair.target_name, pair.draft_name, self.template.name, self.prompts.layout, pair.device)
@@ -396,7 +395,7 @@ class Engine(Fronted):
             "oom_retries": self.oom_retries,
             "acceptance": acceptance,
             "planner": self._planner_stats(),
-            "forward": {role: {"path": path.name, "why": why, "detail": getattr(path, "description", None)}
+            "forward": {role: {"path": path.name, "why": why, "detail": path.description or None}
                         for role, (path, why) in self.paths.items()}
             if self.pair is not None else None,
             "threads": torch.get_num_threads(),

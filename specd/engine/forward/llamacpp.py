@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from specd.engine.forward.path import BasicPath
 from specd.llamacpp.handoff import HandoffError, TorchPrefill, as_ctypes
 from specd.llamacpp.runtime import import_llama_cpp
 
@@ -53,8 +54,10 @@ class SequenceCache:
         self.length = 0
 
 
-class LlamaCppForward:
-    """The forward path of one model (target or draft) on llama.cpp, for every document."""
+class LlamaCppForward(BasicPath):
+    """The forward path of one model (target or draft) on llama.cpp, for every document. Of the
+    optional capabilities (``path.ForwardPath``) it has none: logits come with the forward, no
+    token trees, nothing recorded."""
 
     name = "llamacpp"
 
