@@ -1,15 +1,20 @@
-"""The lean batch-1 forward (specd.engine.forward.lean) computes what HF computes, for the Llama
-family (Llama, Qwen2, Mistral, StarCoder2, Qwen3, Gemma, Granite) and the GPT-2 family (gpt2, gpt_bigcode with and
-without multi-query attention): logits equal to HF's DynamicCache path through prefill, decode
-and verify widths, rollback and re-extension; greedy generation equals ``model.generate``; the
-static cache grows, rolls back by length and survives a failed forward; models it cannot serve
-exactly are named with a reason."""
+"""The lean batch-1 forward (specd.engine.forward.lean) computes what HF computes, for every model
+type its family registry serves (``SUPPORTED_MODEL_TYPES``: each one is a case here, read from the
+registry, beside the variants below): logits equal to HF's DynamicCache path through prefill,
+decode and verify widths, rollback and re-extension; greedy generation equals ``model.generate``;
+the static cache grows, rolls back by length and survives a failed forward; models it cannot
+serve exactly are named with a reason; the registry is the one list of what it serves."""
 
 from __future__ import annotations
+
+import functools
+import inspect
+import types
 
 import pytest
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     GemmaConfig,
     GPT2Config,
@@ -36,10 +41,11 @@ from specd.engine.forward.lean import (
     HOST_PROBES,
     HOST_ROWS,
     NO_HOST,
+    SUPPORTED_MODEL_TYPES,
     LeanForward,
     StaticCache,
-    _projection,
     host_blas,
+    projection,
     unsupported_reason,
 )
 from specd.engine.caches import DenseRows, KVState, LazyRows
@@ -110,10 +116,13 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
         config_cls = GPT2Config if arch == "gpt2" else GPTBigCodeConfig
         config = dict(vocab_size=VOCAB, n_embd=64, n_layer=layers, n_head=4, n_positions=1024,
                       initializer_range=0.4, bos_token_id=0, eos_token_id=0) | overrides
-    else:
+    else:  # a model type with no branch of its own (a newly registered family): its config's defaults
         config_cls = {"mistral": MistralConfig, "starcoder2": Starcoder2Config,
                       "qwen3": Qwen3Config, "gemma": GemmaConfig, "granite": GraniteConfig, "phi3": Phi3Config,
-                      "stablelm": StableLmConfig, "phi": PhiConfig}[arch]
+                      "stablelm": StableLmConfig, "phi": PhiConfig}.get(arch)
+        if config_cls is None:
+            def config_cls(**config):
+                return AutoConfig.for_model(arch, **config)
         common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                       sliding_window=None, initializer_range=0.4)
@@ -137,9 +146,8 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
     model = AutoModelForCausalLM.from_config(config_cls(**{k: v for k, v in config.items() if k not in derived}))
     # LayerNorm weights start at 1 and biases (norms', and GPT-2's projections') at 0: spread them
     # out, so the test sees every one of them used
-    spread = ("norm" if arch in ("starcoder2", "qwen3", "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt",
-                           "gemma2", "gemma3_text", "olmo2") else
-              "ln_" if arch in ("gpt2", "gpt_bigcode") else None)
+    spread = (None if arch in ("llama", "qwen2", "mistral", "bloom") else
+              "ln_" if arch in ("gpt2", "gpt_bigcode") else "norm")
     if spread is not None:
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -164,11 +172,9 @@ def assert_same_logits(lean: torch.Tensor, hf: torch.Tensor) -> None:
     assert torch.equal(lean.argmax(-1), hf.argmax(-1))
 
 
-ARCH_CASES = {
-    "llama": lambda: tiny("llama"),
-    "qwen2": lambda: tiny("qwen2"),
-    "mistral": lambda: tiny("mistral"),
-    "starcoder2": lambda: tiny("starcoder2"),
+# every model type the registry serves, as its config has it ...
+ARCH_CASES = {model_type: functools.partial(tiny, model_type) for model_type in SUPPORTED_MODEL_TYPES}
+ARCH_CASES |= {  # ... and the variants within them
     "llama-attention-bias": lambda: tiny("llama", attention_bias=True, mlp_bias=True),
     "llama-rope-linear": lambda: tiny("llama", rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                                "rope_theta": 10000.0}),
@@ -176,25 +182,13 @@ ARCH_CASES = {
                                                              "rope_theta": 10000.0,
                                                              "original_max_position_embeddings": 1024}),
     "qwen2-mha": lambda: tiny("qwen2", num_key_value_heads=4),
-    "gpt2": lambda: tiny("gpt2"),
     "gpt2-unscaled-by-inverse-layer": lambda: tiny("gpt2", scale_attn_weights=False,
                                                     scale_attn_by_inverse_layer_idx=True),
     "gpt_bigcode-mqa": lambda: tiny("gpt_bigcode", multi_query=True),
     "gpt_bigcode-mha": lambda: tiny("gpt_bigcode", multi_query=False),
-    "qwen3": lambda: tiny("qwen3"),
     "qwen3-bias": lambda: tiny("qwen3", attention_bias=True),
-    "gemma": lambda: tiny("gemma"),
-    "granite": lambda: tiny("granite"),
-    "gpt_neox": lambda: tiny("gpt_neox"),
-    "phi3": lambda: tiny("phi3"),
     "phi3-partial-rotary": lambda: tiny("phi3", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                  "partial_rotary_factor": 0.5}),
-    "stablelm": lambda: tiny("stablelm"),
-    "phi": lambda: tiny("phi"),
-    "opt": lambda: tiny("opt"),
-    "gemma2": lambda: tiny("gemma2"),
-    "olmo2": lambda: tiny("olmo2"),
-    "gemma3": lambda: tiny("gemma3_text"),
     "gemma3-softcap": lambda: tiny("gemma3_text", final_logit_softcapping=30.0),
     # sliding windows that bind (StarCoder2's 4,096 of 16,384 positions, Mistral 7B v0.1's)
     "mistral-window": lambda: tiny("mistral", sliding_window=16),
@@ -238,8 +232,7 @@ def test_logits_equal_hf_through_prefill_decode_verify_and_rollback(model, trans
     assert_same_logits(last, compat.forward(model, step, hf_cache, last_only=True))
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen2", "gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha", "qwen3",
-                                  "gemma", "granite", "gpt_neox", "phi3", "stablelm", "phi", "opt", "gemma2", "gemma3_text", "olmo2"])
+@pytest.mark.parametrize("case", sorted(SUPPORTED_MODEL_TYPES) + ["gpt_bigcode-mqa"])  # gpt_bigcode: without MQA
 def test_greedy_generation_equals_generate(case):
     arch, _, variant = case.partition("-")
     model = tiny(arch, layers=2, **({"multi_query": variant == "mqa"} if arch == "gpt_bigcode" else {}))
@@ -266,7 +259,7 @@ def test_every_product_route_computes_the_module(kind, copy):
     with torch.no_grad():
         for param in module.parameters():
             param.normal_()
-    product = _projection(module, copy)
+    product = projection(module, copy)
     assert (product.nbytes_copied() > 0) == copy
     host = product.routed(ALL_HOST_ROWS)  # through numpy's BLAS, where the [in, out] layout is held
     assert (host.host is not None) == (copy or kind == "conv1d")
@@ -516,3 +509,47 @@ def test_demo_target_matches_hf():
     for i, width in enumerate((300, 1, 8, 1)):
         step = torch.randint(0, vocab, (1, width), generator=torch.Generator().manual_seed(i))
         assert_same_logits(lean.forward(step, cache), compat.forward(model, step, hf_cache))
+
+
+def test_the_family_registry_is_the_one_list_of_what_the_lean_forward_serves():
+    """Every registered model type belongs to exactly one family module, and each module offers
+    the family interface (model types -> transformers package, the decoder's attribute,
+    ``reason(model)``, ``describe(model, copy)``); every one is a case of the tests above; a
+    model type outside the registry has no lean forward, and the reason lists the registry's."""
+    from specd.engine.forward.lean.families import BY_MODEL_TYPE, FAMILIES
+
+    registered = []
+    for family in FAMILIES:
+        assert isinstance(family, types.ModuleType)
+        assert family.__name__.startswith("specd.engine.forward.lean.families.")
+        assert family.MODEL_TYPES and all(isinstance(package, str) for package in family.MODEL_TYPES.values())
+        assert isinstance(family.BODY, str)
+        assert list(inspect.signature(family.reason).parameters) == ["model"]
+        assert list(inspect.signature(family.describe).parameters) == ["model", "copy"]
+        registered += list(family.MODEL_TYPES)
+        assert all(BY_MODEL_TYPE[model_type] is family for model_type in family.MODEL_TYPES)
+    assert len(registered) == len(set(registered)) and tuple(registered) == SUPPORTED_MODEL_TYPES
+    assert set(SUPPORTED_MODEL_TYPES) <= set(ARCH_CASES)
+    model = tiny("bloom")
+    assert model.config.model_type not in BY_MODEL_TYPE
+    assert unsupported_reason(model) == (f"model type 'bloom' has no lean forward "
+                                         f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+
+
+def test_every_forward_path_declares_every_capability():
+    """transformers', the lean and llama.cpp's forward paths each declare every member of
+    ``ForwardPath`` (the lean path its own, the others ``BasicPath``'s "not here"), so a
+    capability read by name is never a silent default."""
+    from specd.engine.forward.llamacpp import LlamaCppForward
+    from specd.engine.forward.path import BasicPath, ForwardPath
+    from specd.engine.forward.transformers import HFForward
+
+    model = tiny("llama", layers=1)
+    lean, hf = LeanForward(model), HFForward(model)
+    assert isinstance(lean, ForwardPath) and isinstance(hf, ForwardPath)
+    assert not isinstance(lean, BasicPath) and issubclass(LlamaCppForward, BasicPath)
+    assert (lean.lazy_head, lean.trees, lean.replays, lean.recordings) == (True, True, False, 0)
+    assert (hf.lazy_head, hf.trees, hf.replays, hf.recordings, hf.description) == (False, False, False, 0, "")
+    assert hf.prepare(hf.new_cache(), 16) == 0
+    with pytest.raises(TypeError, match="no token trees"):
+        hf.keep(hf.new_cache(), 0, [])
