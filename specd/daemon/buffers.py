@@ -15,7 +15,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from specd.daemon.params import ByteCursor, Cursor, Edit, LineCursor, OffsetCursor, OffsetEdit, RangeEdit, WholeText
+from specd.daemon.params import ByteCursor, Cursor, Edit, OffsetCursor, RangeEdit, WholeText
 from specd.protocol.documents import Document as TextDocument
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.positions import TextIndex as SharedTextIndex

@@ -62,9 +62,9 @@ def device_memory() -> dict[str, Any]:
 
 class EngineFigures:
     """The engine's last ``stats()``, kept on the event loop so that ``status`` need not fetch
-    them from a thread every time (a thread hop costs loop turns and a GIL handoff, which was
-    most of a ``status`` while another client's long change is applied: see
-    ``server.EDIT_STEP_S``).
+    them from a thread every time (a thread hop costs loop turns and a GIL handoff, the larger
+    part of a ``status`` answered while another client's long change is applied: see
+    ``handlers.documents.EDIT_STEP_S``).
 
     Figures are reused while younger than ``max_age_s``, taken from the same source (the
     engine and the worker's state: a load or a release means new figures) and not invalidated

@@ -135,19 +135,20 @@ def completion_options(options: Any) -> dict[str, Any]:
 
 
 # -- cursors and edits --------------------------------------------------------------------------
+# Slotted: a change may carry many thousands of edits, each parsed into one of these.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OffsetCursor:
     offset: int  # code points
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ByteCursor:
     byte_offset: int  # UTF-8 bytes from the start of the text
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LineCursor:
     line: int
     character: int  # in ``encoding`` units
@@ -181,7 +182,7 @@ def parse_cursor(cursor: Any, encoding: Any = None) -> Cursor:
     raise param_error("cursor needs offset, byte_offset, or line + character")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RangeEdit:
     """Replace from ``start`` to ``end``, positions in the text the edit applies to."""
 
@@ -190,7 +191,7 @@ class RangeEdit:
     text: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OffsetEdit:
     """Replace code points ``[start, end)``."""
 
@@ -199,7 +200,7 @@ class OffsetEdit:
     text: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WholeText:
     """Replace the whole text."""
 
