@@ -16,7 +16,6 @@ from typing import Any, Callable, Protocol, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from specd.engine import compat
 from specd.engine.forward.path import ForwardPath
 from specd.engine.forward.transformers import HFForward
 from specd.engine.lookup import NgramIndex
@@ -81,9 +80,9 @@ class LazyRows:
 
     Why: greedy verification of a k-token draft reads rows 0 .. n (n = accepted tokens), and on
     a CPU the LM head over a whole vocabulary is a large share of a narrow forward (the demo
-    target: a quarter of its weights). MKL's few-row matrix products also cost 2-4x a one-row
-    product each row here, so k + 1 rows at once cost far more than the 1 + n rows read one at a
-    time. A row is the one-row product a plain decode step computes."""
+    target: a quarter of its weights). MKL's few-row matrix products also cost several times a
+    one-row product per row, so k + 1 rows at once cost far more than the 1 + n rows read one at
+    a time. A row is the one-row product a plain decode step computes."""
 
     def __init__(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]):
         self.hidden = hidden  # [T, D], after the final norm

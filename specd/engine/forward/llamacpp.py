@@ -1,7 +1,8 @@
 """llama.cpp as the engine's forward path: specd's decoding on llama.cpp's kernels.
 
-On a CPU, llama.cpp runs the same weights about 2x faster than torch (``specd bench`` forward
-costs: per-op dispatch and small-batch GEMMs dominate a torch forward there). specd's gains
+On a CPU, llama.cpp runs the same weights faster than torch (``specd bench`` forward costs;
+figures in docs/llamacpp.md: per-op dispatch and small-batch GEMMs dominate a torch forward
+there). specd's gains
 (per-document KV reuse, drafting, the planner, token healing) sit above the forward, so this
 path gives the engine llama.cpp's forward behind the interface ``KVState`` drives
 (``new_cache``, ``forward``, ``crop``, ``consistent``, ``nbytes``), on a GGUF file written
@@ -16,9 +17,10 @@ its sequence. How many sequences: as many windows as ``engine.cache_budget_mb`` 
 answers as it does a torch OOM (evict the other documents, retry once).
 
 Lossless stays defined the same way: greedy output equals the target alone. K/V are kept in
-the weights' precision (f32 for f32 weights; llama-server's default f16 moved tiny random
-models' logits by up to 0.07, enough to flip near-ties, f32 by 1e-4, as torch's own paths
-differ), so outputs match transformers' greedy; tests check it on random and trained pairs. Written on llama-cpp-python 0.3's ``_internals`` (model, context, batch).
+the weights' precision (f32 for f32 weights: llama-server's default f16 moves logits enough to
+flip near-ties, f32 only as far as torch's own paths differ), so outputs match transformers'
+greedy; tests check it on random and trained pairs. Built on llama-cpp-python 0.3's
+``_internals`` (model, context, batch).
 """
 
 from __future__ import annotations
@@ -86,8 +88,8 @@ class LlamaCppForward(BasicPath):
         params.kv_unified = False
         params.type_k = params.type_v = GGML_F32 if kv_bytes == 4 else GGML_F16
         params.n_threads = params.n_threads_batch = threads
-        # Flash attention off, as llama-cpp-python's default: on this CPU it made a 1k-token
-        # prefill 1.2x faster and an 8-token verify 1.4-1.5x slower (specd forwards are mostly narrow).
+        # Flash attention off, as llama-cpp-python's default: on the CPUs measured it sped up long
+        # prefills and slowed narrow verifies, and specd's forwards are mostly narrow (docs/llamacpp.md).
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
         self._ctx = internals.LlamaContext(model=self._model, params=params, verbose=False)
         self._batch = internals.LlamaBatch(n_tokens=BATCH, embd=0, n_seq_max=1, verbose=False)

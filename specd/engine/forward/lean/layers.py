@@ -93,7 +93,9 @@ class Matmul:
 
     def nbytes_copied(self) -> int:
         """Bytes this product holds beyond the module's own weight (the second layout)."""
-        return self.out_in.numel() * self.out_in.element_size() if self.out_in is not None and self.in_out is not None else 0
+        if self.out_in is None or self.in_out is None:
+            return 0
+        return self.out_in.numel() * self.out_in.element_size()
 
 
 def matmul(weight: torch.Tensor, bias: torch.Tensor | None, *, conv1d: bool, copy: bool,
