@@ -12,14 +12,10 @@ import functools
 import os
 import statistics
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 from specd.engine.forward.lean.layers import NO_HOST
-
-if TYPE_CHECKING:
-    from specd.engine.forward.lean.forward import LeanForward
 
 HOST_ROWS = 16  # products of at most this many rows may run through numpy's BLAS (see choose_host_products)
 HOST_CONTEXT = 256  # tokens of context behind choose_host_products' timed forwards
@@ -30,10 +26,10 @@ HOST_PROBES = {1: range(1, 2), 2: range(2, 4), 8: range(4, HOST_ROWS + 1)}
 ALL_HOST_ROWS = frozenset(range(1, HOST_ROWS + 1))
 
 
-def choose_host_products(lean: LeanForward, setting: str, repeats: int) -> frozenset[int]:
-    """``LeanForward.host_products``: route ``lean``'s products as ``setting`` says ("off",
-    "on", "auto": timed here), note what was measured in ``lean.host_note``; the row counts
-    chosen."""
+def choose_host_products(lean, setting: str, repeats: int) -> frozenset[int]:
+    """``LeanForward.host_products``: route the products of ``lean`` (a ``LeanForward``, which
+    imports this module, hence untyped here) as ``setting`` says ("off", "on", "auto": timed
+    here), note what was measured in ``lean.host_note``; the row counts chosen."""
     if setting not in ("auto", "on", "off"):
         raise ValueError(f"host products must be auto, on or off, not {setting!r}")
     weight = lean.embed.weight
