@@ -79,7 +79,7 @@ def run_doctor(args, cfg) -> int:
     print(f"  device {info['device']}, dtype {info['dtype']}, FIM family {engine.template.name} "
           f"({engine.prompts.layout} layout), loaded in {time.monotonic() - started:.1f} s")
     for role, (path, why) in engine.paths.items():
-        detail = getattr(path, "description", "") or ("transformers' forward" if path.name == "hf" else "")
+        detail = path.description or ("transformers' forward" if path.name == "hf" else "")
         print(f"  {role} forward: {path.name}" + (f" ({why})" if why else f" ({detail})" if detail else ""))
     costs = engine.planning.costs
     widths = ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(costs.target.items()))

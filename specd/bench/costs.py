@@ -1,7 +1,7 @@
 """Forward costs: what one forward of each model costs here, per forward path, width and context.
 
 The engine runs each model through one of three forward paths (``HFForward``, which every
-architecture can take, ``fastpath.LeanForward`` for Llama- and GPT-2-family models, or
+architecture can take, ``lean.LeanForward`` for the lean families, or
 ``specd.engine.forward.llamacpp.LlamaCppForward`` with ``engine.forward_backend = llamacpp``). This
 measures each one that serves the model (llama.cpp's where llama-cpp-python is installed; and
 ``lean_eager``, the lean forward without CUDA graphs, where the engine's lean path replays them),

@@ -28,9 +28,9 @@ class EngineOptions:
     use_lookup: bool = True
     kv_reuse: bool = True
     fast_forward: bool = True  # the lean static-cache forward where the architecture allows
-    transposed_weights: str = "auto"  # auto | on | off (fastpath.LeanForward)
-    numpy_products: str = "auto"  # auto | on | off (fastpath.LeanForward.host_products)
-    cuda_graphs: str = "auto"  # auto | on | off (fastpath.LeanForward.use_graphs)
+    transposed_weights: str = "auto"  # auto | on | off (forward.lean.LeanForward)
+    numpy_products: str = "auto"  # auto | on | off (forward.lean.LeanForward.host_products)
+    cuda_graphs: str = "auto"  # auto | on | off (forward.lean.LeanForward.use_graphs)
     forward_backend: str = "torch"  # torch | llamacpp (specd.engine.forward.llamacpp)
     llamacpp_prefill: str = "torch"  # torch | llamacpp: where llama.cpp's prompts from empty prefill (handoff.py)
     token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it

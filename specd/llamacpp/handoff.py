@@ -163,7 +163,7 @@ class TorchPrefill:
     """Prefills from an empty cache on torch's lean forward and hands the K/V to llama.cpp."""
 
     def __init__(self, lean, forward, mapping: str, template: SequenceState):
-        self.lean = lean  # fastpath.LeanForward of the same model
+        self.lean = lean  # the lean forward (specd.engine.forward.lean.LeanForward) of the same model
         self.forward = forward  # the LlamaCppForward whose sequences receive the K/V
         self.mapping = mapping
         self.template = template  # streams, stream index, V transposition, element types (no cells)

@@ -5,7 +5,7 @@ millisecond, so it needs two things per loaded pair:
 
 - ``ForwardCosts``: milliseconds of a target forward by width (how many tokens it verifies),
   of each row of logits read when the forward path computes rows on demand (the lean path on a
-  CPU, ``kvcache.LazyRows``: a step pays for the rows verification reads, 1 + accepted, not for
+  CPU, ``caches.LazyRows``: a step pays for the rows verification reads, 1 + accepted, not for
   all k + 1), of one draft-model step, and of the draft model catching up on tokens it has not
   seen. Seeded
   by ``calibrate`` at load (a few forwards of each width, off the request path) and kept current
