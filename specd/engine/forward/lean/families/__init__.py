@@ -17,7 +17,7 @@ from typing import Mapping, Protocol
 from torch import nn
 from transformers import PreTrainedModel
 
-from specd.engine.forward.lean.families import gpt2, llama, neox, opt
+from specd.engine.forward.lean.families import gpt2, llama, neox, opt, seed_oss
 from specd.engine.forward.lean.layers import Decoder
 
 
@@ -32,7 +32,7 @@ class Family(Protocol):
 
 
 # The one table: order is the order unsupported_reason lists the model types in.
-FAMILIES: tuple[Family, ...] = (llama, gpt2, neox, opt)
+FAMILIES: tuple[Family, ...] = (llama, gpt2, neox, opt, seed_oss)
 BY_MODEL_TYPE: dict[str, Family] = {model_type: family for family in FAMILIES for model_type in family.MODEL_TYPES}
 SUPPORTED_MODEL_TYPES = tuple(BY_MODEL_TYPE)
 
