@@ -1,10 +1,10 @@
-"""The hostile-client probes of issue 17, against a real `specd serve` (fake engine), printing
+"""The hostile-client probes, against a real `specd serve` (fake engine), printing
 the figures docs/reliability.md quotes. Not a test: run it by hand.
 
     PYTHONPATH=tests .venv/bin/python tests/limits_probe.py
 
 Each probe runs on a fresh daemon with the default limits (16 MiB frames, 8 MiB documents) and
-reports the daemon's RSS before and after, as the issue measured it.
+reports the daemon's RSS before and after.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Many large open buffers, all just edited: a completion's time budget still holds (issue 17,
-item 6), and other clients are still served.
+"""Many large open buffers, all just edited: a completion's time budget still holds, and other
+clients are still served.
 
 Open buffers feed prompt lookup. Their tokens are kept in idle time (``OpenBuffers`` in
 specd/engine/front/corpus.py): an edit re-tokenizes the pieces it touched, a slice at a time, and a
-completion only ever finishes small buffers inline. Before, a completion re-tokenized up to 8
-edited buffers in full on its own path: 13.4 s with a 1,000 ms budget over 64 buffers of 1 MiB.
+completion only ever finishes small buffers inline (a completion that re-tokenized edited
+buffers in full on its own path would blow its budget many times over: docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -765,10 +765,10 @@ def _percentile(samples: list[float], fraction: float) -> float:
 
 
 def test_another_clients_p95_under_edit_storms(tmp_path):
-    """Issue 17's goal: a polite client's p95 stays near its idle value while another client
-    sends 400-edit changes on 1 MiB. A real daemon process, so the two clients do not share a
-    GIL with it. Before the steps got short and the loop got turns and pauses between them, a
-    status took 40-70 ms during a storm against 1 ms idle."""
+    """A polite client's p95 stays near its idle value while another client sends 400-edit
+    changes on 1 MiB. A real daemon process, so the two clients do not share a GIL with it.
+    Without short edit steps and the loop's turns between them, a status waits for a whole
+    storm's change (figures: docs/reliability.md)."""
     line = "x = compute(alpha, beta)  # é\n"
     text = line * (MiB // len(line))
     edits = [{"range": {"start": {"line": n * 50, "character": 0}, "end": {"line": n * 50, "character": 1}},

@@ -1,5 +1,5 @@
 """Bad input from the editor never crashes specd-lsp: it answers with a JSON-RPC error or an
-empty result and goes on serving (issue 9, "Bad input", LSP part)."""
+empty result and goes on serving."""
 
 from __future__ import annotations
 

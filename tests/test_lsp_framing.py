@@ -1,5 +1,5 @@
 """specd-lsp on a broken stdio stream: a framing error ends the process (status 1, one log line)
-so the editor restarts it, instead of leaving it alive but deaf (issue 17). A body of the right
+so the editor restarts it, instead of leaving it alive but deaf. A body of the right
 length that is not JSON is answered with a parse error and the server reads on.
 
 Each test runs the real ``python -m specd_lsp.server`` with raw bytes on its stdin.

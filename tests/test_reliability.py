@@ -1,4 +1,4 @@
-"""Reliability and security checks of issue 9 that the daemon, LSP and engine tests leave open.
+"""Reliability and security checks that the daemon, LSP and engine tests leave open.
 
 - start-up faults on the production load path (no engine hook): a tokenizer mismatch, a corrupt
   or missing model directory, pickle-only weights, a repo that needs its own code, a config
