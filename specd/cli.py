@@ -13,7 +13,7 @@ import sys
 from typing import Any, Callable
 
 from specd import __version__
-from specd.config import ConfigError, load_config
+from specd.config import DEVICE_NAMES, ConfigError, load_config
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what `yes | head` reports for `yes`
@@ -32,7 +32,7 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("--model", metavar="DIR_OR_ID", help="target model (local dir or hub id)")
     group.add_argument("--draft-model", metavar="DIR_OR_ID", help="draft model sharing the target's tokenizer")
-    group.add_argument("--device", help="torch device: auto, cpu, cuda, cuda:N")
+    group.add_argument("--device", help=f"torch device: {DEVICE_NAMES}")
     group.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weights dtype")
 
 
@@ -48,6 +48,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "engine.token_healing": None if get("token_healing") is None else get("token_healing") == "on",
         "log.level": get("log_level"),
         "daemon.socket": get("socket"),
+        "daemon.tcp": get("tcp"),
+        "daemon.idle_unload_s": get("idle_unload"),
     }
 
 
@@ -58,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"specd {__version__}")
     parser.add_argument("--config", metavar="FILE", help="config file (default: $XDG_CONFIG_HOME/specd/config.toml)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="log level")
-    parser.add_argument("--socket", metavar="PATH", help="daemon socket (default: $XDG_RUNTIME_DIR/specd/specd.sock)")
+    parser.add_argument("--socket", metavar="PATH",
+                        help="daemon socket, an absolute path (default: $XDG_RUNTIME_DIR/specd/specd.sock)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("serve", help="run the daemon in the foreground",

@@ -2,12 +2,16 @@
 
 The schema is data (``SCHEMA``): every key has a type, a default, a one-line help and an
 optional check. Loading validates everything and raises ``ConfigError`` whose message is one
-line naming the key and where the bad value came from, so the CLI can print it and exit 2.
+line naming the key, where the bad value came from and what is allowed, so the CLI can print
+it and exit 2. Values are checked for their form only (a port in range, a device name torch
+spells, an absolute path): whether the device exists or the port is free is for the daemon,
+the engine and ``specd doctor`` to say, so that this module imports neither torch nor sockets.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from dataclasses import dataclass, field
@@ -31,6 +35,7 @@ class Key:
     help: str
     check: Callable[[Any], str | None] | None = None  # returns an error text or None
     choices: tuple[str, ...] | None = None
+    convert: Callable[[Any], Any] | None = None  # applied after the type check, before ``check``
 
 
 def _positive(value: Any) -> str | None:
@@ -65,6 +70,128 @@ def _json_object(value: Any) -> str | None:
         return f"is not JSON ({err})"
 
 
+PORTS = (1, 65535)  # 0 would ask the kernel for any free port, which no client could find
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets: ``[::1]:7878``) -> (host, port).
+
+    Raises ValueError whose text completes a sentence about the value ("has no port ...")."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ValueError("has no port (HOST:PORT, e.g. 127.0.0.1:7878)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError("is ambiguous: an IPv6 host goes in brackets, e.g. [::1]:7878")
+    if not host:
+        raise ValueError("has no host (HOST:PORT, e.g. 127.0.0.1:7878)")
+    if not (port_text.isascii() and port_text.isdigit()):
+        raise ValueError(f"has port {port_text!r}, not a number in {PORTS[0]}-{PORTS[1]}")
+    port = int(port_text)
+    if not PORTS[0] <= port <= PORTS[1]:
+        raise ValueError(f"has port {port}, outside {PORTS[0]}-{PORTS[1]}")
+    return host, port
+
+
+def parse_loopback_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` on a loopback address (``localhost`` is 127.0.0.1) -> (ip, port)."""
+    import ipaddress
+
+    host, port = parse_host_port(text)
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"has host {host!r}, not an IP address (loopback: 127.0.0.1, [::1] or localhost)") from None
+    if not address.is_loopback:
+        raise ValueError(f"has host {host}, not a loopback address (127.0.0.1, [::1] or localhost); "
+                         f"specd only listens on loopback")
+    return host, port
+
+
+def _loopback_address(value: str) -> str | None:
+    if not value:
+        return None
+    try:
+        parse_loopback_address(value)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
+def _http_url(value: str) -> str | None:
+    """An http(s) URL with a host and, if given, a port in range ('' = unset)."""
+    if not value:
+        return None
+    from urllib.parse import urlsplit
+
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        return "contains whitespace or a control character"
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https"):
+        return "is not an http:// or https:// URL (e.g. http://gpu-box:8000)"
+    if not parts.hostname:
+        return "has no host (e.g. http://gpu-box:8000)"
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port is not None and not PORTS[0] <= port <= PORTS[1]:
+        return f"has a port that is not a number in {PORTS[0]}-{PORTS[1]}"
+    return None
+
+
+# The device types specd can put a model on, as torch spells them (torch.device accepts more:
+# meta, xla, hip, ... that hold no runnable model here). Whether one exists is the engine's to say.
+DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N, mps, xpu, xpu:N"
+_DEVICE = re.compile(rf"auto|(?:{'|'.join(DEVICE_TYPES)})(?::(?:0|[1-9][0-9]*))?")
+
+
+def _device(value: str) -> str | None:
+    return None if _DEVICE.fullmatch(value) else f"is not a device name ({DEVICE_NAMES})"
+
+
+UNIX_PATH_MAX = 107  # bytes: sun_path holds 108 on Linux, the last one a NUL
+
+
+def _expand_home(value: str) -> str:
+    return os.path.expanduser(value) if value.startswith("~") else value
+
+
+def _absolute_path(value: str) -> str | None:
+    """Paths the daemon and its clients must agree on: a relative one would mean the daemon's
+    working directory (``/`` when a client spawns it, the unit's under systemd), not the caller's."""
+    if value and not os.path.isabs(value):
+        return "is a relative path; give an absolute one (a leading ~ is your home directory)"
+    return None
+
+
+def _socket_path(value: str) -> str | None:
+    if problem := _absolute_path(value):
+        return problem
+    if len(os.fsencode(value)) > UNIX_PATH_MAX:
+        return f"is longer than a Unix socket path may be ({UNIX_PATH_MAX} bytes)"
+    return None
+
+
+def _expand_folders(value: str) -> str:
+    return os.pathsep.join(_expand_home(folder) for folder in value.split(os.pathsep))
+
+
+def _absolute_folders(value: str) -> str | None:
+    relative = [folder for folder in value.split(os.pathsep) if folder and not os.path.isabs(folder)]
+    if relative:
+        return f"holds the relative path {relative[0]!r}; give absolute ones (a leading ~ is your home directory)"
+    return None
+
+
+def _header_value(value: str) -> str | None:
+    return "contains a control character (an HTTP header cannot carry it)" if not value.isprintable() else None
+
+
 KIB, MIB, GIB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 DAY_MS = 24 * 3600 * 1000
 
@@ -78,7 +205,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
         "target": Key(str, "", "target model: local directory or hub id ('' = the embedded demo pair)"),
         "draft": Key(str, "", "draft model sharing the target's tokenizer ('' = none, or the demo draft)"),
-        "device": Key(str, "auto", "torch device: auto, cpu, cuda, cuda:N, mps"),
+        "device": Key(str, "auto", f"torch device: {DEVICE_NAMES}", _device),
         "dtype": Key(str, "auto", "weights dtype", choices=("auto", "float32", "bfloat16", "float16")),
         "trust_remote_code": Key(bool, False, "allow model repos to run their own Python code"),
         "fim_family": Key(str, "auto", "FIM prompt template", choices=FIM_FAMILIES),
@@ -90,8 +217,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "backend": Key(str, "local", "where completions are computed: local (the resident model pair) or remote "
                                      "(an OpenAI-compatible /v1/completions server; model.target then names only "
                                      "the tokenizer)", choices=("local", "remote")),
-        "remote_url": Key(str, "", "remote server's base URL, e.g. http://gpu-box:8000 (/v1/completions is appended)"),
-        "remote_api_key": Key(str, "", "bearer token for the remote server ('' = none)"),
+        "remote_url": Key(str, "", "remote server's base URL, e.g. http://gpu-box:8000 (/v1/completions is appended)",
+                          _http_url),
+        "remote_api_key": Key(str, "", "bearer token for the remote server ('' = none)", _header_value),
         "remote_model": Key(str, "", "model name sent to the remote server ('' = the first one its /v1/models lists)"),
         "remote_prompt": Key(str, "auto", "prompt sent as token ids (vLLM, llama-server) or as text (servers that "
                                           "take only strings); auto = ids, text if the server refuses them",
@@ -150,18 +278,21 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "auto_context": Key(bool, True, "fill that budget from open buffers and nearby workspace files"),
     },
     "daemon": {
-        "socket": Key(str, "", "Unix socket path ('' = $XDG_RUNTIME_DIR/specd/specd.sock)"),
+        "socket": Key(str, "", "Unix socket path, absolute or ~/... ('' = $XDG_RUNTIME_DIR/specd/specd.sock)",
+                      _socket_path, convert=_expand_home),
         "idle_unload_s": Key(int, 1800, "release models after this many idle seconds (0 = never)", _at_most(365 * 86400, " s", minimum=0)),
         "max_frame_bytes": Key(int, 16 * MIB, "largest accepted message, bytes", _at_most(4 * GIB - 1, " bytes", minimum=KIB)),
         "max_document_bytes": Key(int, 8 * MIB, "largest accepted document, bytes", _at_most(4 * GIB - 1, " bytes")),
         "max_documents": Key(int, 256, "most open documents held", _at_most(1_000_000)),
         "max_connections": Key(int, 64, "most simultaneous clients", _at_most(100_000)),
-        "tcp": Key(str, "", "optional loopback TCP listener HOST:PORT ('' = none)"),
+        "tcp": Key(str, "", "optional loopback TCP listener HOST:PORT, port 1-65535 ('' = none; needs "
+                            "daemon.tcp_token)", _loopback_address),
         "tcp_token": Key(str, "", "token a TCP client must present in hello"),
     },
     "workspace": {
         "enabled": Key(bool, True, "watch workspace folders and index their files for lookup and context"),
-        "folders": Key(str, "", "folders to watch from the start, separated by ':' (editors add theirs)"),
+        "folders": Key(str, "", "folders to watch from the start, absolute or ~/..., separated by ':' (editors "
+                                "add theirs)", _absolute_folders, convert=_expand_folders),
         "ignore": Key(str, ".git,.hg,.svn,node_modules,__pycache__,.venv,venv,.tox,.mypy_cache,.pytest_cache,"
                            ".ruff_cache,.idea,.vscode,dist,build,target,*.min.js,*.min.css,*.map,*.lock,*.log",
                       "gitignore-style patterns never indexed, comma-separated (on top of .gitignore)"),
@@ -170,24 +301,32 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "log": {
         "level": Key(str, "info", "log level", choices=LOG_LEVELS),
-        "file": Key(str, "", "log file ('' = $XDG_STATE_HOME/specd/specd.log)"),
+        "file": Key(str, "", "log file, absolute or ~/... ('' = $XDG_STATE_HOME/specd/specd.log)", _absolute_path,
+                    convert=_expand_home),
     },
 }
 
 
+def _xdg_base(variable: str) -> str | None:
+    """An XDG base directory variable, or None when unset or relative (the basedir spec says a
+    relative value is invalid and is to be ignored)."""
+    value = os.environ.get(variable)
+    return value if value and os.path.isabs(value) else None
+
+
 def config_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    base = _xdg_base("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "specd" / "config.toml"
 
 
 def state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    base = _xdg_base("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "specd"
 
 
 def runtime_dir() -> Path:
     """Where the socket lives: $XDG_RUNTIME_DIR/specd, or the state dir when unset."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
+    base = _xdg_base("XDG_RUNTIME_DIR")
     return Path(base) / "specd" if base else state_dir() / "run"
 
 
@@ -240,8 +379,12 @@ def _coerce(dotted: str, key: Key, raw: Any, source: str) -> Any:
         raw = float(raw)
     if not isinstance(raw, key.type) or (key.type is int and isinstance(raw, bool)):
         raise ConfigError(f"{where}: expected {key.type.__name__}, got {type(raw).__name__} {raw!r}")
+    if isinstance(raw, str) and "\0" in raw:
+        raise ConfigError(f"{where}: {raw!r} contains a NUL character")
     if key.choices and raw not in key.choices:
         raise ConfigError(f"{where}: {raw!r} is not one of {', '.join(key.choices)}")
+    if key.convert:
+        raw = key.convert(raw)
     if key.check and (problem := key.check(raw)):
         raise ConfigError(f"{where}: {raw!r} {problem}")
     return raw
@@ -318,8 +461,10 @@ def load_config(
     """
     environ = os.environ if environ is None else environ
     cfg = Config({s: {k: key.default for k, key in keys.items()} for s, keys in SCHEMA.items()})
-    explicit = path is not None or bool(environ.get("SPECD_CONFIG"))
-    path = Path(path or environ.get("SPECD_CONFIG") or config_path())
+    path_given = path is not None
+    explicit = path_given or bool(environ.get("SPECD_CONFIG"))
+    # Absolute: a daemon this process spawns is handed the file's path and runs in another directory.
+    path = Path(path or environ.get("SPECD_CONFIG") or config_path()).absolute()
     if os.path.lexists(path):
         cfg.file = path
         try:
@@ -332,7 +477,8 @@ def load_config(
             for key, raw in table.items():
                 _set(cfg, f"{section}.{key}", raw, str(path))
     elif explicit:
-        raise ConfigError(f"config file {path} does not exist")
+        named_by = "command line --config" if path_given else "environment SPECD_CONFIG"
+        raise ConfigError(f"config file {path} (from {named_by}) does not exist")
     unknown = unknown_environment(environ)
     if unknown and strict_environment:
         raise ConfigError(unknown[0].replace("ignoring environment variable", "unknown environment variable", 1))
@@ -345,4 +491,12 @@ def load_config(
     for dotted, raw in (overrides or {}).items():
         if raw is not None:
             _set(cfg, dotted, raw, "command line")
+    _check_together(cfg)
     return cfg
+
+
+def _check_together(cfg: Config) -> None:
+    """The rules that read two keys (each key alone was checked when it was set)."""
+    if cfg["daemon.tcp"] and not cfg["daemon.tcp_token"]:
+        raise ConfigError(f"daemon.tcp (from {cfg.sources['daemon.tcp']}) is set but daemon.tcp_token is empty; "
+                          f"a TCP listener needs a token (or leave daemon.tcp empty)")

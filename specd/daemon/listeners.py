@@ -19,6 +19,8 @@ import stat
 import struct
 from pathlib import Path
 
+from specd.config import parse_loopback_address
+
 log = logging.getLogger("specd.daemon")
 
 PRIVATE_DIR_MODE = 0o700
@@ -106,24 +108,16 @@ def bind_unix(path: Path) -> socket.socket:
 
 
 def bind_tcp(spec: str) -> socket.socket:
-    """A loopback-only TCP listener for ``HOST:PORT``."""
-    host, sep, port_text = spec.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not port_text.isdigit():
-        raise StartupError(f"daemon.tcp must be HOST:PORT, got {spec!r}")
-    if host == "localhost":
-        host = "127.0.0.1"
+    """A loopback-only TCP listener for ``HOST:PORT`` (the config's rule: port 1-65535)."""
     try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        raise StartupError(f"daemon.tcp host must be a loopback address, got {host!r}") from None
-    if not address.is_loopback:
-        raise StartupError(f"daemon.tcp host {host} is not a loopback address; specd only listens on loopback")
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+        host, port = parse_loopback_address(spec)
+    except ValueError as err:
+        raise StartupError(f"daemon.tcp {spec!r} {err}") from None
+    family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, int(port_text)))
+        sock.bind((host, port))
     except OSError as err:
         sock.close()
         raise StartupError(f"cannot listen on {spec}: {err.strerror}") from None
