@@ -500,3 +500,6 @@ def _check_together(cfg: Config) -> None:
     if cfg["daemon.tcp"] and not cfg["daemon.tcp_token"]:
         raise ConfigError(f"daemon.tcp (from {cfg.sources['daemon.tcp']}) is set but daemon.tcp_token is empty; "
                           f"a TCP listener needs a token (or leave daemon.tcp empty)")
+    if cfg["model.backend"] == "remote" and not cfg["model.remote_url"]:
+        raise ConfigError(f"model.backend (from {cfg.sources['model.backend']}) is remote but model.remote_url is "
+                          f"empty; set it to the server's base URL, e.g. http://gpu-box:8000")

@@ -208,6 +208,7 @@ BAD_CONFIGS = [
     _file("url-port-name", "model.remote_url", '"http://gpu-box:http"', "1-65535"),
     _file("url-no-host", "model.remote_url", '"http://:8000"', "no host"),
     _file("url-space", "model.remote_url", '"http://gpu box:8000"', "whitespace"),
+    _file("remote-without-url", "model.backend", '"remote"', "model.remote_url is empty", "http://"),
     _file("api-key-newline", "model.remote_api_key", '"abc\\ndef"', "control character"),
     # devices
     _file("device-tpu", "model.device", '"tpu"', "not a device name", "cuda:N"),

@@ -568,7 +568,7 @@ def test_context_chunks_from_other_buffers_reach_the_remote_prompt(scripted):
 
 def test_configuration_errors_are_one_line():
     with pytest.raises(EngineError, match="model.remote_url is empty"):
-        RemoteOptions.from_config(_cfg({"model.backend": "remote"}))
+        RemoteOptions.from_config({"model.remote_url": ""})  # load_config refuses this before the engine sees it
     with pytest.raises(EngineError, match="is not an http:// or https:// URL"):
         remote.RemoteClient(RemoteOptions(url="ftp://x"))
 
