@@ -269,13 +269,16 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_USAGE
     for warning in cfg.warnings:
         print(f"specd: warning: {warning}", file=sys.stderr)
-    from specd.logs import setup_logging
+    from specd.logs import StateFileError, setup_logging
 
     setup_logging(cfg["log.level"], cfg.log_file)
     try:
         return _handler(args.command)(args, cfg) or 0
     except ConfigError as err:
         print(f"specd: config error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except StateFileError as err:  # a state file that cannot be used (the spawn log a FIFO): say what to fix
+        print(f"specd: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -359,7 +359,11 @@ def _child_environment(cfg: Any) -> dict[str, str]:
 
 
 def spawn_daemon(cfg: Any) -> subprocess.Popen[bytes]:
-    """Start ``python -m specd serve`` in its own session, its stderr kept in the spawn log."""
+    """Start ``python -m specd serve`` in its own session, its stderr kept in the spawn log.
+
+    Raises ``specd.logs.StateFileError`` (one line) when the spawn log cannot be a regular file
+    of ours: a symlink, FIFO or device there, or no space for it. The daemon is then not
+    started, since nothing it said about a failed start could be read back."""
     from specd.logs import open_private
 
     with open_private(spawn_log_path(cfg), "w") as stderr:
@@ -380,8 +384,10 @@ def spawn_daemon(cfg: Any) -> subprocess.Popen[bytes]:
 
 def last_spawn_error(cfg: Any) -> str:
     """The last line the spawned daemon wrote to stderr (its one-line reason for exiting)."""
-    try:
-        lines = spawn_log_path(cfg).read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    from specd.logs import read_private_tail
+
+    try:  # never a plain read: a FIFO put there would block it until some writer came
+        lines = read_private_tail(spawn_log_path(cfg)).strip().splitlines()
     except OSError:
         return ""
     for line in reversed(lines):

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specd.client import AsyncClient, DaemonUnavailable, last_spawn_error, spawn_daemon, spawn_log_path
+from specd.logs import StateFileError
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.methods import Method
 
@@ -190,7 +191,10 @@ class DaemonLink:
                 raise DaemonUnavailable(f"{err.message} (start one with `specd serve`, or enable daemon.spawn)") from None
         self._set_state(SPAWNING, f"starting `specd serve` (log: {spawn_log_path(cfg)})")
         self._spawned_cfg = cfg
-        proc = await asyncio.to_thread(spawn_daemon, cfg)
+        try:
+            proc = await asyncio.to_thread(spawn_daemon, cfg)
+        except StateFileError as err:  # the spawn log is a FIFO, a symlink, or on a full disk
+            raise DaemonUnavailable(f"cannot start the daemon: {err}") from None
         deadline = time.monotonic() + settings.spawn_timeout_s
         pause = 0.02
         while time.monotonic() < deadline:

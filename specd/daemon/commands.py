@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from specd.config import Config
 
@@ -29,14 +29,36 @@ def _err(message: str) -> None:
 
 
 def serve(args: argparse.Namespace, cfg: Config) -> int:
+    """Serve until stopped, then end the process at once (``_exit_now``): a stopped daemon never
+    waits on interpreter teardown, where a thread stuck in a load or a progress bar's lock
+    would keep it alive for ever."""
     from specd.daemon.server import Daemon, StartupError
 
-    daemon = Daemon(cfg, idle_unload_s=getattr(args, "idle_unload", None), tcp=getattr(args, "tcp", None))
+    daemon = Daemon(cfg, idle_unload_s=getattr(args, "idle_unload", None), tcp=getattr(args, "tcp", None),
+                    exit_hard=True)
     try:
-        return asyncio.run(daemon.run())
+        code = asyncio.run(daemon.run())
     except StartupError as err:
         _err(str(err))
-        return EXIT_FAILURE
+        return err.exit_code
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Flush what we wrote, then ``os._exit``: no atexit hook, no join of a stuck thread."""
+    import logging
+
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # a full disk: the log is already lost, the exit must still happen
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
 
 
 # -- status ---------------------------------------------------------------------------------------
@@ -129,6 +151,21 @@ def status(args: argparse.Namespace, cfg: Config) -> int:
 # -- stop -----------------------------------------------------------------------------------------
 
 
+def _process_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie its parent has not reaped counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process took the number: ours is gone
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as status:
+            return status.read().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):  # reaped meanwhile (the next kill says so), or no /proc here
+        return not os.path.isdir("/proc")
+
+
 def stop(args: argparse.Namespace, cfg: Config, timeout: float = 60.0) -> int:
     from specd.client import Client, DaemonUnavailable
     from specd.protocol.errors import ErrorCode, RpcError
@@ -147,11 +184,14 @@ def stop(args: argparse.Namespace, cfg: Config, timeout: float = 60.0) -> int:
                 _err(f"stop failed: {err}")
                 return EXIT_FAILURE
             pid = None
-        # The daemon answers first, then finishes its in-flight work and closes: wait for that.
+        # The daemon answers first, then finishes its in-flight work and closes: wait for that,
+        # and then for its process to end (it exits hard a bounded time after the last answer).
         deadline = time.monotonic() + timeout
         while not client.closed and time.monotonic() < deadline:
             time.sleep(0.05)
-    if not client.closed:
+    while isinstance(pid, int) and not _process_gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not client.closed or (isinstance(pid, int) and not _process_gone(pid)):
         _err(f"the daemon (pid {pid}) did not stop within {timeout:.0f} s")
         return EXIT_FAILURE
     print(f"specd: stopped the daemon (pid {pid})")

@@ -29,6 +29,26 @@ PRIVATE_DIR_MODE = 0o700
 class StartupError(Exception):
     """The daemon cannot start (socket in use, bad TCP config); the message is one line."""
 
+    exit_code = 1
+
+
+class UnusableRuntimeDir(StartupError):
+    """The runtime directory or a file in it cannot be made (no inodes or space, no permission):
+    the surroundings must change, as for a config error, so `specd serve` exits 2."""
+
+    exit_code = 2
+
+
+def _runtime_error(action: str, path: Path, err: OSError) -> StartupError:
+    """One line for an OSError met while making the socket's place: what failed, what to do."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "free space or inodes on its file system, or set daemon.socket to a path elsewhere"
+    elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        hint = "make it writable for this user, or set daemon.socket to a path elsewhere"
+    else:
+        hint = "set daemon.socket to a path elsewhere"
+    return UnusableRuntimeDir(f"cannot {action} {path}: {err.strerror or err}; {hint}")
+
 
 def peer_uid(sock: socket.socket) -> int | None:
     """The connecting process's uid from SO_PEERCRED (Linux), or None where unavailable."""
@@ -42,12 +62,17 @@ def peer_uid(sock: socket.socket) -> int | None:
 def prepare_private_dir(directory: Path) -> None:
     """Create ``directory`` 0700, or check that an existing one is a real directory, ours and
     private. Refuses (StartupError, one line) instead of repairing what it did not create."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _runtime_error("create", directory.parent, err) from None
     try:
         os.mkdir(directory, PRIVATE_DIR_MODE)
         created = True
     except FileExistsError:
         created = False
+    except OSError as err:  # out of inodes, read-only, not ours to write
+        raise _runtime_error("create", directory, err) from None
     info = os.lstat(directory)
     if stat.S_ISLNK(info.st_mode):
         raise StartupError(f"{directory} is a symlink; refusing to use it (remove it, or set daemon.socket elsewhere)")
@@ -99,6 +124,8 @@ def bind_unix(path: Path) -> socket.socket:
         sock.bind(str(path))
     except OSError as err:
         sock.close()
+        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS):
+            raise _runtime_error("bind", path, err) from None
         raise StartupError(f"cannot bind {path}: {err.strerror}") from None
     finally:
         os.umask(old_umask)
@@ -128,15 +155,19 @@ def bind_tcp(spec: str) -> socket.socket:
 def open_private_file(path: Path, flags: int = os.O_RDWR) -> int:
     """Open (creating 0600) a file we own, never through a symlink; returns the descriptor."""
     try:
-        fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        # O_NONBLOCK: a FIFO planted there fails or opens at once instead of waiting for a peer.
+        fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, 0o600)
     except OSError as err:
         if err.errno == errno.ELOOP:
             raise StartupError(f"{path} is a symlink; refusing to open it") from None
-        raise StartupError(f"cannot open {path}: {err.strerror}") from None
+        if err.errno == errno.ENXIO:  # a FIFO with no reader (O_NONBLOCK)
+            raise StartupError(f"{path} is not a regular file of ours; refusing to use it") from None
+        raise _runtime_error("create", path, err) from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
         os.close(fd)
         raise StartupError(f"{path} is not a regular file of ours; refusing to use it")
+    os.set_blocking(fd, True)
     return fd
 
 
@@ -157,8 +188,11 @@ class RuntimeLock:
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise StartupError(f"another specd daemon holds {self.path}") from None
             raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:  # the pid is for people reading the file; the lock is what matters
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as err:  # a full file system: the daemon serves on without it
+            log.warning("cannot write the pid to %s: %s", self.path, err.strerror)
         self._fd = fd
 
     def release(self) -> None:

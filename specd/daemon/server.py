@@ -71,6 +71,24 @@ log = logging.getLogger("specd.daemon")
 ENGINE_FACTORY_ENV = "SPECD_TEST_ENGINE_FACTORY"
 
 SHUTDOWN_GRACE_S = 10.0  # beyond the time budget, how long a running completion may finish
+SESSIONS_GRACE_S = 5.0  # how long answers already due may take to be written at shutdown
+# Once every client is answered, how long the model, mirror and workspace threads get to stop
+# before a process started with ``exit_hard`` ends regardless (a load stuck in a progress bar's
+# lock, or in a driver, must not keep a stopped daemon alive).
+THREADS_GRACE_S = 2.0
+
+
+def exit_hard_after(seconds: float, exit_code: Callable[[], int]) -> threading.Timer:
+    """End the process ``seconds`` from now with ``os._exit``: no lock, atexit hook or thread
+    join can hold it. A daemon thread, so a process that ends sooner is not kept waiting."""
+    def _exit() -> None:
+        os._exit(exit_code())
+
+    timer = threading.Timer(seconds, _exit)
+    timer.daemon = True
+    timer.name = "specd-hard-exit"
+    timer.start()
+    return timer
 
 
 def load_engine(cfg: Any) -> CompletionEngine:
@@ -92,8 +110,12 @@ class Daemon:
         allowed_uid: int | None = None,
         idle_unload_s: float | None = None,
         tcp: str | None = None,
+        exit_hard: bool = False,
     ):
+        """``exit_hard``: this is the serving process (``specd serve``), which a stop must end in
+        bounded time; in-process daemons (tests) leave their process alone."""
         self.cfg = cfg
+        self.exit_hard = exit_hard
         self.socket_path = Path(cfg.socket_path)
         self.max_frame_bytes = cfg["daemon.max_frame_bytes"]
         self.tcp_spec = cfg["daemon.tcp"] if tcp is None else tcp
@@ -219,6 +241,9 @@ class Daemon:
         if not self._stop.is_set():
             log.info("stopping: %s", why)
             self.exit_code = exit_code
+            if self.exit_hard:  # the backstop: every wait of the graceful path, then the threads'
+                budget_s = self.cfg["engine.time_budget_ms"] / 1000 + SHUTDOWN_GRACE_S
+                exit_hard_after(budget_s + SESSIONS_GRACE_S + THREADS_GRACE_S + 1.0, lambda: self.exit_code)
         self._stop.set()
 
     def _on_worker_state(self, state: str) -> None:
@@ -243,8 +268,11 @@ class Daemon:
             message = " ".join(f"cannot load models: {self.worker.load_error}".split())
             # One write of the whole line: print() writes the text and the newline separately, and
             # the model thread's log record could land between them.
-            sys.stderr.write(f"specd: {message}\n")
-            sys.stderr.flush()
+            try:
+                sys.stderr.write(f"specd: {message}\n")
+                sys.stderr.flush()
+            except OSError:  # stderr on a full disk: status still tells it, and the stop goes on
+                pass
             systemd.notify(f"STATUS={message}")
             self.request_stop("model load failed", exit_code=1)
         elif state == LOADING:
@@ -278,9 +306,11 @@ class Daemon:
             current.request_cancel("the daemon is shutting down")
         sessions = [c.session for c in self.connections.values() if c.session is not None]
         if sessions:
-            await asyncio.wait([asyncio.create_task(s.wait_answered()) for s in sessions], timeout=5)
+            await asyncio.wait([asyncio.create_task(s.wait_answered()) for s in sessions], timeout=SESSIONS_GRACE_S)
         for session in sessions:
             await session.close()
+        if self.exit_hard:  # every client has its answer: the threads get a short bound
+            exit_hard_after(THREADS_GRACE_S, lambda: self.exit_code)
         await asyncio.to_thread(self.worker.stop, 10)
         self.mirror.stop()
         await asyncio.to_thread(self.workspace.stop)

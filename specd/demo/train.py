@@ -347,7 +347,8 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
     ema_target = ema_draft = None
     next_eval = 1
     loop_start = time.time()
-    bar = tqdm(total=int(budget_s), unit="s", mininterval=30.0, desc="train", file=sys.stderr)
+    # disable=None: a bar on a terminal only; a log file gets the per-minute rows below.
+    bar = tqdm(total=int(budget_s), unit="s", mininterval=30.0, desc="train", file=sys.stderr, disable=None)
     while True:
         elapsed = time.time() - loop_start
         progress = elapsed / budget_s

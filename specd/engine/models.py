@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,9 +84,34 @@ def _reason(err: Exception) -> str:
     return first
 
 
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError, OSError):  # replaced, or closed
+        return False
+
+
+@contextmanager
+def _progress_bars_only_on_a_terminal():
+    """transformers and the hub draw tqdm bars on stderr while loading. On anything but a
+    terminal (the daemon's spawn log, a journal) they are noise, and a write error there (a full
+    disk) would fail the load itself, so they are off for the load and restored after."""
+    from transformers.utils import logging as hf_logging
+
+    if _stderr_is_terminal() or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hf_logging.disable_progress_bar()  # the hub's bars too
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+
+
 def load_tokenizer(name: str, trust_remote_code: bool = False):
     try:
-        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        with _progress_bars_only_on_a_terminal():
+            return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     except Exception as err:  # transformers raises OSError, ValueError, ... for a bad dir
         raise ModelLoadError(f"cannot load tokenizer from {name}: {_reason(err)}") from None
 
@@ -93,9 +120,10 @@ def load_model(name: str, role: str, device: torch.device, dtype: torch.dtype,
                trust_remote_code: bool = False) -> PreTrainedModel:
     _check_source(name, role)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            name, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
-        )
+        with _progress_bars_only_on_a_terminal():
+            model = AutoModelForCausalLM.from_pretrained(
+                name, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
+            )
     except Exception as err:
         raise ModelLoadError(f"cannot load {role} model from {name}: {_reason(err)}") from None
     return model.to(device).eval()

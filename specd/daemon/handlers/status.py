@@ -22,6 +22,7 @@ from specd.daemon.params import HelloParams
 from specd.daemon.scheduler import CompletionQueue
 from specd.daemon.worker import ModelWorker
 from specd.daemon.workspace import Workspace
+from specd.logs import log_losses
 from specd.protocol.errors import RpcError
 from specd.protocol.methods import CAPABILITIES, ERROR_FORMATS, POSITION_ENCODINGS, PROTOCOL_VERSION, Method
 
@@ -142,4 +143,6 @@ class StatusMethods:
         }
         if self.worker.load_error is not None:
             out["last_error"] = str(self.worker.load_error)
+        if losses := log_losses():  # a log destination dropped (a full disk): said here, whatever else is lost
+            out["log_errors"] = losses
         return out
