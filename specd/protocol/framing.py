@@ -7,13 +7,19 @@ costs 5 bytes and may declare 4 GiB or 16 million elements. So decoding runs in 
 1. a *walker* reads only the headers, as the bytes arrive, to find where each message ends:
    it skips string payloads by their length, keeps a stack of how many items each open array
    or map still needs, and allocates nothing a header declares. It refuses a message as soon
-   as what its headers declare no longer fits the limit, or when it nests too deeply or holds
-   too many arrays and maps. The bytes of the message in progress are kept here once, never
-   more than ``max_frame_bytes`` of them, however the message is streamed (one 16 MiB string
-   or 400 strings of 1 MiB);
-2. only a complete message is decoded into objects, by ``unpackb`` (whose per-container limits
-   default to the message's own length: a container cannot hold more elements than it has
-   bytes).
+   as what its headers declare no longer fits the limit, or when it nests too deeply, holds
+   too many arrays and maps, or declares too many elements in them all. The bytes of the
+   message in progress are kept here once, never more than ``max_frame_bytes`` of them,
+   however the message is streamed (one 16 MiB string or 400 strings of 1 MiB);
+2. only a complete message is decoded into objects, by ``unpackb``, under the same element
+   limit.
+
+What a message unpacks to is bounded by its bytes and by those counts, not by its bytes alone:
+a ``nil`` is one byte on the wire but an 8-byte slot in a list, a two-letter string three bytes
+but a ~60-byte object. So the elements of all its arrays and maps together (``MAX_ITEMS``) are
+capped far below the frame limit, at what the largest real requests need: the objects a
+message expands into stay within about its frame limit, and the walker's per-element work
+(Python, one step an element) stays a fraction of a second a message.
 
 The walker's work is proportional to the headers in the bytes just read (one read is at most
 64 KiB), so a message of millions of tiny elements costs the loop a little per read, never a
@@ -35,6 +41,12 @@ READ_CHUNK = 64 * 1024
 # above any real message (1,000 ranged edits use ~4,000) and bounds the objects one small
 # message can expand into (each container costs ~60-100 bytes before its elements).
 MAX_CONTAINERS = 65_536
+# Elements of all the arrays and maps in one message, summed (a map's keys and values both
+# count). A ranged edit costs 17 (4 maps of 2 pairs, and its slot in ``edits``), so this lets a
+# change carry ~15,000 ranged edits (the container cap alone allows ~16,000) or ~37,000 offset
+# edits. It bounds the pointers and small objects one message becomes: 262,144 elements of ~60
+# bytes at most each, ~15 MiB, the size of the default frame limit.
+MAX_ITEMS = 1 << 18
 MAX_DEPTH = 1000  # nesting (msgpack itself stops at 1,024); real messages use fewer than 10
 
 # What each first byte of a msgpack value is, as (kind, argument):
@@ -92,14 +104,17 @@ def pack(obj: Any) -> bytes:
 class FrameDecoder:
     """Feed bytes, get back the complete msgpack values they finish."""
 
-    def __init__(self, max_frame_bytes: int, max_containers: int = MAX_CONTAINERS):
+    def __init__(self, max_frame_bytes: int, max_containers: int = MAX_CONTAINERS,
+                 max_items: int = MAX_ITEMS):
         self.max_frame_bytes = max_frame_bytes
         self.ceiling = max_frame_bytes  # kept for callers that lower the limit and raise it back
         self.max_containers = max_containers
+        self.max_items = max_items
         self._buffer = bytearray()  # the message in progress (after the last complete one)
         self._pos = 0  # where the walker reads the next header, in _buffer (may be past its end)
         self._open: list[int] = []  # items still needed by each open array/map, innermost last
         self._containers = 0  # in the message in progress
+        self._items = 0  # elements its arrays and maps declare, in the message in progress
         self._ends: list[int] = []  # ends of messages whose headers are all read, in _buffer
 
     @property
@@ -179,6 +194,9 @@ class FrameDecoder:
                         raise self._too_large(f" (more than {self.max_containers} arrays and maps)")
                     if pos - message_start + count > limit:  # every item takes a byte at least
                         raise self._too_large(f" (a header declares {count} items)")
+                    self._items += count
+                    if self._items > self.max_items:
+                        raise self._too_large(f" (more than {self.max_items} elements in its arrays and maps)")
                     if count:
                         if len(open_) >= MAX_DEPTH:
                             raise FrameError(ErrorCode.PARSE_ERROR.value, "invalid msgpack: nested too deeply")
@@ -194,6 +212,7 @@ class FrameDecoder:
                     self._ends.append(pos)
                     message_start = pos
                     self._containers = 0
+                    self._items = 0
         finally:
             self._pos = pos
 
@@ -201,7 +220,9 @@ class FrameDecoder:
         try:
             # raw=False: msgpack str -> Python str (Neovim sends strings as str); invalid UTF-8
             # in a str is a decode error. strict_map_key=False: maps keyed by ints are allowed
-            # through here and rejected by the message layer with a proper error instead.
-            return msgpack.unpackb(message, raw=False, strict_map_key=False)
+            # through here and rejected by the message layer with a proper error instead. The
+            # length limits repeat the walker's element cap, for the decoder's own allocations.
+            return msgpack.unpackb(message, raw=False, strict_map_key=False,
+                                   max_array_len=self.max_items, max_map_len=self.max_items // 2)
         except Exception as err:  # noqa: BLE001 - every decoder failure means the same thing
             raise FrameError(ErrorCode.PARSE_ERROR.value, f"invalid msgpack: {str(err) or type(err).__name__}") from None
