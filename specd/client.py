@@ -42,10 +42,13 @@ RESPONSIVE_TIMEOUT_S = 10.0
 
 
 class DaemonUnavailable(RpcError):
-    """Nothing answers at the socket, and no daemon could be (or was allowed to be) started."""
+    """Nothing answers at the socket, and no daemon could be (or was allowed to be) started.
+    ``daemon_exit``: the exit status of a daemon spawned for the call that ended before it
+    listened (2: it refused its configuration or surroundings, told in the message)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, daemon_exit: int | None = None):
         super().__init__(ErrorCode.DAEMON_UNAVAILABLE, message)
+        self.daemon_exit = daemon_exit
 
 
 def _params(**values: Any) -> dict[str, Any]:
@@ -418,7 +421,8 @@ def ensure_daemon(cfg: Any, spawn: bool = True, timeout: float = SPAWN_TIMEOUT_S
                 return Client.connect_unix(path)
             except DaemonUnavailable:
                 reason = last_spawn_error(cfg) or f"exit status {proc.returncode}"
-                raise DaemonUnavailable(f"the daemon did not start: {reason} (log: {spawn_log_path(cfg)})") from None
+                raise DaemonUnavailable(f"the daemon did not start: {reason} (log: {spawn_log_path(cfg)})",
+                                        daemon_exit=proc.returncode) from None
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
     raise DaemonUnavailable(f"no daemon answered at {path} within {timeout:.0f} s (log: {spawn_log_path(cfg)})")

@@ -85,7 +85,9 @@ def run_complete(args, cfg) -> int:
             except DaemonUnavailable as err:
                 if not args.no_spawn:
                     print(f"specd: {err}", file=sys.stderr)
-                    return EXIT_FAILED
+                    # A daemon that refused its configuration or surroundings (exit 2) is the
+                    # user's to fix, as the same error in this process would be.
+                    return EXIT_USAGE if err.daemon_exit == EXIT_USAGE else EXIT_FAILED
                 log.info("no daemon running (--no-spawn): completing in this process")
             except RpcError as err:
                 print(f"specd: {err}", file=sys.stderr)

@@ -320,3 +320,37 @@ async def test_lsp_reports_a_fifo_at_the_spawn_log_instead_of_spawning_for_ever(
         message = session.messages[0].message
         assert "is a FIFO" in message and str(spawn_log) in message and "\n" not in message
         assert "is a FIFO" in status.get("reason", "") or "is a FIFO" in str(status)
+
+
+RUNTIME_PLANTS = {
+    "a file": ("exists and is not a directory", lambda path: path.write_text("")),
+    "a symlink": ("is a symlink", lambda path: path.symlink_to(path.parent)),
+    "a shared directory": ("has mode 0755", lambda path: (path.mkdir(), path.chmod(0o755))),
+    "a file at the socket path": ("is not a socket", lambda path: (path.mkdir(mode=0o700),
+                                                                   (path / "specd.sock").write_text("x"))),
+}
+
+
+@pytest.mark.parametrize("plant", sorted(RUNTIME_PLANTS))
+def test_what_stands_at_the_runtime_dir_is_one_line_exit_2_from_serve_and_a_spawning_complete(tmp_path, plant):
+    """The user must move it or set daemon.socket: exit 2 from `specd serve`, and from `specd
+    complete` that spawned it, in one line each; what stood there is left as it was."""
+    fragment, make = RUNTIME_PLANTS[plant]
+    env = base_env(tmp_path)
+    runtime = Path(env["XDG_RUNTIME_DIR"]) / "specd"
+    make(runtime)
+    def standing():  # what is there, less the lock file the daemon takes before binding
+        return sorted(n for n in os.listdir(runtime) if not n.endswith(".lock")) if runtime.is_dir() else None
+
+    before = standing()
+    source = tmp_path / "a.py"
+    source.write_text("def f(\n")
+    for args in (["serve"], ["complete", "--line", "1", "--col", "6", str(source)]):
+        proc, took = _run_cli(args, env)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert _specd_lines(proc.stderr) == [proc.stderr.strip()] and fragment in proc.stderr, (args, proc.stderr)
+        assert "daemon.socket" in proc.stderr or "chmod 700" in proc.stderr
+        assert took < HANG_S and proc.stdout == ""
+    assert standing() == before
+    if plant == "a file at the socket path":
+        assert (runtime / "specd.sock").read_text() == "x"

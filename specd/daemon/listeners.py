@@ -33,8 +33,10 @@ class StartupError(Exception):
 
 
 class UnusableRuntimeDir(StartupError):
-    """The runtime directory or a file in it cannot be made (no inodes or space, no permission):
-    the surroundings must change, as for a config error, so `specd serve` exits 2."""
+    """The runtime directory or a file in it cannot be made (no inodes or space, no permission),
+    or what stands there is not ours to use (a file, a symlink, another user's or a shared
+    directory, a non-socket at the socket path): the surroundings must change, as for a config
+    error, so `specd serve` exits 2. Another daemon already serving stays exit 1."""
 
     exit_code = 2
 
@@ -75,15 +77,17 @@ def prepare_private_dir(directory: Path) -> None:
         raise _runtime_error("create", directory, err) from None
     info = os.lstat(directory)
     if stat.S_ISLNK(info.st_mode):
-        raise StartupError(f"{directory} is a symlink; refusing to use it (remove it, or set daemon.socket elsewhere)")
+        raise UnusableRuntimeDir(f"{directory} is a symlink; refusing to use it (remove it, or set "
+                                 "daemon.socket elsewhere)")
     if not stat.S_ISDIR(info.st_mode):
-        raise StartupError(f"{directory} exists and is not a directory")
+        raise UnusableRuntimeDir(f"{directory} exists and is not a directory (remove it, or set "
+                                 "daemon.socket elsewhere)")
     if info.st_uid != os.getuid():
-        raise StartupError(f"{directory} belongs to uid {info.st_uid}, not to us (uid {os.getuid()})")
+        raise UnusableRuntimeDir(f"{directory} belongs to uid {info.st_uid}, not to us (uid {os.getuid()})")
     mode = stat.S_IMODE(info.st_mode)
     if mode != PRIVATE_DIR_MODE:
         if not created:
-            raise StartupError(
+            raise UnusableRuntimeDir(
                 f"{directory} has mode {mode:04o}, not 0700: other users could reach the socket; "
                 f"run `chmod 700 {directory}` or set daemon.socket to a private directory"
             )
@@ -113,7 +117,8 @@ def bind_unix(path: Path) -> socket.socket:
     prepare_socket_dir(path)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
-            raise StartupError(f"{path} exists and is not a socket; not touching it")
+            raise UnusableRuntimeDir(f"{path} exists and is not a socket; not touching it (move it, or "
+                                     "set daemon.socket elsewhere)")
         if socket_is_live(path):
             raise StartupError(f"another daemon is already serving {path}")
         log.info("removing stale socket %s", path)
@@ -159,14 +164,14 @@ def open_private_file(path: Path, flags: int = os.O_RDWR) -> int:
         fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, 0o600)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise StartupError(f"{path} is a symlink; refusing to open it") from None
+            raise UnusableRuntimeDir(f"{path} is a symlink; refusing to open it") from None
         if err.errno == errno.ENXIO:  # a FIFO with no reader (O_NONBLOCK)
-            raise StartupError(f"{path} is not a regular file of ours; refusing to use it") from None
+            raise UnusableRuntimeDir(f"{path} is not a regular file of ours; refusing to use it") from None
         raise _runtime_error("create", path, err) from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
         os.close(fd)
-        raise StartupError(f"{path} is not a regular file of ours; refusing to use it")
+        raise UnusableRuntimeDir(f"{path} is not a regular file of ours; refusing to use it")
     os.set_blocking(fd, True)
     return fd
 
