@@ -172,14 +172,15 @@ def raw_connect(path: Path, timeout: float = 5.0) -> socket.socket:
 
 
 def read_all(sock: socket.socket, timeout: float = 5.0, limit: int = 16 * 1024 * 1024) -> bytes:
-    """Everything the peer sends until it closes (or ``timeout`` of silence)."""
+    """Everything the peer sends until it closes (or ``timeout`` of silence). A peer that closes
+    with our bytes still unread resets the connection after its reply: what came before is kept."""
     sock.settimeout(timeout)
     chunks = []
     total = 0
     while total < limit:
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except (socket.timeout, ConnectionResetError):
             break
         if not data:
             break

@@ -24,6 +24,7 @@ import glob
 import json
 import logging
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -405,7 +406,8 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
         bar = None
         if progress:
             from tqdm import tqdm
-            bar = tqdm(total=len(keys), desc=f"gguf {model_dir.name}", unit="tensor", leave=False)
+            bar = tqdm(total=len(keys), desc=f"gguf {model_dir.name}", unit="tensor", leave=False,
+                       file=sys.stderr, disable=None)  # no bar off a terminal (a log file)
         for handle, key in keys:
             if bar:
                 bar.update()
