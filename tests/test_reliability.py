@@ -509,13 +509,14 @@ def test_socket_0600_and_directory_0700_whatever_the_umask(tmp_path):
 
 def test_a_shared_socket_directory_is_refused_not_repaired(tmp_path):
     """A pre-existing world-writable directory is not ours to chmod (it may be /tmp, or what a
-    planted symlink points at): one line, exit 1, the directory left as it was."""
+    planted symlink points at): one line, exit 2 (the surroundings to change), the directory
+    left as it was."""
     d = DaemonProcess(tmp_path / "d")
     run_dir = d.socket_path.parent
     run_dir.mkdir(parents=True, mode=0o755)
     os.chmod(run_dir, 0o777)
     d.start(wait=False)
-    assert d.proc.wait(30) == 1
+    assert d.proc.wait(30) == 2
     lines = [line for line in d.stderr().splitlines() if line.startswith("specd:")]
     assert len(lines) == 1 and "mode 0777" in lines[0] and "chmod 700" in lines[0], d.stderr()
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o777

@@ -161,7 +161,9 @@ class ForwardCosts:
                 (1 - EMA) * self.draft_per_token + EMA * per_token
 
     def describe(self) -> dict:
-        return {"target_ms_by_width": {w: round(ms, 3) for w, ms in sorted(self.target.items())},
+        # Keys as strings: wire maps are keyed by strings (msgpack's default Unpacker refuses
+        # int keys, and JSON would turn them into strings anyway).
+        return {"target_ms_by_width": {str(w): round(ms, 3) for w, ms in sorted(self.target.items())},
                 "head_row_ms": round(self.head_row, 3),
                 "draft_step_ms": None if self.draft_step is None else round(self.draft_step, 3),
                 "draft_catch_up_ms_per_token": None if self.draft_per_token is None else round(self.draft_per_token, 4)}
