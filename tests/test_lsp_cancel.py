@@ -8,6 +8,7 @@ daemon, not merely abandoned by specd-lsp.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -79,3 +80,39 @@ async def test_debounce_sends_only_the_last_of_a_burst(fake_daemon, tmp_path):
         started = time.monotonic()
         assert await session.inline(URI, 0, 3, invoked=True)
         assert time.monotonic() - started < 0.3 + 2.0
+
+
+@pytest.mark.parametrize("which, invoked, debounce_ms", [
+    ("fake_daemon", False, 0), ("daemon", True, 0), ("daemon", False, 30)])
+async def test_a_request_after_a_cancelled_one_is_never_left_empty(request, which, invoked, debounce_ms, tmp_path):
+    """$/cancelRequest for one request, then the identical request at once, 200 times, with the
+    cancel landing before, during and after the first one's answer: the second always gets what
+    the same request gets unraced (a cancel that lost its race leaves nothing behind)."""
+    import random
+
+    rng = random.Random(7)
+    text = "def f():\n    return 1\n"
+    columns = range(4, 12)
+    serving = request.getfixturevalue(which)
+    async with lsp_session(server_env(tmp_path), link_options(serving, debounceMs=debounce_ms)) as session:
+        # The unraced answers, from a twin document (the type-through cache is per document).
+        session.open(URI + ".twin", text)
+        expected = {column: [item.insert_text for item in await session.inline(URI + ".twin", 1, column, invoked)]
+                    for column in columns}
+        assert sum(1 for answer in expected.values() if answer) >= 4, expected
+        session.open(URI, text)
+        protocol = session.client.protocol
+        wrong = []
+        for n in range(200):
+            column = columns[n % len(columns)]
+            params = session.inline_params(URI, 1, column, invoked=invoked)
+            first = asyncio.ensure_future(protocol.send_request_async(
+                types.TEXT_DOCUMENT_INLINE_COMPLETION, params, msg_id=10_000 + n))
+            await asyncio.sleep(rng.choice([0, 0, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016]))
+            protocol.notify(types.CANCEL_REQUEST, types.CancelParams(id=10_000 + n))
+            second = [item.insert_text for item in await session.inline(URI, 1, column, invoked=invoked)]
+            if second != expected[column] and not (invoked and second[:1] == expected[column][:1]):
+                wrong.append((n, column, second))
+            with contextlib.suppress(JsonRpcRequestCancelled):
+                await asyncio.wait_for(first, 5)
+    assert wrong == [], f"{len(wrong)} of 200 differ from the unraced answer: {wrong[:5]}; expected {expected}"
