@@ -238,10 +238,10 @@ class Engine(Fronted):
         heal = self.options.token_healing if heal is None else heal
         return self.front.build_prompt(uri, text, offset, chunks, path, heal=heal)
 
-    def healing_constraint(self, healed: str, prompt_length: int):
+    def healing_constraint(self, healed: str, prompt_length: int, newline: str = "\n"):
         """The token-healing constraint as ``generate(prefix_allowed_tokens_fn=...)`` takes it
         (None when nothing was healed): how anyone reproduces specd's output with plain HF."""
-        return self.healing.prefix_allowed_fn(healed, prompt_length) if healed else None
+        return self.healing.prefix_allowed_fn(healed, prompt_length, newline) if healed else None
 
     # -- completion ------------------------------------------------------------------------
 
@@ -323,8 +323,9 @@ class Engine(Fronted):
 
         planner = self._planner(state, settings, req, text, offset, prompt)
         stop = StopRules(self.pair.tokenizer, self.stop_ids, req.single_line,
-                         prompt.indent if req.stop_at_block_end else None, healed=prompt.healed)
-        constraint = HealingConstraint(self.healing, prompt.healed) if prompt.healed else None
+                         prompt.indent if req.stop_at_block_end else None, healed=prompt.healed,
+                         newline=prompt.newline)
+        constraint = HealingConstraint(self.healing, prompt.healed, prompt.newline) if prompt.healed else None
         draft_forwards_before = state.draft.forwards if state.draft else 0
         outcome = speculative_decode(state.target, list(prompt.ids), planner, settings.sampling,
                                      settings.max_tokens, stop, deadline=started + settings.budget_s,
@@ -373,7 +374,7 @@ class Engine(Fronted):
         if len(typed) >= len(old_completion) or not old_completion.startswith(typed):
             return None
         # The output re-types the healed text first, then the suggestion's rest.
-        return len(prompt.ids), self.prompts.encode(prompt.healed + old_completion[len(typed):])
+        return len(prompt.ids), self.prompts.encode_continuation(prompt.healed + old_completion[len(typed):])
 
     # -- reporting -------------------------------------------------------------------------
 

@@ -17,6 +17,12 @@ extra context chunks first (stable across keystrokes), then one of three layouts
 
 The prefix window starts on a line that is a multiple of ``WINDOW_STEP_LINES``, so the start
 moves in coarse jumps instead of sliding with every character.
+
+Texts are tokenized as the families' own infilling code does: the prefix as a text's start (a
+SentencePiece tokenizer prepends its implicit space there, as Meta's and Mistral's ``encode`` do),
+the suffix and the typed middle as continuations, without that space (their
+``encode_infilling``: encode ``"☺" + text`` and drop the marker's tokens). Byte-level tokenizers
+prepend nothing, so both are their plain ``encode``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ ANCHOR_MAX_CHARS = 640  # ... in lines or characters (FIM middles of this size a
 ANCHOR_RESERVE_TOKENS = 192  # of the prefix budget, kept for the forced middle (at most a quarter)
 ENCODE_MEMO = 64  # texts whose ids PromptBuilder.encode remembers
 CHARS_PER_TOKEN_CAP = 12  # no tokenizer packs more chars than this into a token, on average
+CONTINUATION_MARKER = "☺"  # what Meta's and Mistral's infilling code encodes before a continuation
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,7 @@ TEMPLATES: dict[str, FimTemplate] = {
         "deepseek", ("<｜fim▁begin｜>", PREFIX, "<｜fim▁hole｜>", SUFFIX, "<｜fim▁end｜>"),
         stop_tokens=("<｜end▁of▁sentence｜>", "<|EOT|>", "<｜fim▁begin｜>"), bos=True, marker="<｜fim▁begin｜>"),
     "codellama": FimTemplate(
-        "codellama", ("▁<PRE>", "▁", PREFIX, "▁<SUF>", SUFFIX, "▁<MID>"),
+        "codellama", ("▁<PRE>", PREFIX, "▁<SUF>", SUFFIX, "▁<MID>"),
         stop_tokens=("▁<EOT>", "</s>"), bos=True, marker="▁<PRE>"),
     "codestral": FimTemplate(
         "codestral", ("[SUFFIX]", SUFFIX, "[PREFIX]", PREFIX),
@@ -158,6 +165,22 @@ class Prompt:
     anchor: int = -1  # char offset where the prefix ends (the cursor, unless anchored)
     forced: int = 0  # tokens at the end of ids that re-type text[anchor:cursor] after the middle token
     healed: str = ""  # text before the cursor cut from the prompt (token healing): output re-types it
+    newline: str = "\n"  # the document's line break ("\r\n" when its first one is), kept by the output
+
+
+def document_newline(text: str) -> str:
+    """The line break a completion must use: the document's first one ("\n" when it has none)."""
+    first = text.find("\n")
+    return "\r\n" if first > 0 and text[first - 1] == "\r" else "\n"
+
+
+def implicit_space(tokenizer) -> bool:
+    """Whether the tokenizer starts every text with a space of its own (SentencePiece's
+    ``add_dummy_prefix``): "x" then reads " x" when decoded after another token."""
+    x = tokenizer.encode("x", add_special_tokens=False)
+    if not x:
+        return False
+    return tokenizer.decode(x + x) != tokenizer.decode(x) * 2
 
 
 class PromptBuilder:
@@ -170,7 +193,12 @@ class PromptBuilder:
         self.extra_tokens = extra_tokens
         self.layout = resolve_layout(template, layout)
         self.healing = None  # a healing.HealingVocabulary turns token healing on (the engine sets it)
-        self._memo: OrderedDict[str, list[int]] = OrderedDict()  # text -> ids, see encode
+        # Continuations are encoded after CONTINUATION_MARKER where the tokenizer prepends a space
+        # (None: plain encode). The marker's own tokens, which are dropped again.
+        self._marker_ids: list[int] | None = None
+        if implicit_space(tokenizer):
+            self._marker_ids = tokenizer.encode(CONTINUATION_MARKER, add_special_tokens=False)
+        self._memo: OrderedDict[tuple[bool, str], list[int]] = OrderedDict()  # text -> ids, see encode
         # Prefix windows (text, grid starts, budget) -> (start, ids): in the anchored layout the
         # prefix ends at an anchor that stays put while the user types, so successive keystrokes
         # find their window here instead of re-tokenizing up to budget x 12 characters (~5 ms).
@@ -186,18 +214,34 @@ class PromptBuilder:
         return self.layout == "anchored"
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``; the last ``ENCODE_MEMO`` texts are remembered (successive
-        keystrokes re-encode the same suffix window, the same context chunks)."""
+        """Token ids of ``text`` as a text's start; the last ``ENCODE_MEMO`` texts are remembered
+        (successive keystrokes re-encode the same suffix window, the same context chunks)."""
+        return self._encode(text, False)
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """Token ids of ``text`` where it follows other text or a special token (the suffix, the
+        typed middle, the output): without a SentencePiece tokenizer's implicit leading space."""
+        return self._encode(text, self._marker_ids is not None)
+
+    def _encode(self, text: str, continuation: bool) -> list[int]:
         if not text:
             return []
+        key = (continuation, text)
         with self._memo_lock:
-            ids = self._memo.get(text)
+            ids = self._memo.get(key)
             if ids is not None:
-                self._memo.move_to_end(text)
+                self._memo.move_to_end(key)
                 return list(ids)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if continuation:
+            marker = self._marker_ids
+            ids = self.tokenizer.encode(CONTINUATION_MARKER + text, add_special_tokens=False)
+            # Where the marker merged with the text there is no clean cut: the text's own ids.
+            ids = ids[len(marker):] if ids[:len(marker)] == marker else \
+                self.tokenizer.encode(text, add_special_tokens=False)
+        else:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
         with self._memo_lock:
-            self._memo[text] = ids
+            self._memo[key] = ids
             if len(self._memo) > ENCODE_MEMO:
                 self._memo.popitem(last=False)
         return list(ids)
@@ -276,7 +320,7 @@ class PromptBuilder:
             return offset, []
         end = min(len(text), offset + self.suffix_tokens * CHARS_PER_TOKEN_CAP)
         while True:
-            ids = self.encode(text[offset:end])
+            ids = self.encode_continuation(text[offset:end])
             if len(ids) <= self.suffix_tokens or end <= offset:
                 return end, ids
             # Cut at a line end, shrinking in proportion to the overshoot.
@@ -308,7 +352,7 @@ class PromptBuilder:
         """The anchor and the forced middle's tokens: ``choose_anchor``'s, unless the span is
         over the reserved tokens; then the cursor's line start, or (a huge line) the cursor."""
         for candidate in (choose_anchor(text, offset, previous), text.rfind("\n", 0, offset) + 1):
-            forced = self.encode(text[candidate:offset])
+            forced = self.encode_continuation(text[candidate:offset])
             if len(forced) <= self.anchor_reserve:
                 return candidate, forced
         return offset, []
@@ -358,4 +402,5 @@ class PromptBuilder:
         indent = line[: len(line) - len(line.lstrip(" \t"))]
         line_end = text.find("\n", offset)
         tail = text[offset: line_end if line_end >= 0 else len(text)]
-        return Prompt(ids, prefix_start, suffix_end, indent, tail, used, anchor, len(forced), healed)
+        return Prompt(ids, prefix_start, suffix_end, indent, tail, used, anchor, len(forced), healed,
+                      document_newline(text))

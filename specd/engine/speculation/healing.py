@@ -12,15 +12,32 @@ constraint; the returned completion is what follows the cursor.
 
 Tokenizer-agnostic: a token's text is measured in context (decoded after a fixed plain token,
 so SentencePiece's leading-space marker counts), never from a list of families.
+
+Line breaks: a token that re-types the cut text may go on past it only without a line break of
+another style than the document's (``foreign_break``: a ``\r`` in an LF document, a lone ``\n`` in
+a CRLF one), the same rule by which the stop rules end a completion.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+_CRLF_FOREIGN = re.compile(r"(?<!\r)\n|\r(?=[^\n])")  # in a CRLF text: a lone \n, or a \r not before \n
+
+
+def foreign_break(text: str, newline: str, start: int = 0) -> int:
+    """Index of the first line break at or after ``start`` that is not of the document's style
+    (``newline``: "\n" or "\r\n"); -1 when there is none. A CRLF text's final "\r" is not judged:
+    its "\n" may come with the next token."""
+    if newline == "\n":
+        return text.find("\r", start)
+    found = _CRLF_FOREIGN.search(text, start)
+    return found.start() if found else -1
 
 
 class HealingVocabulary:
@@ -52,14 +69,15 @@ class HealingVocabulary:
             return self.texts[ids[0]] if ids[0] < self.vocab_size else ""
         return tokenizer.decode(list(ids[-2:]))[len(tokenizer.decode(list(ids[-2:-1]))):]
 
-    def allowed(self, rest: str) -> torch.Tensor:
-        """Ids whose text starts with ``rest`` or is a non-empty prefix of it (a LongTensor).
+    def allowed(self, rest: str, newline: str = "\n") -> torch.Tensor:
+        """Ids whose text starts with ``rest`` or is a non-empty prefix of it (a LongTensor), and
+        goes on past it without a line break foreign to a ``newline`` document.
 
         When ``rest`` is whitespace ending in spaces or tabs (the indentation the editor put on a
         fresh line, or the space after a word), a token may not go on with more of them: the
         cursor's indentation is the user's, and a model that liked a deeper one (a 12-space token
         where 8 were typed) would shift the whole suggestion right of it."""
-        ids = self._allowed.get(rest)
+        ids = self._allowed.get((rest, newline))
         if ids is None:
             exact_indent = not rest.strip() and rest[-1] in " \t"
             size = len(rest)
@@ -67,12 +85,13 @@ class HealingVocabulary:
             def ok(text: str) -> bool:
                 if rest.startswith(text):
                     return True
-                return text.startswith(rest) and not (exact_indent and text[size:size + 1] in (" ", "\t"))
+                return text.startswith(rest) and not (exact_indent and text[size:size + 1] in (" ", "\t")) \
+                    and foreign_break(text, newline, size) < 0
 
             ids = torch.tensor([i for i in self._by_first.get(rest[0], ()) if ok(self.texts[i])], dtype=torch.long)
             if len(self._allowed) > 4096:
                 self._allowed.clear()
-            self._allowed[rest] = ids
+            self._allowed[(rest, newline)] = ids
         return ids
 
     def remaining(self, healed: str, tokens: Sequence[int]) -> str | None:
@@ -92,7 +111,8 @@ class HealingVocabulary:
                 return None
         return rest
 
-    def mask(self, logits: torch.Tensor, healed: str, before: Sequence[int], draft: Sequence[int]) -> torch.Tensor:
+    def mask(self, logits: torch.Tensor, healed: str, before: Sequence[int], draft: Sequence[int],
+             newline: str = "\n") -> torch.Tensor:
         """``logits`` [k + 1, V] with the constraint applied (a copy when any row changes): row i
         follows ``before`` + draft[:i]. Rows after a draft token that broke the constraint are
         left alone: verification rejects that token (its masked probability is 0) first."""
@@ -103,7 +123,7 @@ class HealingVocabulary:
                 break
             if out is None:
                 out = logits.clone()  # the forward's output may be an inference tensor: never in place
-            keep = self.allowed(rest).to(out.device)
+            keep = self.allowed(rest, newline).to(out.device)
             row = torch.full_like(out[i], float("-inf"))
             row[keep] = out[i, keep]
             out[i] = row
@@ -111,18 +131,18 @@ class HealingVocabulary:
                 rest = self.remaining(rest, draft[i:i + 1])
         return logits if out is None else out
 
-    def mask_row(self, row: torch.Tensor, healed: str, before: Sequence[int]) -> torch.Tensor:
+    def mask_row(self, row: torch.Tensor, healed: str, before: Sequence[int], newline: str = "\n") -> torch.Tensor:
         """One row of logits [V] for the token after ``before``, constrained like ``mask``'s rows
         (a copy when constrained): what greedy verification reads one row at a time."""
         rest = self.remaining(healed, before)
         if not rest:  # done re-typing (""), or already broken (None: that token is never accepted)
             return row
         out = torch.full_like(row, float("-inf"))
-        keep = self.allowed(rest).to(row.device)
+        keep = self.allowed(rest, newline).to(row.device)
         out[keep] = row[keep]
         return out
 
-    def prefix_allowed_fn(self, healed: str, prompt_length: int):
+    def prefix_allowed_fn(self, healed: str, prompt_length: int, newline: str = "\n"):
         """The same constraint for ``generate(prefix_allowed_tokens_fn=...)`` (tests, bench peers)."""
         everything = torch.arange(self.vocab_size)  # a tensor: transformers indexes its mask with it, cheaply
 
@@ -130,7 +150,7 @@ class HealingVocabulary:
             if input_ids.shape[-1] - prompt_length > len(healed):  # past the cut text: free
                 return everything
             rest = self.remaining(healed, input_ids[prompt_length:].tolist())
-            return self.allowed(rest) if rest else everything
+            return self.allowed(rest, newline) if rest else everything
 
         return allowed
 
@@ -141,9 +161,10 @@ class HealingConstraint:
 
     vocabulary: HealingVocabulary
     healed: str
+    newline: str = "\n"  # the document's line break (see foreign_break)
 
     def rows(self, logits: torch.Tensor, before: Sequence[int], draft: Sequence[int]) -> torch.Tensor:
-        return self.vocabulary.mask(logits, self.healed, before, draft)
+        return self.vocabulary.mask(logits, self.healed, before, draft, self.newline)
 
     def row(self, logits: torch.Tensor, before: Sequence[int]) -> torch.Tensor:
-        return self.vocabulary.mask_row(logits, self.healed, before)
+        return self.vocabulary.mask_row(logits, self.healed, before, self.newline)
