@@ -76,6 +76,30 @@ def sample_source() -> str:
     return SAMPLE_SOURCE.read_text(encoding="utf-8")
 
 
+@pytest.fixture(scope="session")
+def real_vocab(tmp_path_factory):
+    """Real code-model vocabularies (tests/real_vocab.py): ``real_vocab.folder`` holds llama.cpp's
+    ``ggml-vocab-*`` files, fetched once into the user's cache (a failure fails the tests);
+    ``real_vocab.pair(family, arch)`` is a tiny random pair carrying one, built once a session."""
+    import real_vocab as module
+
+    folder = module.vocab_dir()
+    root = tmp_path_factory.mktemp("real-vocab")
+    pairs: dict[tuple[str, str], tuple[Path, Path]] = {}
+
+    class RealVocab:
+        def tokenizer_dir(self, family: str) -> Path:
+            return module.build_tokenizer(module.FAMILIES[family], folder, root / f"tokenizer-{family}")
+
+        def pair(self, family: str, arch: str) -> tuple[Path, Path]:
+            if (family, arch) not in pairs:
+                pairs[family, arch] = module.make_family_pair(module.FAMILIES[family], arch, folder, root)
+            return pairs[family, arch]
+
+    RealVocab.folder = folder
+    return RealVocab()
+
+
 # ---- daemon fixtures (below) ------------------------------------------------------------
 # Owned by the daemon/socket API work. Two shared daemons, started once per session:
 # ``daemon`` runs the real engine on the tiny llama pair; ``fake_daemon`` runs a model-free

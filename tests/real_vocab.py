@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SDIST_ENV = "SPECD_TEST_LLAMA_SDIST"
+SDIST = os.environ.get(SDIST_ENV)  # read at import: the tests' isolation clears SPECD_* variables
 # Read at import (conftest imports this module before any fixture points XDG_CACHE_HOME at a
 # session's temporary directory), so the download is kept across runs.
 CACHE_ROOT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specd-tests" / "vocab"
@@ -51,7 +52,7 @@ def vocab_dir(cache_root: Path = CACHE_ROOT) -> Path:
     cache_root.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{version}-", dir=cache_root))
     try:
-        sdist = os.environ.get(SDIST_ENV)
+        sdist = SDIST
         if not sdist:
             command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                        "--disable-pip-version-check", "-q", "-d", str(work / "sdist"), f"llama-cpp-python=={version}"]
@@ -82,7 +83,7 @@ def vocab_dir(cache_root: Path = CACHE_ROOT) -> Path:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def test_strings(vocab: Path, base: str) -> list[tuple[str, list[int]]]:
+def llama_cpp_cases(vocab: Path, base: str) -> list[tuple[str, list[int]]]:
     """llama.cpp's test strings for one vocabulary file and their expected ids."""
     inputs = (vocab / f"ggml-vocab-{base}.gguf.inp").read_text(encoding="utf-8").split(TEST_SEPARATOR)
     outputs = (vocab / f"ggml-vocab-{base}.gguf.out").read_text(encoding="utf-8").split("\n")
