@@ -368,6 +368,8 @@ def test_long_uris_are_refused(tmp_path):
 
 
 def test_unauthenticated_tcp_cannot_lock_the_owner_out(tmp_path):
+    """A full pre-auth pool makes room by closing its oldest connection, never by refusing the
+    newcomer: the owner with the token gets in over TCP, and over Unix."""
     from specd.daemon import admission
 
     port = free_port()
@@ -375,14 +377,68 @@ def test_unauthenticated_tcp_cannot_lock_the_owner_out(tmp_path):
         idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(admission.MAX_PREAUTH_CONNECTIONS)]
         try:
             wait_for(lambda: len(d.daemon.connections) == admission.MAX_PREAUTH_CONNECTIONS, 5, message="pre-auth connections")
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
-                refused = replies(read_all(extra, timeout=5))
-            assert refused and refused[0][2][0]["code"] == "too_many_connections"
-            with Client.connect_unix(d.socket_path) as owner:  # the owner still gets in
+            with Client.connect_tcp("127.0.0.1", port, token="s3cret") as owner:
+                assert owner.status()["state"] == "ready"
+            evicted = replies(read_all(idle[0], timeout=5))
+            assert evicted and evicted[0][2][0]["code"] == "too_many_connections", evicted
+            assert "make room" in evicted[0][2][0]["message"]
+            with Client.connect_unix(d.socket_path) as owner:
                 assert owner.status()["connections"] >= 1
         finally:
             for sock in idle:
                 sock.close()
+
+
+@pytest.mark.parametrize("listener", ["unix", "tcp"])
+def test_silent_connections_never_delay_a_client_that_says_hello(tmp_path, listener):
+    """64 connections that never send a message, then clients that say hello at once: each is
+    answered without waiting or failing, however full the pending pool; the silent ones are
+    closed (the oldest first, to make room; the rest at the first-message deadline)."""
+    from specd.daemon import admission
+
+    port = free_port()
+    with LocalDaemon(tmp_path, tcp=f"127.0.0.1:{port}", token="s3cret",
+                     hello_deadline_s=2.0) as d:
+        def connect_silent():
+            if listener == "tcp":
+                return socket.create_connection(("127.0.0.1", port), timeout=5)
+            return raw_connect(d.socket_path)
+
+        def client():
+            if listener == "tcp":
+                return Client.connect_tcp("127.0.0.1", port, token="s3cret")
+            return Client.connect_unix(d.socket_path)
+
+        silent = [connect_silent() for _ in range(64)]
+        try:
+            waits = []
+            for _ in range(10):
+                started = time.monotonic()
+                with client() as c:
+                    assert c.hello(client="polite")["state"] == "ready"
+                waits.append(time.monotonic() - started)
+                silent.append(connect_silent())  # more keep coming between the clients
+            pool = admission.MAX_PENDING_UNIX if listener == "unix" else admission.MAX_PREAUTH_CONNECTIONS
+            pending = d.on_loop(lambda: sum(1 for c in d.daemon.connections.values() if c.pending))
+            assert pending <= pool
+            assert max(waits) < 1.0, f"a hello waited {max(waits):.2f} s"
+        finally:
+            for sock in silent:
+                sock.close()
+
+
+def test_a_unix_connection_that_says_nothing_is_closed_at_the_deadline(tmp_path):
+    with LocalDaemon(tmp_path, first_message_deadline_s=0.5) as d:
+        with raw_connect(d.socket_path) as sock:
+            started = time.monotonic()
+            got = replies(read_all(sock, timeout=5))
+            took = time.monotonic() - started
+        assert got and got[-1][2][0]["code"] == "timeout" and "no request within 0.5 s" in got[-1][2][0]["message"]
+        assert took < 3
+        with Client.connect_unix(d.socket_path) as c:  # a client that speaks is not cut
+            c.hello()
+            time.sleep(0.8)
+            assert c.status()["state"] == "ready"
 
 
 def test_pre_auth_messages_are_small_and_hello_has_a_deadline(tmp_path):

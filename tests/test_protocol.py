@@ -95,6 +95,9 @@ def test_parse_the_three_message_types():
     ([], None, "invalid_request"),
     ([3, 1, "x", []], None, "invalid_request"),
     ([True, 1, "x", []], None, "invalid_request"),
+    ([0.0, 1, "x", []], None, "invalid_request"),  # msgpack-rpc types are integers
+    ([2.0, "cancel", []], None, "invalid_request"),
+    (["0", 1, "x", []], None, "invalid_request"),
     ([0, -1, "x", []], None, "invalid_request"),
     ([0, 2**32, "x", []], None, "invalid_request"),
     ([0, True, "x", []], None, "invalid_request"),

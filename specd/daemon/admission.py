@@ -1,12 +1,20 @@
 """Who may talk to the daemon: connection limits, the peer's uid, the TCP token and its
-back-off, the hello deadline.
+back-off, the first-message deadline.
 
-A Unix connection is admitted when its peer runs as the served uid and fewer than
-``daemon.max_connections`` clients are connected. A TCP connection starts unauthenticated: it
-may send only ``hello`` with the token, within ``HELLO_DEADLINE_S``, in messages of at most
-``PREAUTH_MAX_FRAME_BYTES``, with at most ``MAX_PREAUTH_CONNECTIONS`` such connections at once,
-so that a user without the token can neither lock the owner out nor grow the daemon. Each
-wrong token delays its answer (``AUTH_BACKOFF_*``) and closes the connection.
+A new connection is *pending* until it proves to be a client, and pending connections live in
+their own small pool per listener, outside ``daemon.max_connections``: so connections that say
+nothing cannot take the slots of clients that talk.
+
+- A Unix connection is accepted when its peer runs as the served uid and fewer than
+  ``daemon.max_connections`` clients are connected; it becomes a client with its first
+  complete message (``hello`` or any other), which must come within ``FIRST_MESSAGE_DEADLINE_S``.
+- A TCP connection may send only ``hello`` with the token, within ``HELLO_DEADLINE_S``, in
+  messages of at most ``PREAUTH_MAX_FRAME_BYTES``; it becomes a client once authenticated (and
+  is refused then if the clients are at the limit). Each wrong token delays its answer
+  (``AUTH_BACKOFF_*``) and closes the connection.
+- When a listener's pool is full (``MAX_PENDING_UNIX``, ``MAX_PREAUTH_CONNECTIONS``), the
+  oldest pending connection there is closed to make room, never the newcomer: a client that
+  connects and speaks at once always gets in, however many silent ones came before it.
 """
 
 from __future__ import annotations
@@ -28,9 +36,11 @@ from specd.protocol.session import Session, linger_close
 
 log = logging.getLogger("specd.daemon")
 
-MAX_PREAUTH_CONNECTIONS = 8
+MAX_PREAUTH_CONNECTIONS = 8  # TCP connections waiting to authenticate
+MAX_PENDING_UNIX = 16  # Unix connections waiting for their first message
 PREAUTH_MAX_FRAME_BYTES = 64 * 1024
 HELLO_DEADLINE_S = 10.0
+FIRST_MESSAGE_DEADLINE_S = 10.0  # shorter than a partial message's 30 s: nothing is coming
 # A wrong token delays its answer by BASE * 2**(recent failures - 1) s, at most MAX; the count
 # resets after a success or AUTH_BACKOFF_RESET_S without failures.
 AUTH_BACKOFF_BASE_S = 0.1
@@ -46,6 +56,7 @@ class Connection:
     transport: str = "unix"  # unix | tcp
     uid: int | None = None
     authenticated: bool = True  # TCP connections start False until hello presents the token
+    pending: bool = True  # not a client yet: no complete message (Unix), not authenticated (TCP)
     client: str = ""
     jobs: dict[int, Job] = field(default_factory=dict)  # msgid -> running complete
 
@@ -74,13 +85,13 @@ class Admission:
         self._auth_failures = 0
         self._last_auth_failure = 0.0
 
-    def authenticated_count(self) -> int:
-        return sum(1 for conn in self.connections.values() if conn.authenticated)
+    def client_count(self) -> int:
+        return sum(1 for conn in self.connections.values() if not conn.pending)
 
     def too_many(self) -> RpcError:
         return RpcError(
             ErrorCode.TOO_MANY_CONNECTIONS,
-            f"{self.authenticated_count()} clients are connected, the limit (daemon.max_connections)",
+            f"{self.client_count()} clients are connected, the limit (daemon.max_connections)",
         )
 
     def peer_refusal(self, uid: int | None) -> RpcError | None:
@@ -91,22 +102,49 @@ class Admission:
         return RpcError(ErrorCode.UNAUTHORIZED, f"uid {uid} may not use this daemon")
 
     def refusal(self, conn: Connection) -> RpcError | None:
-        """Why ``conn`` may not join now (a limit is reached), or None."""
-        if conn.authenticated and self.authenticated_count() >= self.max_connections:
+        """Why ``conn`` may not join now (the clients are at the limit), or None. A TCP
+        connection is counted once it authenticates, and checked then."""
+        if conn.transport == "unix" and self.client_count() >= self.max_connections:
             return self.too_many()
-        if not conn.authenticated and len(self.connections) - self.authenticated_count() >= MAX_PREAUTH_CONNECTIONS:
-            return RpcError(
-                ErrorCode.TOO_MANY_CONNECTIONS, f"{MAX_PREAUTH_CONNECTIONS} connections are waiting to authenticate, the limit",
-            )
         return None
 
-    def admit(self, conn: Connection, hello_deadline_s: float) -> None:
-        """``conn`` (its session set) joins; until it authenticates, small messages and a deadline."""
-        if not conn.authenticated and conn.session is not None:
-            conn.session.frame_limit = min(PREAUTH_MAX_FRAME_BYTES, self.max_frame_bytes)
-            self._deadlines[conn.id] = asyncio.get_running_loop().call_later(
-                hello_deadline_s, self._hello_overdue, conn, hello_deadline_s)
+    def admit(self, conn: Connection, hello_deadline_s: float,
+              first_message_deadline_s: float = FIRST_MESSAGE_DEADLINE_S) -> None:
+        """``conn`` (its session set) joins as pending, with a deadline to become a client;
+        the oldest pending connection of its listener makes room when the pool is full."""
+        session = conn.session
+        if session is None:
+            return
+        pool = MAX_PENDING_UNIX if conn.transport == "unix" else MAX_PREAUTH_CONNECTIONS
+        waiting = [other for other in self.connections.values() if other.pending and other.transport == conn.transport]
+        for oldest in waiting[: max(0, len(waiting) - pool + 1)]:  # the map keeps connection order
+            self._evict(oldest, pool)
+        if conn.authenticated:
+            deadline_s, overdue = first_message_deadline_s, "no request"
+        else:
+            session.frame_limit = min(PREAUTH_MAX_FRAME_BYTES, self.max_frame_bytes)
+            deadline_s, overdue = hello_deadline_s, "no hello with the token"
+        self._deadlines[conn.id] = asyncio.get_running_loop().call_later(
+            deadline_s, self._overdue, conn, f"{overdue} within {deadline_s:g} s")
         self.connections[conn.id] = conn
+
+    def spoke(self, conn: Connection) -> None:
+        """A complete message came from ``conn``: a Unix connection is a client from now on
+        (refused if the clients reached the limit while it was pending)."""
+        if not conn.pending or not conn.authenticated:
+            return
+        if conn.id not in self.connections:  # evicted: its close is on the way
+            raise RpcError(ErrorCode.TOO_MANY_CONNECTIONS, "this connection was closed to make room")
+        self._promote(conn)
+
+    def _promote(self, conn: Connection) -> None:
+        deadline = self._deadlines.pop(conn.id, None)
+        if deadline is not None:
+            deadline.cancel()
+        if self.client_count() >= self.max_connections:
+            self._close_soon(conn)
+            raise self.too_many()
+        conn.pending = False
 
     def leave(self, conn: Connection) -> None:
         deadline = self._deadlines.pop(conn.id, None)
@@ -126,9 +164,7 @@ class Admission:
     async def _authenticate(self, conn: Connection, token: str | None) -> None:
         """Check a TCP connection's token; a wrong one is answered late and the connection closed."""
         if token is not None and hmac.compare_digest(token.encode(), self.tcp_token.encode()):
-            if self.authenticated_count() >= self.max_connections:
-                self._close_soon(conn)
-                raise self.too_many()
+            self._promote(conn)
             self._auth_failures = 0
             conn.authenticated = True
             if conn.session is not None:
@@ -151,16 +187,31 @@ class Admission:
         if session is not None:
             asyncio.get_running_loop().call_later(CLOSE_AFTER_ANSWER_S, lambda: asyncio.ensure_future(session.close()))
 
-    def _hello_overdue(self, conn: Connection, deadline_s: float) -> None:
+    def _overdue(self, conn: Connection, why: str) -> None:
+        if conn.pending:
+            log.info("conn%d: %s; closing", conn.id, why)
+            self._close_with(conn, RpcError(ErrorCode.UNAUTHORIZED if not conn.authenticated else ErrorCode.TIMEOUT, why))
+
+    def _evict(self, conn: Connection, pool: int) -> None:
+        log.info("conn%d: closed to make room: %d %s connections were waiting", conn.id, pool, conn.transport)
+        deadline = self._deadlines.pop(conn.id, None)
+        if deadline is not None:
+            deadline.cancel()
+        self._close_with(conn, RpcError(
+            ErrorCode.TOO_MANY_CONNECTIONS,
+            f"closed to make room: {pool} connections were waiting for their first message (the oldest goes)"))
+        self.connections.pop(conn.id, None)  # out of the pool now, not when the close lands
+
+    def _close_with(self, conn: Connection, error: RpcError) -> None:
+        """Say why in one error notification, then close."""
         session = conn.session
-        if conn.authenticated or session is None:
+        if session is None:
             return
-        log.info("conn%d: no hello with the token within %g s; closing", conn.id, deadline_s)
-        session.close_reason = RpcError(ErrorCode.UNAUTHORIZED, f"no hello with the token within {deadline_s:g} s")
+        session.close_reason = error
 
         async def say_why_and_close() -> None:
             try:
-                await asyncio.wait_for(session.send_error_notification(session.close_reason), 1.0)
+                await asyncio.wait_for(session.send_error_notification(error), 1.0)
             finally:
                 await session.close()
 

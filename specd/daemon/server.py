@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specd.daemon import systemd
-from specd.daemon.admission import HELLO_DEADLINE_S, Admission, Connection, refuse
+from specd.daemon.admission import FIRST_MESSAGE_DEADLINE_S, HELLO_DEADLINE_S, Admission, Connection, refuse
 from specd.daemon.buffers import BufferStore
 from specd.daemon.engine_api import CompletionEngine, CorpusEngine
 from specd.daemon.handlers import Route
@@ -134,6 +134,7 @@ class Daemon:
         # Per-connection limits, read when a connection starts (tests shorten them).
         self.partial_message_timeout_s = session_limits.PARTIAL_MESSAGE_TIMEOUT_S
         self.hello_deadline_s = HELLO_DEADLINE_S
+        self.first_message_deadline_s = FIRST_MESSAGE_DEADLINE_S
         self._document_locks = DocumentLocks()
         self._engine_figures = EngineFigures(ENGINE_FIGURES_MAX_AGE_S)
         engine_stats = EngineStats(self.worker, self._engine_figures)
@@ -361,7 +362,7 @@ class Daemon:
             name=f"conn{conn.id}",
             partial_message_timeout_s=self.partial_message_timeout_s,
         )
-        self.admission.admit(conn, self.hello_deadline_s)
+        self.admission.admit(conn, self.hello_deadline_s, self.first_message_deadline_s)
         log.debug("conn%d: connected (%s, uid %s)", conn.id, conn.transport, conn.uid)
         try:
             await session.run()
@@ -377,6 +378,7 @@ class Daemon:
             log.debug("conn%d: closed", conn.id)
 
     async def _dispatch(self, conn: Connection, request: Request) -> Any:
+        self.admission.spoke(conn)  # a complete request: a Unix connection is a client now
         route = self.methods.get(request.method)
         if route is None:
             raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"no method {request.method!r}; known: {', '.join(m.value for m in Method)}")
@@ -389,6 +391,11 @@ class Daemon:
 
     async def _notification(self, conn: Connection, note: Notification) -> None:
         # Notifications have no answer; only cancel makes sense as one (Neovim's rpcnotify).
+        try:
+            self.admission.spoke(conn)
+        except RpcError as err:
+            log.debug("conn%d: notification %s refused: %s", conn.id, note.method, err)
+            return
         if note.method == Method.CANCEL and conn.authenticated:
             await self.methods[Method.CANCEL](conn, note.params, None)
         else:

@@ -103,18 +103,21 @@ def parse_message(obj: Any) -> Message:
     if not isinstance(obj, (list, tuple)) or not obj:
         raise InvalidMessage(ErrorCode.INVALID_REQUEST, "a message must be a non-empty array")
     kind = obj[0]
-    if kind == MessageType.REQUEST and not isinstance(kind, bool):
+    if type(kind) is not int:  # msgpack-rpc types are integers: not 0.0, True or "0"
+        raise InvalidMessage(ErrorCode.INVALID_REQUEST,
+                             "message type must be the integer 0 (request), 1 (response) or 2 (notification)")
+    if kind == MessageType.REQUEST:
         msgid = obj[1] if len(obj) > 1 and _is_msgid(obj[1]) else None
         if len(obj) != 4 or msgid is None:
             raise InvalidMessage(
                 ErrorCode.INVALID_REQUEST, "a request is [0, msgid (uint32), method, params]", msgid
             )
         return Request(msgid, _method(obj[2], msgid), _params(obj[3], msgid))
-    if kind == MessageType.RESPONSE and not isinstance(kind, bool):
+    if kind == MessageType.RESPONSE:
         if len(obj) != 4 or not _is_msgid(obj[1]):
             raise InvalidMessage(ErrorCode.INVALID_REQUEST, "a response is [1, msgid, error, result]")
         return Response(obj[1], obj[2], obj[3])
-    if kind == MessageType.NOTIFICATION and not isinstance(kind, bool):
+    if kind == MessageType.NOTIFICATION:
         if len(obj) != 3:
             raise InvalidMessage(ErrorCode.INVALID_REQUEST, "a notification is [2, method, params]")
         return Notification(_method(obj[1], None), _params(obj[2], None))
