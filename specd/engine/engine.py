@@ -23,11 +23,12 @@ from specd.engine.speculation.costs import calibrate
 from specd.engine.speculation import drafters
 from specd.engine.speculation.loop import MERGED_PREFILL, speculative_decode
 from specd.engine.speculation.planner import TREE_BRANCHES, DraftPlanner, PlannerMemory
-from specd.engine.speculation.healing import HealingConstraint, HealingVocabulary
+from specd.engine.speculation.healing import HealingConstraint
+from specd.engine.speculation.healing_cache import healing_vocabulary
 from specd.engine.caches import CacheStore, DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
 from specd.engine.forward.choose import choose_forward_path, llamacpp_forward
-from specd.engine.models import ModelPair, load_pair
+from specd.engine.models import ModelPair, StartupTimes, load_pair
 from specd.engine.options import FORWARD_OPTIONS, EngineOptions, context_window
 from specd.engine.front.prompt import Prompt
 from specd.engine.speculation.sampling import SamplingParams
@@ -60,6 +61,8 @@ class Engine(Fronted):
         self.pair: ModelPair | None = None
         self.planning: PlannerMemory | None = None  # forward costs and acceptance of the loaded pair
         self.paths: dict = {}  # role -> (forward path, why not lean)
+        self.startup = StartupTimes()  # what the last load spent where (``_install``)
+        self.import_s: float | None = None  # importing the engine's modules, when the loader measured it
         if pair is not None:
             self._install(pair, paths)
 
@@ -67,28 +70,39 @@ class Engine(Fronted):
 
     def _install(self, pair: ModelPair, paths: dict | None = None) -> None:
         self.pair = pair
+        times = self.startup = StartupTimes()  # imports, the load's steps, then this engine's own
+        if self.import_s is not None:
+            times.add("imports", self.import_s)
+            self.import_s = None  # a reload after ``release`` imports nothing
+        times.seconds.update(pair.startup.seconds)
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
-        self.healing = HealingVocabulary(pair.tokenizer, self.vocab_size)
-        self.front.install(pair.tokenizer, pair.target_name, context_window(pair.target_name, pair.target.config),
-                           healing=self.healing)
-        self.stop_ids = self.prompts.stop_ids()
+        with times.step("healing table"):
+            self.healing = healing_vocabulary(pair.tokenizer, self.vocab_size, pair.tokenizer_hash)
+        with times.step("prompts"):
+            self.front.install(pair.tokenizer, pair.target_name, context_window(pair.target_name, pair.target.config),
+                               healing=self.healing)
+            self.stop_ids = self.prompts.stop_ids()
         sources = {"target": pair.target_name, "draft": pair.draft_name}
-        self.paths = paths if paths is not None else {
-            role: self._forward_path(model, sources[role], pair)
-            for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
+        with times.step("forward paths"):
+            self.paths = paths if paths is not None else {
+                role: self._forward_path(model, sources[role], pair)
+                for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
         for role, (path, why) in self.paths.items():
             detail = why or path.description
             log.info("%s forward: %s%s", role, path.name, f" ({detail})" if detail else "")
-        self.planning = PlannerMemory(calibrate(
-            lambda: self._kv("target"), (lambda: self._kv("draft")) if pair.draft is not None else None,
-            min(m.get_input_embeddings().weight.shape[0] for m in (pair.target, pair.draft) if m is not None),
-            self._widest_verify(), pair.device))
+        with times.step("forward costs"):
+            self.planning = PlannerMemory(calibrate(
+                lambda: self._kv("target"), (lambda: self._kv("draft")) if pair.draft is not None else None,
+                min(m.get_input_embeddings().weight.shape[0] for m in (pair.target, pair.draft) if m is not None),
+                self._widest_verify(), pair.device))
         log.info("forward costs: %s", self.planning.costs.describe())
         for path, _ in self.paths.values():  # which forwards to record is learnt from requests
             path.forget_uses()
-        settle_heap()
+        with times.step("heap settling"):
+            settle_heap()
         log.info("engine ready: target %s, draft %s, FIM family %s (%s layout), device %s",
                  pair.target_name, pair.draft_name, self.template.name, self.prompts.layout, pair.device)
+        log.info("start-up: %s (%.2f s)", times.describe(), times.total())
 
     def _widest_verify(self) -> int:
         """The widest target forward the planner may run: a chain, or a token tree of
@@ -400,6 +414,7 @@ class Engine(Fronted):
                         for role, (path, why) in self.paths.items()}
             if self.pair is not None else None,
             "threads": torch.get_num_threads(),
+            "startup_s": {step: round(seconds, 3) for step, seconds in self.startup.seconds.items()},
         }
 
     def _planner_stats(self) -> dict[str, Any] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 
 def load_engine(cfg):
     """The loaded engine ``model.backend`` names: the resident model pair (``Engine``), or a
@@ -16,8 +18,11 @@ def load_engine(cfg):
 
         engine = RemoteEngine(options, RemoteOptions.from_config(cfg))
     else:
-        from specd.engine.engine import Engine
+        started = time.perf_counter()
+        from specd.engine.engine import Engine  # torch and transformers, when not imported yet
 
+        import_s = time.perf_counter() - started
         engine = Engine(options)
+        engine.import_s = import_s  # reported with the rest of the start-up
     engine.ensure_loaded()
     return engine

@@ -40,27 +40,42 @@ def foreign_break(text: str, newline: str, start: int = 0) -> int:
     return found.start() if found else -1
 
 
+def token_texts(tokenizer, vocab_size: int) -> list[str]:
+    """Each id's text as it reads after a plain token, for ids below ``vocab_size``; "" for an id
+    that is never allowed while healing (a special token, one beyond the tokenizer, part of a
+    UTF-8 sequence). One batch decode of the whole vocabulary: the costly part of a
+    ``HealingVocabulary``, which is why the engine caches its result (``healing_cache``)."""
+    anchor = tokenizer.encode("x", add_special_tokens=False)[-1]
+    base = tokenizer.decode([anchor])
+    known = min(len(tokenizer), vocab_size)
+    special = set(tokenizer.all_special_ids) | {
+        i for i, token in tokenizer.added_tokens_decoder.items() if getattr(token, "special", False)}
+    decoded = tokenizer.batch_decode([[anchor, i] for i in range(known)], skip_special_tokens=False)
+    texts = [""] * vocab_size
+    for i, text in enumerate(decoded):
+        if i in special or not text.startswith(base):
+            continue
+        text = text[len(base):]
+        if not text or "\ufffd" in text:  # part of a UTF-8 sequence: no text of its own
+            continue
+        texts[i] = text
+    return texts
+
+
 class HealingVocabulary:
     """Every token's text, indexed by its first character, for constraint checks."""
 
-    def __init__(self, tokenizer, vocab_size: int):
+    def __init__(self, tokenizer, vocab_size: int, texts: Sequence[str] | None = None):
+        """``texts``: ``token_texts(tokenizer, vocab_size)`` when it is known already (a cached
+        copy); decoded here otherwise."""
         self.vocab_size = vocab_size
-        anchor = tokenizer.encode("x", add_special_tokens=False)[-1]
-        base = tokenizer.decode([anchor])
-        known = min(len(tokenizer), vocab_size)
-        special = set(tokenizer.all_special_ids) | {
-            i for i, token in tokenizer.added_tokens_decoder.items() if getattr(token, "special", False)}
-        decoded = tokenizer.batch_decode([[anchor, i] for i in range(known)], skip_special_tokens=False)
-        self.texts: list[str] = [""] * vocab_size  # "" = never allowed while healing
-        self._by_first: dict[str, list[int]] = defaultdict(list)
-        for i, text in enumerate(decoded):
-            if i in special or not text.startswith(base):
-                continue
-            text = text[len(base):]
-            if not text or "\ufffd" in text:  # part of a UTF-8 sequence: no text of its own
-                continue
-            self.texts[i] = text
-            self._by_first[text[0]].append(i)
+        self.texts: list[str] = token_texts(tokenizer, vocab_size) if texts is None else list(texts)
+        if len(self.texts) != vocab_size:
+            raise ValueError(f"{len(self.texts)} token texts for a vocabulary of {vocab_size}")
+        self._by_first: dict[str, list[int]] = defaultdict(list)  # ids in increasing order
+        for i, text in enumerate(self.texts):
+            if text:
+                self._by_first[text[0]].append(i)
         self._allowed: dict[str, torch.Tensor] = {}
 
     def decode_tail(self, tokenizer, ids: Sequence[int]) -> str:
