@@ -155,3 +155,60 @@ def test_headers_in_any_case_and_bare_newlines_are_read(server):
     assert server.response(2)["result"] is None
     assert server.proc.poll() is None
     os.kill(server.proc.pid, 0)
+
+
+# Bodies that are JSON but not LSP messages, and what each must get: the JSON-RPC error code and
+# id of its answer, or None when nothing is answered (a notification's fault is only logged).
+DEEP = b"[" * 100_000 + b"]" * 100_000
+MALFORMED = {
+    "a batch of two requests": ([{"jsonrpc": "2.0", "id": 50, "method": "shutdown"},
+                                 {"jsonrpc": "2.0", "id": 51, "method": "shutdown"}], (-32600, None)),
+    "an empty array": ([], (-32600, None)),
+    "a string": ("hello", (-32600, None)),
+    "a number": (42, (-32600, None)),
+    "null": (None, (-32600, None)),
+    "a numeric method": ({"jsonrpc": "2.0", "id": 7, "method": 123}, (-32600, 7)),
+    "a null method": ({"jsonrpc": "2.0", "id": 8, "method": None}, (-32600, 8)),
+    "an empty method": ({"jsonrpc": "2.0", "id": 9, "method": ""}, (-32600, 9)),
+    "an object id": ({"jsonrpc": "2.0", "id": {"a": 1}, "method": "shutdown"}, (-32600, None)),
+    "a boolean id": ({"jsonrpc": "2.0", "id": True, "method": "shutdown"}, (-32600, None)),
+    "a fractional id": ({"jsonrpc": "2.0", "id": 1.5, "method": "shutdown"}, (-32600, None)),
+    "no jsonrpc": ({"id": 10, "method": "shutdown"}, (-32600, 10)),
+    "jsonrpc 1.0": ({"jsonrpc": "1.0", "id": 11, "method": "shutdown"}, (-32600, 11)),
+    "string params": ({"jsonrpc": "2.0", "id": 12, "method": "textDocument/hover", "params": "x"}, (-32602, 12)),
+    "wrongly typed params": ({"jsonrpc": "2.0", "id": 13, "method": "textDocument/inlineCompletion",
+                              "params": {"textDocument": 5}}, (-32602, 13)),
+    "a notification with numeric params": ({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": 5}, None),
+    "a notification with wrongly typed params": ({"jsonrpc": "2.0", "method": "textDocument/didOpen",
+                                                  "params": {"textDocument": 5}}, None),
+    "a notification with a numeric method": ({"jsonrpc": "2.0", "method": 5}, None),
+    "a response without result or error": ({"jsonrpc": "2.0", "id": 99}, (-32600, None)),
+    "a response to no request": ({"jsonrpc": "2.0", "id": 12345, "result": None}, None),
+    "an unknown method": ({"jsonrpc": "2.0", "id": 14, "method": "specd/nothing"}, (-32601, 14)),
+    "JSON nested 100,000 deep": (DEEP, (-32700, None)),
+}
+
+
+def test_every_malformed_message_gets_its_one_line_error_and_no_traceback(server):
+    """Each body of the table, then a marker request: what came back before the marker's answer
+    is exactly the case's error (or nothing), and stderr never shows a traceback."""
+    got = {}
+    for number, (name, (body, _)) in enumerate(MALFORMED.items()):
+        server.send(frame(body if isinstance(body, bytes) else json.dumps(body).encode()))
+        marker = f"marker-{number}"
+        server.send(frame({"jsonrpc": "2.0", "id": marker, "method": "specd/status"}))
+        answers = []
+        while True:
+            message = server.read_message()
+            if message.get("id") == marker and "method" not in message:
+                break
+            if "method" not in message:
+                answers.append((message["error"]["code"], message["id"]) if "error" in message else message)
+        got[name] = answers[0] if len(answers) == 1 else (answers or None)
+    expected = {name: answer for name, (_, answer) in MALFORMED.items()}
+    assert got == expected
+    server.send(frame(SHUTDOWN))
+    assert server.response(2)["result"] is None  # serving on
+    log = server.stderr()
+    assert "Traceback" not in log, log[log.find("Traceback") - 200:][:3000]
+    assert log.count("not LSP") >= len([a for a in expected.values() if a and a[0] in (-32600, -32602)])

@@ -17,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
-from pygls.protocol.json_rpc import JsonRPCNotification
 
 from specd import __version__
 from specd.config import unknown_environment
@@ -42,30 +40,10 @@ STATUS_NOTIFY_INTERVAL_S = 0.5  # at most this often after completions; state ch
 LABEL_CHARS = 80
 
 
-IGNORED_METHOD = "$/specd/ignored"  # stands in for a request answered with an error while parsing
-
-
-class SpecdProtocol(LanguageServerProtocol):
-    """pygls's protocol, except that a request whose params do not parse gets its error response.
-
-    (pygls logs such a request and never answers it, so the client would wait forever.)
-    """
-
-    def structure_message(self, data: Any) -> Any:
-        try:
-            return super().structure_message(data)
-        except JsonRpcException as err:
-            if not (isinstance(data, dict) and "id" in data and "method" in data):
-                raise
-            log.warning("malformed %s request: %s", data.get("method"), err.message)
-            self._send_response(data["id"], error=err.to_response_error())
-            return JsonRPCNotification(method=IGNORED_METHOD, params=None, jsonrpc="2.0")
-
-
 class SpecdLanguageServer(LanguageServer):
     def __init__(self) -> None:
         super().__init__("specd-lsp", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
-                         protocol_cls=SpecdProtocol)
+                         protocol_cls=LanguageServerProtocol)  # messages are checked in stdio.serve
         self.settings = Settings()
         self.init_settings = Settings()
         self.encoding = DEFAULT_ENCODING

@@ -9,8 +9,9 @@ means the length was wrong), or the input ending inside a message. ``run_stdio``
 line and ends the process with ``FRAMING_EXIT_STATUS``, so the editor restarts the server.
 
 A body of the announced length that is not JSON is not a framing error: it gets a JSON-RPC
-parse error (as the specification asks) and reading goes on. If the length was too short, the
-next header line is the rest of that body, and that is one.
+parse error (as the specification asks) and reading goes on; JSON that is not an LSP message
+(``jsonrpc.py``) gets its one-line error the same way. If the length was too short, the next
+header line is the rest of that body, and that is one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from concurrent.futures import Executor
 from typing import Any, BinaryIO, Callable
 
 from pygls.io_ import StdoutWriter
+
+from specd_lsp import jsonrpc
 
 log = logging.getLogger("specd_lsp")
 
@@ -116,15 +119,26 @@ async def serve(server: Any, reader: MessageReader) -> None:
         if body is None:
             return
         try:
-            message = json.loads(body, object_hook=protocol.structure_message)
+            data = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             log.warning("a %d-byte message that is not JSON (%s): answered with a parse error", len(body), err)
             # A plain dict: pygls's converter would leave out the id, which must be there, null.
             protocol._send_data({"jsonrpc": "2.0", "id": None,
                                  "error": {"code": PARSE_ERROR, "message": f"not JSON: {err}"}})
             continue
-        except Exception:  # as pygls: a message its converter refuses is logged and dropped
-            log.exception("unable to read a message")
+        except RecursionError:
+            log.warning("a %d-byte message nested too deeply to read: answered with a parse error", len(body))
+            protocol._send_data({"jsonrpc": "2.0", "id": None,
+                                 "error": {"code": PARSE_ERROR, "message": "nested too deeply"}})
+            continue
+        try:
+            jsonrpc.check(data)
+            message = jsonrpc.structure(protocol, data)
+        except jsonrpc.BadMessage as bad:
+            log.warning("a message that is not LSP (%s)%s", bad.message,
+                        ": answered with an error" if bad.answer else ": dropped")
+            if bad.answer:
+                protocol._send_data(bad.response())
             continue
         try:
             protocol.handle_message(message)
