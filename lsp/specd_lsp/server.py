@@ -19,6 +19,7 @@ from typing import Any
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
 
 from specd import __version__
 from specd.config import unknown_environment
@@ -40,10 +41,37 @@ STATUS_NOTIFY_INTERVAL_S = 0.5  # at most this often after completions; state ch
 LABEL_CHARS = 80
 
 
+class SpecdProtocol(LanguageServerProtocol):
+    """pygls's protocol without its own copy of each document's text.
+
+    specd-lsp keeps the documents itself (``documents.py``: one pass over a didChange's changes,
+    the line index carried through), and nothing reads pygls's copy. pygls applies each content
+    change by rebuilding the whole text, so a "replace all" of 1,000 changes on a large file
+    cost 1,000 times its size before any handler ran. These three replace pygls's built-in
+    handlers (found by their ``lsp_method`` name) and only hand the notification on.
+    """
+
+    def _hand_on(self, method: str, params: Any) -> Any:
+        if (user_handler := self.fm.features.get(method)) is not None:
+            yield user_handler, (params,), None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> Any:
+        yield from self._hand_on(types.TEXT_DOCUMENT_DID_OPEN, params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams) -> Any:
+        yield from self._hand_on(types.TEXT_DOCUMENT_DID_CHANGE, params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams) -> Any:
+        yield from self._hand_on(types.TEXT_DOCUMENT_DID_CLOSE, params)
+
+
 class SpecdLanguageServer(LanguageServer):
     def __init__(self) -> None:
         super().__init__("specd-lsp", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
-                         protocol_cls=LanguageServerProtocol)  # messages are checked in stdio.serve
+                         protocol_cls=SpecdProtocol)
         self.settings = Settings()
         self.init_settings = Settings()
         self.encoding = DEFAULT_ENCODING
