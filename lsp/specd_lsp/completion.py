@@ -5,8 +5,9 @@ Pure functions on strings, no LSP and no daemon, so each rule is testable on its
 - stop at a control character (models trained on bytes emit them; nobody types them into code)
   and drop a trailing U+FFFD (a multi-byte character cut by the token limit);
 - on a line that holds only indentation before the cursor (a fresh line the editor indented),
-  the editor's indentation wins: whitespace the completion puts before its first line would
-  double it, so it goes, and the lines after shift left with it;
+  the editor's indentation wins: the line's whole indentation, the blanks after the cursor
+  included, is where the completion's first line starts, and the lines after shift with it;
+  blanks after the cursor on such a line are replaced, not pushed behind the suggestion;
 - stop at the end of the block (by indentation) and, in single-line mode, at the line end;
 - keep brackets balanced: a closer that matches nothing opened before it cuts the completion;
 - trim the overlap with the text after the cursor (the model often re-types it);
@@ -175,20 +176,30 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-def keep_editor_indent(completion: str, line_prefix: str) -> str:
-    """On a fresh indented line, drop the indentation the completion adds to the editor's.
+def keep_editor_indent(completion: str, line_prefix: str, after: str = "") -> str:
+    """On a fresh indented line, start the completion's first line at the editor's indentation.
 
-    The cursor stands after the line's indentation (autoindent put it there); a completion that
-    starts with more whitespace would indent the line twice when accepted. Its later lines move
-    left by the same amount (as far as their own indentation allows), so the block keeps its shape.
+    The cursor stands on a line that holds only indentation: at its end (autoindent put it
+    there) or inside it (Neovim's normal mode keeps the cursor on the last blank of such a line,
+    one column short of its end). ``after`` is the line's whitespace after the cursor, which the
+    suggestion replaces ("" at the end). The line's indentation is ``line_prefix + after``: the
+    completion's own leading whitespace, as long as ``after``, re-types the part after the
+    cursor; more would indent the line twice, less would leave it short. So the first line
+    starts with ``after`` and the later lines move by the same amount (left as far as their own
+    indentation allows), so the block keeps its shape.
     """
-    if not line_prefix or line_prefix.strip(" \t"):
+    if not line_prefix or line_prefix.strip(" \t") or after.strip(" \t"):
         return completion
     lines = completion.split("\n")
-    extra = _indent(lines[0])
-    if extra == 0 or not lines[0].strip():
+    own = _indent(lines[0])
+    shift = own - len(after)  # > 0: the completion indents deeper than the editor; < 0: shallower
+    if shift == 0 and lines[0].startswith(after) or not lines[0].strip():
         return completion
-    return "\n".join([lines[0][extra:], *(line[min(extra, _indent(line)):] for line in lines[1:])])
+    if shift >= 0:
+        later = [line[min(shift, _indent(line)):] for line in lines[1:]]
+    else:
+        later = [after[own:] + line if line.strip() else line for line in lines[1:]]
+    return "\n".join([after + lines[0][own:], *later])
 
 
 def cut_at_block_end(completion: str, line_prefix: str) -> str:
@@ -242,6 +253,16 @@ def trim_suffix_overlap(completion: str, ctx: CursorContext) -> str:
 # -- the pipeline ----------------------------------------------------------------------------
 
 
+def _blank_rest_of_indentation(ctx: CursorContext) -> str:
+    """The rest of the cursor's line when the whole line is blanks and the cursor has some
+    before it (a line the editor indented, the cursor inside its indentation); else ""."""
+    prefix, rest = ctx.line_prefix, ctx.line_suffix
+    if prefix and not prefix.strip(" \t") and rest and not rest.strip(" \t"):
+        return rest
+    return ""
+
+
+
 def postprocess(
     raw: str,
     ctx: CursorContext,
@@ -254,7 +275,10 @@ def postprocess(
     if (control := CONTROL.search(text)) is not None:
         text = text[:control.start()]
     text = text.rstrip(REPLACEMENT)
-    text = keep_editor_indent(text, ctx.line_prefix)
+    blank_rest = _blank_rest_of_indentation(ctx) if replace_line_suffix else ""
+    text = keep_editor_indent(text, ctx.line_prefix, blank_rest)
+    if not text.startswith(blank_rest) or not first_line(text).strip():
+        blank_rest = ""  # (a completion that starts with a line break leaves the line as it is)
     if single_line:
         text = first_line(text)
     text = cut_at_block_end(text, ctx.line_prefix)
@@ -291,4 +315,6 @@ def postprocess(
         return None
     if ctx.suffix.lstrip().startswith(text.strip()):
         return None  # it only repeats what follows the cursor
-    return Suggestion(text, 0, text)
+    # On a line of indentation the suggestion replaces the blanks after the cursor (its first
+    # line re-types them), so they are not pushed behind its last line.
+    return Suggestion(text, len(blank_rest), text)
