@@ -12,6 +12,7 @@ bytes as Neovim counts columns). Values come parsed (``params``): nothing here r
 from __future__ import annotations
 
 import asyncio
+from array import array
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -76,10 +77,10 @@ async def index_in_steps(text: str) -> TextIndex:
     """The line index of ``text``, built in short steps when the text is large."""
     index = TextIndex(text)
     if len(text) > STEPWISE_INDEX_CHARS:
-        starts, at = [0], 0
+        starts, at = array("q", (0,)), 0  # machine integers: a list would hold an int object per line
         while at < len(text):
             found, at = scan_line_starts(text, at, INDEX_STEP_CHARS)
-            starts += found
+            starts.extend(found)
             await asyncio.sleep(0)
         index.set_line_starts(starts)
     return index

@@ -17,7 +17,8 @@ from __future__ import annotations
 import bisect
 import codecs
 import re
-from typing import Literal
+from array import array
+from typing import Iterable, Literal, Sequence
 
 Encoding = Literal["utf-8", "utf-16", "utf-32"]
 ENCODINGS: tuple[Encoding, ...] = ("utf-8", "utf-16", "utf-32")
@@ -77,6 +78,12 @@ def _decode_prefix(data: bytes, codec: str) -> str:
 LINES_PER_BLOCK = 256  # line starts are kept in blocks of about this many (see TextIndex)
 
 
+def _starts_array(starts: Iterable[int] = (), size: int = 0) -> array:
+    """Line starts as machine integers: 4 bytes each for texts under 4 Gi code points (a Python
+    int in a list costs ~36), 8 beyond."""
+    return array("I" if size <= 0xFFFFFFFF else "q", starts)
+
+
 class TextIndex:
     """Line starts of one text, for position <-> offset conversion.
 
@@ -85,30 +92,34 @@ class TextIndex:
     each with an offset added to all its starts, so an edit rescans the lines it touched,
     rebuilds the block(s) holding them and moves every later block by changing one number. A
     burst of 400 ranged edits on a 1 MiB file is then 400 small steps, in any order. Indexes
-    are immutable: ``replace`` shares unchanged blocks with the index it came from."""
+    are immutable: ``replace`` shares unchanged blocks with the index it came from. Blocks are
+    arrays of machine integers, so an index costs about 4 bytes per line, never a Python
+    object per line."""
 
     __slots__ = ("text", "_blocks", "_shifts", "_first_lines", "_heads", "_count", "_flat")
 
     def __init__(self, text: str):
         self.text = text
-        self._blocks: list[list[int]] | None = None  # line starts, each block minus its shift
+        self._blocks: list[array] | None = None  # line starts, each block minus its shift
         self._shifts: list[int] = []  # added to every start in the block
         self._first_lines: list[int] = []  # line number of each block's first start
         self._heads: list[int] = []  # each block's first start
         self._count = 0
-        self._flat: list[int] | None = None
+        self._flat: list[int] | None = None  # ``line_starts``, built only when asked for
 
     def _build(self) -> None:
         if self._blocks is None:
-            self.set_line_starts([0] + [match.end() for match in LINE_BREAK.finditer(self.text)])
+            starts = _starts_array((0,), len(self.text))
+            starts.extend(match.end() for match in LINE_BREAK.finditer(self.text))  # one int alive at a time
+            self.set_line_starts(starts)
 
-    def set_line_starts(self, flat: list[int]) -> None:
+    def set_line_starts(self, flat: Sequence[int]) -> None:
         """Take line starts computed elsewhere (``scan_line_starts``, in steps) for this text."""
-        self._set([flat[at:at + LINES_PER_BLOCK] for at in range(0, len(flat), LINES_PER_BLOCK)],
+        size = len(self.text)
+        self._set([_starts_array(flat[at:at + LINES_PER_BLOCK], size) for at in range(0, len(flat), LINES_PER_BLOCK)],
                   [0] * ((len(flat) + LINES_PER_BLOCK - 1) // LINES_PER_BLOCK))
-        self._flat = flat
 
-    def _set(self, blocks: list[list[int]], shifts: list[int]) -> None:
+    def _set(self, blocks: list[array], shifts: list[int]) -> None:
         self._blocks, self._shifts = blocks, shifts
         first_lines, heads, count = [], [], 0
         for block, shift in zip(blocks, shifts):
@@ -119,7 +130,8 @@ class TextIndex:
 
     @property
     def line_starts(self) -> list[int]:
-        """Every line's start offset (built in full on first use; prefer ``line_start``)."""
+        """Every line's start offset, as a list (built in full on first use and kept: 36 bytes a
+        line; prefer ``line_start``)."""
         if self._flat is None:
             self._build()
             self._flat = [start + shift for block, shift in zip(self._blocks, self._shifts) for start in block]
@@ -129,6 +141,12 @@ class TextIndex:
     def line_count(self) -> int:
         self._build()
         return self._count
+
+    def nbytes(self) -> int:
+        """Bytes the built index holds beyond its text (0 while unbuilt): its blocks' integers."""
+        if self._blocks is None:
+            return 0
+        return sum(len(block) * block.itemsize for block in self._blocks)
 
     def line_start(self, line: int) -> int:
         """Start offset of ``line`` (0 <= line < line_count)."""
@@ -170,7 +188,9 @@ class TextIndex:
         chunk = [s + self._shifts[b] for b in range(low, high + 1) for s in self._blocks[b]]
         kept_after = [s + delta for s in chunk[after - base:]] if after - base < len(chunk) else []
         chunk = chunk[:first - base + 1] + rescanned + kept_after
-        rebuilt = [chunk[at:at + LINES_PER_BLOCK] for at in range(0, len(chunk), LINES_PER_BLOCK)]
+        size = len(edited)
+        rebuilt = [_starts_array(chunk[at:at + LINES_PER_BLOCK], size) for at in range(0, len(chunk), LINES_PER_BLOCK)]
+        # Kept blocks hold starts below the old text's length, which their type already holds.
         blocks = self._blocks[:low] + rebuilt + self._blocks[high + 1:]
         shifts = self._shifts[:low] + [0] * len(rebuilt) + [shift + delta for shift in self._shifts[high + 1:]]
         out._set(blocks, shifts)
