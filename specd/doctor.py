@@ -1,4 +1,5 @@
-"""``specd doctor``: the effective config with sources, the torch device, and a model load check."""
+"""``specd doctor``: the effective config with sources, the torch device, a model load check, and
+what the load spent where."""
 
 from __future__ import annotations
 
@@ -9,8 +10,18 @@ import time
 from specd import __version__
 
 
-def _device_report() -> list[str]:
-    import torch
+def _timed_import(imports: dict[str, float], name: str):
+    """Import module ``name``, adding the seconds it took to ``imports``."""
+    import importlib
+
+    started = time.perf_counter()
+    module = importlib.import_module(name)
+    imports[name] = time.perf_counter() - started
+    return module
+
+
+def _device_report(imports: dict[str, float]) -> list[str]:
+    torch = _timed_import(imports, "torch")
 
     lines = [f"torch {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})"]
     if torch.cuda.is_available():
@@ -41,9 +52,10 @@ def run_doctor(args, cfg) -> int:
         print(f"  {key:<{width}}  {shown:<28} ({source})")
     print()
     print("device:")
-    for line in _device_report():
+    imports: dict[str, float] = {}  # module -> seconds, in the order imported: the start-up's first part
+    for line in _device_report(imports):
         print(f"  {line}")
-    import transformers
+    transformers = _timed_import(imports, "transformers")
 
     print(f"  transformers {transformers.__version__}")
     if args.no_load:
@@ -59,13 +71,14 @@ def run_doctor(args, cfg) -> int:
         if ok:
             print("  OK")
         return 0 if ok else 1
-    from specd.engine.engine import Engine
+    Engine = _timed_import(imports, "specd.engine.engine").Engine
     from specd.engine.options import EngineOptions
     from specd.engine.types import EngineError
 
     started = time.monotonic()
     try:
         engine = Engine(EngineOptions.from_config(cfg))
+        engine.import_s = sum(imports.values())
         engine.ensure_loaded()
     except EngineError as err:
         print(f"  FAILED: {err}")
@@ -86,5 +99,24 @@ def run_doctor(args, cfg) -> int:
     print(f"  target forward ms by width: {widths}")
     if costs.draft_step is not None:
         print(f"  draft step {costs.draft_step:.2f} ms ({costs.draft_step / costs.target_ms(1):.0%} of a target forward)")
+    print("  start-up, seconds by step:")
+    for line in startup_lines(engine.startup.seconds, imports, engine.healing_source):
+        print(f"    {line}")
     print("  OK")
     return 0
+
+
+def startup_lines(steps: dict[str, float], imports: dict[str, float], healing_source: str) -> list[str]:
+    """The start-up's steps, one a line, the imports split by module and the healing table's
+    source beside it, then the total."""
+    width = max(len(step) for step in steps)
+    lines = []
+    for step, seconds in steps.items():
+        note = ""
+        if step == "imports" and imports:
+            note = "  (" + ", ".join(f"{name} {s:.2f}" for name, s in imports.items()) + ")"
+        elif step == "healing table" and healing_source:
+            note = f"  ({healing_source})"
+        lines.append(f"{step:<{width}}  {seconds:6.2f}{note}")
+    lines.append(f"{'total':<{width}}  {sum(steps.values()):6.2f}")
+    return lines

@@ -63,6 +63,7 @@ class Engine(Fronted):
         self.paths: dict = {}  # role -> (forward path, why not lean)
         self.startup = StartupTimes()  # what the last load spent where (``_install``)
         self.import_s: float | None = None  # importing the engine's modules, when the loader measured it
+        self.healing_source = ""  # where the healing table's texts came from (``healing_vocabulary``)
         if pair is not None:
             self._install(pair, paths)
 
@@ -77,7 +78,7 @@ class Engine(Fronted):
         times.seconds.update(pair.startup.seconds)
         self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
         with times.step("healing table"):
-            self.healing = healing_vocabulary(pair.tokenizer, self.vocab_size, pair.tokenizer_hash)
+            self.healing, self.healing_source = healing_vocabulary(pair.tokenizer, self.vocab_size, pair.tokenizer_hash)
         with times.step("prompts"):
             self.front.install(pair.tokenizer, pair.target_name, context_window(pair.target_name, pair.target.config),
                                healing=self.healing)
@@ -102,7 +103,7 @@ class Engine(Fronted):
             settle_heap()
         log.info("engine ready: target %s, draft %s, FIM family %s (%s layout), device %s",
                  pair.target_name, pair.draft_name, self.template.name, self.prompts.layout, pair.device)
-        log.info("start-up: %s (%.2f s)", times.describe(), times.total())
+        log.info("start-up: %s (%.2f s; healing table %s)", times.describe(), times.total(), self.healing_source)
 
     def _widest_verify(self) -> int:
         """The widest target forward the planner may run: a chain, or a token tree of

@@ -79,12 +79,13 @@ def write_texts(path: Path, key: str, texts: list[str]) -> None:
 
 
 def healing_vocabulary(tokenizer, vocab_size: int, tokenizer_hash: str | None,
-                       directory: Path | None = None) -> HealingVocabulary:
-    """The tokenizer's ``HealingVocabulary``, its texts read from the cache when a whole file
-    for this tokenizer is there, else decoded (and cached, when the tokenizer's hash is known).
-    Either way the same table: the cache holds exactly what ``token_texts`` returns."""
+                       directory: Path | None = None) -> tuple[HealingVocabulary, str]:
+    """(the tokenizer's ``HealingVocabulary``, where its texts came from: "cache", "decoded,
+    cached", "decoded"): read from the cache when a whole file for this tokenizer is there, else
+    decoded (and cached, when the tokenizer's hash is known). Either way the same table: the
+    cache holds exactly what ``token_texts`` returns."""
     if tokenizer_hash is None:
-        return HealingVocabulary(tokenizer, vocab_size)
+        return HealingVocabulary(tokenizer, vocab_size), "decoded"
     key = cache_key(tokenizer, vocab_size, tokenizer_hash)
     path = (directory or cache_dir()) / f"{key[:32]}.json"
     started = time.perf_counter()
@@ -92,7 +93,7 @@ def healing_vocabulary(tokenizer, vocab_size: int, tokenizer_hash: str | None,
     if texts is not None:
         log.debug("healing table: %d token texts read from %s in %.2f s", vocab_size, path,
                   time.perf_counter() - started)
-        return HealingVocabulary(tokenizer, vocab_size, texts)
+        return HealingVocabulary(tokenizer, vocab_size, texts), "cache"
     if path.exists():
         log.warning("healing table cache %s is not a whole file for this tokenizer: rebuilding it", path)
     texts = token_texts(tokenizer, vocab_size)
@@ -101,4 +102,5 @@ def healing_vocabulary(tokenizer, vocab_size: int, tokenizer_hash: str | None,
         write_texts(path, key, texts)
     except OSError as err:  # a read-only or full cache: serve anyway, decode again next time
         log.warning("cannot cache the healing table at %s: %s", path, err)
-    return HealingVocabulary(tokenizer, vocab_size, texts)
+        return HealingVocabulary(tokenizer, vocab_size, texts), "decoded"
+    return HealingVocabulary(tokenizer, vocab_size, texts), "decoded, cached"
