@@ -3,8 +3,8 @@
 Each ``NgramIndex`` keys every bigram of its token list to the last position just after it,
 and chains each position to the previous one after the same bigram (``_prev``, an array beside
 the tokens). A lookup walks the tail's bigram's chain, most recent first, and extends each match
-backwards up to ``MAX_N`` tokens; the longest wins. Memory is about 12 bytes per token plus one
-dict entry per distinct bigram, so whole workspaces fit; and an index holds ints and two arrays
+backwards up to ``MAX_N`` tokens; the longest wins. Memory is 8 bytes per token (two 4-byte
+arrays) plus one dict entry per distinct bigram, so whole workspaces fit; and an index holds ints and two arrays
 only, nothing per bigram that CPython's cyclic garbage collector would walk (an array per bigram
 did: a workspace's worth made every full collection longer). Appending and truncating touch only
 the changed tail: no rescans.
@@ -34,7 +34,7 @@ class NgramIndex:
         self.max_n = MAX_N
         self.tokens = array("i")  # token ids fit 32 bits; compared by memcmp (corpus.common_prefix_length)
         self._last: dict[int, int] = {}  # bigram (a, b), keyed a << 32 | b -> the last position after it
-        self._prev = array("l", (0,))  # position -> the previous position after the same bigram (0: none)
+        self._prev = array("i", (0,))  # position -> the previous position after the same bigram (0: none); positions fit 32 bits
         self.extend(tokens)
 
     def __len__(self) -> int:

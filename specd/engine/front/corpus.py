@@ -39,7 +39,7 @@ Encode = Callable[[str], list[int]]
 class _File:
     text: str
     tokens: array | None = None  # array("i"): the whole file, once tokenized
-    partial: list[int] = field(default_factory=list)  # tokens of text[:done] while tokenizing
+    partial: array = field(default_factory=lambda: array("i"))  # tokens of text[:done] while tokenizing
     done: int = 0  # characters tokenized so far
     segment: "_Segment | None" = None
 
@@ -149,7 +149,7 @@ class Corpus:
             file.partial.extend(ids)
             file.done = end
             if end >= len(text):
-                file.tokens, file.partial = array("i", file.partial), []
+                file.tokens, file.partial = file.partial, array("i")
                 del self._pending[name]
                 self._place(name, file)
         return True
@@ -239,8 +239,10 @@ class OpenBuffers:
     """Lookup indexes of the open buffers, kept current in idle time and incrementally.
 
     Lookup searches the ``searched`` most recently edited buffers other than the one being
-    completed, so only the ``searched + 1`` most recent hold tokens; the others are dropped
-    and redone if they come back.
+    completed, so only the ``searched + 1`` most recent hold tokens, and of those only as many
+    as fit in ``max_indexed_chars`` characters together (the most recent first; a larger one is
+    passed over for older ones that fit): the others are dropped and redone if they come back.
+    A buffer holding tokens costs its pieces' tokens and its index's (4 + 8 bytes a token).
 
     - ``set(uri, text)`` (any thread) only stores the text. Tokens are kept in *pieces* of about
       ``SLICE_CHARS`` characters, cut after a newline; an edit keeps every piece that lies in the
@@ -258,9 +260,11 @@ class OpenBuffers:
     """
 
     INLINE_CHARS = SLICE_CHARS  # per request, for buffers that can be finished at once
+    MAX_INDEXED_CHARS = 8 * 1024 * 1024  # buffers holding tokens, together (one larger one alone is kept)
 
-    def __init__(self, searched: int):
+    def __init__(self, searched: int, max_indexed_chars: int = MAX_INDEXED_CHARS):
         self.searched = searched
+        self.max_indexed_chars = max_indexed_chars
         self._lock = threading.Lock()
         self._buffers: dict[str, _Buffer] = {}
         self._stamp = 0
@@ -307,10 +311,9 @@ class OpenBuffers:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            ranked = self._ranked()
-            kept = ranked[:self.searched + 1]
+            kept = [buffer for _uri, buffer in self._kept()]
             return {
-                "buffers": len(ranked),
+                "buffers": len(self._buffers),
                 "indexed": sum(1 for b in kept if b.indexed_version == b.version),
                 "stale": sum(1 for b in kept if b.indexed_version != b.version),
                 "indexed_tokens": sum(len(b.index) for b in kept if b.index is not None),
@@ -322,7 +325,7 @@ class OpenBuffers:
         """The indexes of the ``searched`` most recently edited buffers but ``exclude``, most
         recent first, as built so far (buffers never indexed yet are left out)."""
         with self._lock:
-            chosen = [b for uri, b in self._ranked_items() if uri != exclude][:self.searched]
+            chosen = [b for uri, b in self._kept() if uri != exclude][:self.searched]
         allowance = self.INLINE_CHARS
         out = []
         for buffer in chosen:
@@ -341,12 +344,14 @@ class OpenBuffers:
         deadline = time.monotonic() + budget_s
         while True:
             with self._lock:
-                ranked = self._ranked()
-                for buffer in ranked[self.searched + 1:]:  # no longer searched: free its tokens
-                    if buffer.pieces or buffer.index is not None or buffer.indexed_version >= 0:
+                kept = [buffer for _uri, buffer in self._kept()]
+                for buffer in self._buffers.values():
+                    if buffer in kept:
+                        continue
+                    if buffer.pieces or buffer.index is not None or buffer.indexed_version >= 0:  # no longer searched: free its tokens
                         buffer.pieces, buffer.index, buffer.target = [], None, None
                         buffer.indexed_version = buffer.target_version = -1
-                stale = [b for b in ranked[:self.searched + 1] if b.indexed_version != b.version]
+                stale = [b for b in kept if b.indexed_version != b.version]
             if not stale:
                 return False
             self._step(stale[0], encode)
@@ -403,8 +408,16 @@ class OpenBuffers:
     def _ranked_items(self) -> list[tuple[str, _Buffer]]:
         return sorted(self._buffers.items(), key=lambda item: -item[1].stamp)
 
-    def _ranked(self) -> list[_Buffer]:
-        return [buffer for _uri, buffer in self._ranked_items()]
+    def _kept(self) -> list[tuple[str, _Buffer]]:
+        """The buffers that may hold tokens, most recent first: the ``searched + 1`` most recent,
+        as many as fit in ``max_indexed_chars`` (the first always)."""
+        kept, chars = [], 0
+        for uri, buffer in self._ranked_items()[:self.searched + 1]:
+            if kept and chars + len(buffer.text) > self.max_indexed_chars:
+                continue
+            chars += len(buffer.text)
+            kept.append((uri, buffer))
+        return kept
 
 
 def _still_uncovered(buffer: _Buffer, piece_text: str, start: int, end: int) -> bool:
