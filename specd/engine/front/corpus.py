@@ -233,6 +233,7 @@ class _Buffer:
     target: array | None = None  # the tokens the index is being brought to, while syncing
     target_version: int = -1
     keep: int = 0  # tokens the index shares with ``target`` (found once per sync)
+    touched: bool = False  # edited since it was opened, or wanted by a request: worth tokens
 
 
 class OpenBuffers:
@@ -244,6 +245,9 @@ class OpenBuffers:
     passed over for older ones that fit): the others are dropped and redone if they come back.
     A buffer holding tokens costs its pieces' tokens and its index's (4 + 8 bytes a token).
 
+    - Tokens are built lazily: a buffer only opened holds none until a request touches it (an
+      edit, a completion in it, or a completion that would search it); opening a few hundred
+      files costs their texts, not their tokens.
     - ``set(uri, text)`` (any thread) only stores the text. Tokens are kept in *pieces* of about
       ``SLICE_CHARS`` characters, cut after a newline; an edit keeps every piece that lies in the
       text the edit left alone (the common prefix, or the common suffix, shifted), so a keystroke
@@ -298,6 +302,7 @@ class OpenBuffers:
                     kept.append(_Piece(piece.start + delta, piece.end + delta, piece.tokens))
             buffer.text, buffer.stamp, buffer.pieces = text, self._stamp, kept
             buffer.version += 1
+            buffer.touched = True
 
     def remove(self, uri: str) -> None:
         with self._lock:
@@ -307,7 +312,7 @@ class OpenBuffers:
         """Drop every token (the engine released its models); idle work redoes them."""
         with self._lock:
             for uri, buffer in self._buffers.items():
-                self._buffers[uri] = _Buffer(buffer.text, buffer.stamp, buffer.version)
+                self._buffers[uri] = _Buffer(buffer.text, buffer.stamp, buffer.version, touched=buffer.touched)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -315,7 +320,7 @@ class OpenBuffers:
             return {
                 "buffers": len(self._buffers),
                 "indexed": sum(1 for b in kept if b.indexed_version == b.version),
-                "stale": sum(1 for b in kept if b.indexed_version != b.version),
+                "stale": sum(1 for b in kept if b.touched and b.indexed_version != b.version),
                 "indexed_tokens": sum(len(b.index) for b in kept if b.index is not None),
             }
 
@@ -325,7 +330,11 @@ class OpenBuffers:
         """The indexes of the ``searched`` most recently edited buffers but ``exclude``, most
         recent first, as built so far (buffers never indexed yet are left out)."""
         with self._lock:
+            if exclude in self._buffers:
+                self._buffers[exclude].touched = True
             chosen = [b for uri, b in self._kept() if uri != exclude][:self.searched]
+            for buffer in chosen:
+                buffer.touched = True
         allowance = self.INLINE_CHARS
         out = []
         for buffer in chosen:
@@ -351,7 +360,7 @@ class OpenBuffers:
                     if buffer.pieces or buffer.index is not None or buffer.indexed_version >= 0:  # no longer searched: free its tokens
                         buffer.pieces, buffer.index, buffer.target = [], None, None
                         buffer.indexed_version = buffer.target_version = -1
-                stale = [b for b in kept if b.indexed_version != b.version]
+                stale = [b for b in kept if b.touched and b.indexed_version != b.version]
             if not stale:
                 return False
             self._step(stale[0], encode)
