@@ -284,6 +284,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_frame_bytes": Key(int, 16 * MIB, "largest accepted message, bytes", _at_most(4 * GIB - 1, " bytes", minimum=KIB)),
         "max_document_bytes": Key(int, 8 * MIB, "largest accepted document, bytes", _at_most(4 * GIB - 1, " bytes")),
         "max_documents": Key(int, 256, "most open documents held", _at_most(1_000_000)),
+        "max_open_bytes": Key(int, 256 * MIB, "most bytes of open documents held, all connections together (UTF-8)",
+                              _at_most(1 << 40, " bytes")),
+        "max_open_bytes_per_connection": Key(int, 128 * MIB, "most bytes of open documents one connection holds "
+                                                             "(UTF-8; a document counts for each holder)",
+                                             _at_most(1 << 40, " bytes")),
         "max_connections": Key(int, 64, "most simultaneous clients", _at_most(100_000)),
         "tcp": Key(str, "", "optional loopback TCP listener HOST:PORT, port 1-65535 ('' = none; needs "
                             "daemon.tcp_token)", _loopback_address),

@@ -31,7 +31,7 @@ def utf8_size(text: str, limit: int) -> int:
 
 
 __all__ = ["BufferStore", "Document", "TextIndex", "apply_edit", "apply_edits", "edit_end", "edit_index",
-           "index_in_steps", "locate", "utf8_size"]
+           "document_index", "index_in_steps", "locate", "text_bytes", "utf8_size"]
 
 
 class TextIndex(SharedTextIndex):
@@ -83,6 +83,17 @@ async def index_in_steps(text: str) -> TextIndex:
             starts.extend(found)
             await asyncio.sleep(0)
         index.set_line_starts(starts)
+    return index
+
+
+async def document_index(doc: Document) -> TextIndex:
+    """``doc``'s line index, built in steps when the text is large and no request has needed it
+    yet: an open keeps only the text, and the first ranged edit or line cursor pays for the index."""
+    index = doc.index
+    if not index.built and len(index.text) > STEPWISE_INDEX_CHARS:
+        index = await index_in_steps(doc.text)
+        if index.text is doc.text:  # (callers hold the document's lock: always)
+            doc.set_index(index)
     return index
 
 
@@ -147,13 +158,28 @@ def edit_end(index: TextIndex, edit: Edit) -> int | None:
     return end if 0 <= end <= len(index.text) else None
 
 
-class BufferStore:
-    """The documents editors have open, bounded in count and size."""
+def text_bytes(text: str) -> int:
+    """The exact UTF-8 length of ``text`` (an ASCII text's is its length, known at once)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", errors="surrogatepass"))
 
-    def __init__(self, max_documents: int, max_document_bytes: int):
+
+class BufferStore:
+    """The documents editors have open, bounded in count, in size each, and in bytes together:
+    all open documents' UTF-8 bytes at most ``max_open_bytes``, and each connection's at most
+    ``max_open_bytes_per_connection`` (a document counts in full for every connection holding
+    it open). A request that would go over is refused whole: nothing held changes."""
+
+    def __init__(self, max_documents: int, max_document_bytes: int, max_open_bytes: int | None = None,
+                 max_open_bytes_per_connection: int | None = None):
         self.max_documents = max_documents
         self.max_document_bytes = max_document_bytes
+        self.max_open_bytes = max_open_bytes if max_open_bytes is not None else max_documents * max_document_bytes
+        self.max_open_bytes_per_connection = (max_open_bytes_per_connection if max_open_bytes_per_connection is not None
+                                              else self.max_open_bytes)
         self.docs: dict[str, Document] = {}
+        self.sizes: dict[str, int] = {}  # uri -> its text's UTF-8 bytes
+        self.open_bytes = 0  # sum of ``sizes``
+        self.owner_bytes: dict[int, int] = {}  # connection id -> bytes of the documents it holds open
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -168,11 +194,48 @@ class BufferStore:
     def check_size(self, text: str, what: str) -> None:
         size = utf8_size(text, self.max_document_bytes)
         if size > self.max_document_bytes:
-            raise RpcError(
-                ErrorCode.DOCUMENT_TOO_LARGE,
-                f"{what} is {size} bytes, over the limit of {self.max_document_bytes} (daemon.max_document_bytes)",
-                {"bytes": size, "limit": self.max_document_bytes},
-            )
+            raise self._too_large(what, size)
+
+    def _too_large(self, what: str, size: int) -> RpcError:
+        return RpcError(
+            ErrorCode.DOCUMENT_TOO_LARGE,
+            f"{what} is {size} bytes, over the limit of {self.max_document_bytes} (daemon.max_document_bytes)",
+            {"bytes": size, "limit": self.max_document_bytes},
+        )
+
+    def measure(self, uri: str, text: str, owner: int) -> int:
+        """``text``'s UTF-8 bytes, once it is known that ``owner`` may hold it open as ``uri``
+        (each document's size, and the budgets): ``document_too_large`` or
+        ``too_many_document_bytes`` otherwise."""
+        self.check_size(text, uri)
+        size = text_bytes(text)
+        self.check_budget(uri, size, {owner})
+        return size
+
+    def check_budget(self, uri: str, size: int, adding: set[int] = frozenset()) -> None:
+        """Refuse ``uri`` holding ``size`` bytes (held by its owners and those in ``adding``)
+        when that takes the open documents, or a connection's, over its byte budget."""
+        held = self.sizes.get(uri, 0)
+        total = self.open_bytes - held + size
+        if total > self.max_open_bytes:
+            raise self._over_budget(uri, size, total, self.max_open_bytes, "daemon.max_open_bytes",
+                                    "the open documents")
+        doc = self.docs.get(uri)
+        owners = doc.owners if doc is not None else set()
+        for owner in owners | adding:
+            mine = self.owner_bytes.get(owner, 0) - (held if owner in owners else 0) + size
+            if mine > self.max_open_bytes_per_connection:
+                raise self._over_budget(uri, size, mine, self.max_open_bytes_per_connection,
+                                        "daemon.max_open_bytes_per_connection", "a connection's open documents")
+
+    @staticmethod
+    def _over_budget(uri: str, size: int, total: int, limit: int, key: str, whose: str) -> RpcError:
+        return RpcError(
+            ErrorCode.TOO_MANY_DOCUMENT_BYTES,
+            f"{uri} ({size} bytes) would bring {whose} to {total} bytes, over the limit of {limit} ({key}); "
+            "close some first",
+            {"bytes": size, "total": total, "limit": limit},
+        )
 
     def get(self, uri: str) -> Document:
         doc = self.docs.get(uri)
@@ -181,10 +244,13 @@ class BufferStore:
         return doc
 
     def open(self, uri: str, text: str, version: int, owner: int, language: str | None = None,
-             index: TextIndex | None = None) -> Document:
+             index: TextIndex | None = None, size: int | None = None) -> Document:
         """Open (or reopen, replacing text and version) a document; ``index``: ``text``'s line
-        index, when built already."""
-        self.check_size(text, uri)
+        index, when built already; ``size``: its UTF-8 bytes, when measured already."""
+        if size is None:
+            size = self.measure(uri, text, owner)
+        else:
+            self.check_budget(uri, size, {owner})  # the budgets may have moved since it was measured
         doc = self.docs.get(uri)
         if doc is None:
             if len(self.docs) >= self.max_documents:
@@ -199,8 +265,19 @@ class BufferStore:
             doc.language = language or doc.language
         if index is not None and index.text is text:
             doc.set_index(index)
-        doc.owners.add(owner)
+        self._resize(doc, size)
+        if owner not in doc.owners:
+            doc.owners.add(owner)
+            self.owner_bytes[owner] = self.owner_bytes.get(owner, 0) + size
         return doc
+
+    def _resize(self, doc: Document, size: int) -> None:
+        """Account ``doc`` (open, owners unchanged) as holding ``size`` bytes now."""
+        delta = size - self.sizes.get(doc.uri, 0)
+        self.sizes[doc.uri] = size
+        self.open_bytes += delta
+        for owner in doc.owners:
+            self.owner_bytes[owner] += delta
 
     def change(self, uri: str, version: int | None, edits: Iterable[Edit] | None, text: str | None) -> Document:
         """Apply a full text or edits atomically: on any error the document is unchanged."""
@@ -220,30 +297,43 @@ class BufferStore:
         return doc
 
     def commit(self, doc: Document, index: TextIndex, version: int | None) -> Document:
-        """Make ``index`` (edits applied to ``doc``'s text) the document's text, if within the limit."""
+        """Make ``index`` (edits applied to ``doc``'s text) the document's text, if within the limits."""
         if self.docs.get(doc.uri) is not doc:
             raise RpcError(ErrorCode.UNKNOWN_DOCUMENT, f"document {doc.uri!r} was closed while it was being changed")
         self.check_size(index.text, doc.uri)
+        size = text_bytes(index.text)
+        self.check_budget(doc.uri, size)
         doc.set_index(index)
+        self._resize(doc, size)
         doc.version = version if version is not None else doc.version + 1
         return doc
 
     def close(self, uri: str, owner: int) -> bool:
         """Drop ``owner``'s hold on ``uri``; return True when the document is gone."""
-        doc = self.get(uri)
-        doc.owners.discard(owner)
+        return self._let_go(self.get(uri), owner)
+
+    def _let_go(self, doc: Document, owner: int) -> bool:
+        if owner in doc.owners:
+            doc.owners.discard(owner)
+            left = self.owner_bytes.get(owner, 0) - self.sizes[doc.uri]
+            if left > 0:
+                self.owner_bytes[owner] = left
+            else:
+                self.owner_bytes.pop(owner, None)
         if doc.owners:
             return False
-        del self.docs[uri]
+        del self.docs[doc.uri]
+        self.open_bytes -= self.sizes.pop(doc.uri)
         return True
 
     def release_owner(self, owner: int) -> list[str]:
         """A connection went away: close what only it held. Returns the closed URIs."""
-        closed = []
-        for uri, doc in list(self.docs.items()):
-            if owner in doc.owners:
-                doc.owners.discard(owner)
-                if not doc.owners:
-                    del self.docs[uri]
-                    closed.append(uri)
-        return closed
+        return [uri for uri, doc in list(self.docs.items()) if owner in doc.owners and self._let_go(doc, owner)]
+
+    def stats(self, owner: int | None = None) -> dict[str, int]:
+        """What ``status`` reports: counts, characters, bytes against the budgets."""
+        out = {"open": len(self.docs), "chars": self.total_chars(), "bytes": self.open_bytes,
+               "max_bytes": self.max_open_bytes, "max_bytes_per_connection": self.max_open_bytes_per_connection}
+        if owner is not None:
+            out["connection_bytes"] = self.owner_bytes.get(owner, 0)
+        return out

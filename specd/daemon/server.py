@@ -120,7 +120,8 @@ class Daemon:
         self.max_frame_bytes = cfg["daemon.max_frame_bytes"]
         self.tcp_spec = cfg["daemon.tcp"] if tcp is None else tcp
         self.tcp_token = cfg["daemon.tcp_token"]
-        self.buffers = BufferStore(cfg["daemon.max_documents"], cfg["daemon.max_document_bytes"])
+        self.buffers = BufferStore(cfg["daemon.max_documents"], cfg["daemon.max_document_bytes"],
+                                   cfg["daemon.max_open_bytes"], cfg["daemon.max_open_bytes_per_connection"])
         idle = cfg["daemon.idle_unload_s"] if idle_unload_s is None else idle_unload_s
         self.worker = ModelWorker(engine_factory or (lambda: load_engine(cfg)), idle, self._on_worker_state)
         self.mirror = DocumentMirror(lambda: self.worker.engine, self.worker.wake)
@@ -174,6 +175,8 @@ class Daemon:
             "max_frame_bytes": self.max_frame_bytes,
             "max_document_bytes": self.buffers.max_document_bytes,
             "max_documents": self.buffers.max_documents,
+            "max_open_bytes": self.buffers.max_open_bytes,
+            "max_open_bytes_per_connection": self.buffers.max_open_bytes_per_connection,
             "max_connections": self.admission.max_connections,
             "max_uri_chars": MAX_URI_CHARS,
             "max_queued_per_connection": self.completions.max_per_connection,

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from specd.daemon.engine_api import idle_work
+from specd.daemon.heap import ClosedMemory
 
 log = logging.getLogger("specd.worker")
 
@@ -240,14 +241,17 @@ class DocumentMirror:
     loop edits the buffers, so the two share only immutable ``str`` snapshots, handed over here.
     Updates coalesce: only the latest text of each document is sent, so fast typing in a large
     file costs one ``update_document`` per pause, not one per keystroke. Until the engine exists
-    updates are dropped; ``replay`` sends every open document once it does.
+    updates are dropped; ``replay`` sends every open document once it does. After a batch that
+    closed large documents (their last references are dropped here, in the engine), the freed
+    memory goes back to the system (``heap.ClosedMemory``).
     """
 
     def __init__(self, get_engine: Callable[[], Any], on_synced: Callable[[], None] | None = None):
         self._get_engine = get_engine
         self._on_synced = on_synced  # the worker's wake: edited documents get prefilled when idle
         self._pending: dict[str, tuple[str, int | None] | None] = {}  # uri -> (latest text, cursor), None = closed
-        self._known: set[str] = set()  # uris the engine has open
+        self._known: dict[str, int] = {}  # uris the engine has open -> characters of their last text
+        self.closed_memory = ClosedMemory()
         self._engine_seen: Any = None
         self._cond = threading.Condition()
         self._stopping = False
@@ -291,19 +295,25 @@ class DocumentMirror:
             if engine is None:
                 continue  # replay() resends everything once the engine exists
             if engine is not self._engine_seen:
-                self._engine_seen, self._known = engine, set()
+                self._engine_seen, self._known = engine, {}
             for uri, latest in batch.items():
                 try:
                     if latest is None:
                         if uri in self._known:
-                            self._known.discard(uri)
+                            self.closed_memory.closed(self._known.pop(uri))
                             engine.close_document(uri)
                     elif uri in self._known:
                         engine.update_document(uri, *latest)
+                        self._known[uri] = len(latest[0])
                     else:
                         engine.open_document(uri, latest[0])
-                        self._known.add(uri)
+                        self._known[uri] = len(latest[0])
                 except Exception:  # the engine's lookup index is an optimisation: log, go on
                     log.exception("engine document sync failed for %s", uri)
+            batch = latest = None  # the closed texts' last references, dropped before the trim
+            with self._cond:
+                settled = not self._pending
+            if settled:
+                self.closed_memory.settle()
             if self._on_synced is not None:
                 self._on_synced()

@@ -24,6 +24,7 @@ class ErrorCode(str, Enum):
     UNKNOWN_DOCUMENT = "unknown_document"
     DOCUMENT_TOO_LARGE = "document_too_large"
     TOO_MANY_DOCUMENTS = "too_many_documents"
+    TOO_MANY_DOCUMENT_BYTES = "too_many_document_bytes"  # open documents' bytes over a budget (all, or a connection's)
     STALE_VERSION = "stale_version"  # a change whose version is not newer than the held one
     OUT_OF_RANGE = "out_of_range"  # a cursor or edit range outside the document
     # Completion.

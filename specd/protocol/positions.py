@@ -138,6 +138,11 @@ class TextIndex:
         return self._flat
 
     @property
+    def built(self) -> bool:
+        """Whether the line starts are computed (an index is built on first use otherwise)."""
+        return self._blocks is not None
+
+    @property
     def line_count(self) -> int:
         self._build()
         return self._count

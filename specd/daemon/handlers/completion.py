@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable
 
 from specd.daemon.admission import Connection
-from specd.daemon.buffers import BufferStore, TextIndex, index_in_steps, locate
+from specd.daemon.buffers import BufferStore, TextIndex, document_index, index_in_steps, locate
 from specd.daemon.handlers.documents import DocumentLocks
 from specd.daemon.metrics import LatencyWindow
 from specd.daemon.params import CancelParams, CompleteParams, LineCursor
@@ -53,7 +53,8 @@ class CompletionMethods:
         version = None
         if params.text is None:
             doc = self.buffers.get(params.uri)
-            text, version, index = doc.text, doc.version, doc.index
+            text, version = doc.text, doc.version
+            index = await document_index(doc) if isinstance(params.cursor, LineCursor) else doc.index
         else:
             text = params.text
             self.buffers.check_size(text, "text")

@@ -12,7 +12,7 @@ import contextlib
 from typing import Any, AsyncIterator, Callable
 
 from specd.daemon.admission import Connection
-from specd.daemon.buffers import BufferStore, TextIndex, apply_edit, edit_end, index_in_steps
+from specd.daemon.buffers import BufferStore, TextIndex, apply_edit, document_index, edit_end, index_in_steps
 from specd.daemon.params import ChangeParams, CloseParams, Edits, OpenParams
 from specd.daemon.worker import DocumentMirror
 
@@ -67,9 +67,9 @@ class DocumentMethods:
 
     async def open(self, conn: Connection, params: OpenParams, msgid: int | None) -> dict[str, Any]:
         async with self.locks.hold(params.uri):
-            self.buffers.check_size(params.text, params.uri)
-            index = await index_in_steps(params.text)  # a large text's line index, built without stalling the loop
-            doc = self.buffers.open(params.uri, params.text, params.version, conn.id, params.language, index)
+            # Only the text is kept: its line index waits for the first request that needs one.
+            size = self.buffers.measure(params.uri, params.text, conn.id)
+            doc = self.buffers.open(params.uri, params.text, params.version, conn.id, params.language, size=size)
         self.mirror.set(params.uri, doc.text)
         return {"uri": params.uri, "version": doc.version}
 
@@ -80,7 +80,7 @@ class DocumentMethods:
                 self.buffers.check_size(params.text, params.uri)
                 index = await index_in_steps(params.text)
             else:
-                index = await self._apply_in_steps(doc.index, params.edits)
+                index = await self._apply_in_steps(await document_index(doc), params.edits)
             doc = self.buffers.commit(doc, index, params.version)
             cursor = edit_end(index, params.edits[-1]) if params.edits else None
         self.mirror.set(params.uri, doc.text, cursor)

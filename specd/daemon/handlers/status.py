@@ -136,7 +136,7 @@ class StatusMethods:
                 "queued": len(self.completions) + self.worker.queued(),
                 "running": current.label if current is not None else None,
             },
-            "documents": {"open": len(self.buffers), "chars": self.buffers.total_chars()},
+            "documents": self.buffers.stats(conn.id),
             "workspace": {**self.workspace.stats(), "index": engine_stats.get("workspace")},
             "connections": len(self.connections),
             "engine": engine_stats,
