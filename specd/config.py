@@ -276,6 +276,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "threads": Key(int, 0, "CPU threads for torch (0 = auto: half the cores, at most 4)", _at_most(4096, minimum=0)),
         "context_tokens": Key(int, 512, "prompt budget for other files' chunks (repo-level context), tokens", _at_most(1 << 20, minimum=0)),
         "auto_context": Key(bool, True, "fill that budget from open buffers and nearby workspace files"),
+        # Suggestion boundaries (specd/engine/front/boundaries.py); each a complete option too.
+        "stop_at_block_end": Key(bool, True, "end a suggestion where it leaves the cursor's block by indentation "
+                                             "(or, where the cursor's line opens a block, at that block's end)"),
+        "stop_at_repeated_line": Key(bool, True, "end a suggestion before a line that repeats one of its last "
+                                                 "few lines"),
+        "stop_at_suffix_line": Key(bool, True, "end a suggestion before a line that equals the next non-empty "
+                                               "line after the cursor's (code that is already there)"),
+        "multiline": Key(str, "blocks", "blocks: several lines only where a block is expected (after a line "
+                                        "ending in : { ( [, or on an empty line inside a body), else the "
+                                        "current line; always: as many lines as the model writes",
+                         choices=("blocks", "always")),
     },
     "daemon": {
         "socket": Key(str, "", "Unix socket path, absolute or ~/... ('' = $XDG_RUNTIME_DIR/specd/specd.sock)",

@@ -110,7 +110,8 @@ def test_open_change_close_and_complete_with_the_real_engine(client):
     assert result["offset"] == text.index("return x") + len("return x")
     assert isinstance(result["text"], str)
     assert 1 <= len(result["token_ids"]) <= 6
-    assert result["stop_reason"] in {"eos", "max_tokens", "single_line", "block_end", "time_budget"}
+    assert result["stop_reason"] in {"eos", "max_tokens", "single_line", "block_end", "time_budget", "line_ending",
+                                     "repeated_line", "suffix_line", "current_line"}
     assert result["target_forwards"] >= 1 and result["latency_ms"] > 0
     assert client.close_document(u) == {"uri": u, "closed": True}
     expect_error(ErrorCode.UNKNOWN_DOCUMENT, client.complete, uri=u, cursor=0)

@@ -12,6 +12,9 @@ from engine_helpers import assert_lossless, make_engine
 from real_vocab import FAMILIES, llama_cpp_cases
 from specd.engine import CompletionRequest
 
+# Stop reasons that cut the text inside the tokens (the text is then a prefix of their decoding).
+CUT_REASONS = ("block_end", "single_line", "line_ending", "repeated_line", "suffix_line", "current_line")
+
 # Third-party-looking code; "<|>" marks where each cursor kind goes.
 DOCUMENT = '''"""Render tables to a terminal."""
 
@@ -135,8 +138,8 @@ def check_completion(engine, family: str, kind: str, heal: bool, newline: str = 
         "expected": expected,
         "healed_ok": before_cursor.endswith(result.healed) and (bool(result.healed) == heal),
         "text_ok": returned is not None and (returned == result.text or (
-            result.stop_reason in ("block_end", "single_line", "line_ending") and returned.startswith(result.text))),
-        "empty": not result.text and bool(result.token_ids) and result.stop_reason not in ("block_end", "line_ending"),
+            result.stop_reason in CUT_REASONS and returned.startswith(result.text))),
+        "empty": not result.text and bool(result.token_ids) and result.stop_reason not in CUT_REASONS,
         "doubled": bool(result.text) and result.text[0] in " \t" and text[offset - 1:offset] in (" ", "\t"),
         "foreign_break": ("\r" in result.text) if newline == "\n" else ("\n" in result.text.replace("\r\n", "")),
     }

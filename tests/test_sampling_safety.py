@@ -104,6 +104,9 @@ option_maps = st.fixed_dictionaries({}, optional={
     "max_tokens": st.integers(1, 6),
     "single_line": st.booleans(),
     "stop_at_block_end": st.booleans(),
+    "stop_at_repeated_line": st.booleans(),
+    "stop_at_suffix_line": st.booleans(),
+    "multiline": st.sampled_from(["blocks", "always"]),
     "use_draft_model": st.booleans(),
     "use_lookup": st.booleans(),
     "kv_reuse": st.booleans(),
@@ -119,7 +122,8 @@ def test_every_accepted_option_map_completes(engine, sample_source, options, cut
                                 **completion_options(options))
     result = engine.complete(request)
     assert isinstance(result.text, str)
-    assert result.stop_reason in {"eos", "max_tokens", "single_line", "block_end", "time_budget"}
+    assert result.stop_reason in {"eos", "max_tokens", "single_line", "block_end", "time_budget", "line_ending",
+                                  "repeated_line", "suffix_line", "current_line"}
 
 
 def test_the_extreme_request_over_the_real_daemon(daemon):

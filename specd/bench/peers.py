@@ -57,6 +57,7 @@ from specd.engine import compat
 from specd.engine.engine import Engine
 from specd.engine.options import context_window
 from specd.engine.caches import common_prefix
+from specd.engine.front.boundaries import NO_BOUNDARIES
 from specd.engine.types import CompletionRequest, SourceStats
 
 REFERENCE = "hf_greedy"
@@ -282,7 +283,7 @@ class SpecdMethod:
     def run(self, item: Completion, prompt_ids: list[int]) -> Run:
         request = CompletionRequest(
             uri=self._uri(item.doc), text=item.text, offset=item.offset, max_tokens=self.max_tokens,
-            stop_at_block_end=False, time_budget_ms=NO_TIME_BUDGET_MS, use_draft_model=self.use_draft,
+            **NO_BOUNDARIES, time_budget_ms=NO_TIME_BUDGET_MS, use_draft_model=self.use_draft,
             use_lookup=self.use_lookup, kv_reuse=self.kv_reuse,
             extra_context=list(getattr(prompt_ids, "chunks", [])), path=getattr(prompt_ids, "path", None),
         )

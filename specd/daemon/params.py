@@ -108,7 +108,9 @@ def get_folders(params: dict[str, Any], name: str) -> list[str] | None:
 COMPLETE_OPTIONS = (
     "max_tokens", "single_line", "stop_at_block_end", "temperature", "top_p", "seed",
     "time_budget_ms", "use_draft_model", "use_lookup", "kv_reuse",
+    "stop_at_repeated_line", "stop_at_suffix_line", "multiline",
 )
+MULTILINE_MODES = ("blocks", "always")  # the engine's boundaries.MULTILINE_MODES: the daemon never imports the engine here
 MAX_TOKENS_LIMIT = 4096
 
 
@@ -128,8 +130,13 @@ def completion_options(options: Any) -> dict[str, Any]:
         "temperature": get_float(options, "temperature", 0.0, 100.0),
         "top_p": get_float(options, "top_p", 0.0, 1.0),
     }
-    for name in ("single_line", "stop_at_block_end", "use_draft_model", "use_lookup", "kv_reuse"):
+    for name in ("single_line", "stop_at_block_end", "stop_at_repeated_line", "stop_at_suffix_line",
+                 "use_draft_model", "use_lookup", "kv_reuse"):
         out[name] = get_bool(options, name)
+    multiline = options.get("multiline")
+    if multiline is not None and multiline not in MULTILINE_MODES:
+        raise param_error(f"multiline must be one of {', '.join(MULTILINE_MODES)}, got {multiline!r}")
+    out["multiline"] = multiline
     # Leave out what was not given, so the engine's and CompletionRequest's defaults apply.
     return {key: value for key, value in out.items() if value is not None}
 

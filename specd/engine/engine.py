@@ -32,6 +32,7 @@ from specd.engine.models import ModelPair, StartupTimes, load_pair
 from specd.engine.options import FORWARD_OPTIONS, EngineOptions, context_window
 from specd.engine.front.prompt import Prompt
 from specd.engine.speculation.sampling import SamplingParams
+from specd.engine.front.boundaries import rules_for, surroundings
 from specd.engine.front.stops import StopRules
 from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, SourceStats
 
@@ -337,14 +338,14 @@ class Engine(Fronted):
             raise Cancelled("completion cancelled")
 
         planner = self._planner(state, settings, req, text, offset, prompt)
-        stop = StopRules(self.pair.tokenizer, self.stop_ids, req.single_line,
-                         prompt.indent if req.stop_at_block_end else None, healed=prompt.healed,
-                         newline=prompt.newline)
+        stop = StopRules(self.pair.tokenizer, self.stop_ids, req.single_line, prompt.indent, healed=prompt.healed,
+                         newline=prompt.newline, rules=rules_for(req, self.options), around=surroundings(text, offset))
         constraint = HealingConstraint(self.healing, prompt.healed, prompt.newline) if prompt.healed else None
         draft_forwards_before = state.draft.forwards if state.draft else 0
         outcome = speculative_decode(state.target, list(prompt.ids), planner, settings.sampling,
                                      settings.max_tokens, stop, deadline=started + settings.budget_s,
                                      cancel=cancel, generator=settings.generator, constraint=constraint)
+        stop_reason = stop.finish(outcome.stop_reason)  # a boundary the finished text shows
         completion = stop.text()
         if settings.kv_reuse:  # what the document's next request drafts from
             state.last_prefix, state.last_completion = text[:offset], completion
@@ -357,7 +358,7 @@ class Engine(Fronted):
             text=completion,
             token_ids=outcome.tokens,
             prompt_ids=list(prompt.ids),
-            stop_reason=outcome.stop_reason,
+            stop_reason=stop_reason,
             healed=prompt.healed,
             target_forwards=outcome.target_forwards,
             draft_forwards=(state.draft.forwards - draft_forwards_before) if state.draft else 0,

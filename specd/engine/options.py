@@ -43,6 +43,11 @@ class EngineOptions:
     threads: int = 0
     context_tokens: int = 512  # prompt budget for other files' chunks (repo-level context)
     auto_context: bool = True  # choose those chunks from open buffers and the workspace
+    # Suggestion boundaries (specd.engine.front.boundaries), each request's default.
+    stop_at_block_end: bool = True
+    stop_at_repeated_line: bool = True
+    stop_at_suffix_line: bool = True
+    multiline: str = "blocks"  # blocks (several lines only where a block is expected) | always
 
     @classmethod
     def from_config(cls, cfg) -> "EngineOptions":

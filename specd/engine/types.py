@@ -41,7 +41,11 @@ class CompletionRequest:
     offset: int | None = None
     max_tokens: int | None = None  # None: engine default
     single_line: bool = False
-    stop_at_block_end: bool = True
+    # Suggestion boundaries (front/boundaries.py); None: the engine's default (engine.stop_at_* / multiline).
+    stop_at_block_end: bool | None = None
+    stop_at_repeated_line: bool | None = None
+    stop_at_suffix_line: bool | None = None
+    multiline: str | None = None  # blocks | always
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
@@ -70,7 +74,9 @@ class CompletionResult:
     text: str
     token_ids: list[int]
     prompt_ids: list[int]
-    stop_reason: str  # eos | max_tokens | single_line | block_end | time_budget | cancelled
+    # eos | max_tokens | single_line | line_ending | time_budget | cancelled, or the boundary that
+    # cut the text: block_end | repeated_line | suffix_line | current_line
+    stop_reason: str
     healed: str = ""  # text before the cursor that token_ids re-type first (token healing); not in text
     target_forwards: int = 0
     draft_forwards: int = 0

@@ -1,5 +1,7 @@
-"""Stop rules seen token by token: end-of-text / FIM tokens, single line, end of block, and a line
-break of another style than the document's.
+"""Stop rules seen token by token: end-of-text / FIM tokens, single line, a line break of another
+style than the document's, and the suggestion boundaries of ``boundaries`` (a repeated line, the
+suffix's next line, the end of the block, one line where no block is expected), so generation
+stops as soon as a boundary is known.
 
 The completion's text is its tokens decoded in context (after an anchor token, whose text is
 dropped again), so a SentencePiece tokenizer's leading ``▁`` reads as the space it is instead of
@@ -8,13 +10,8 @@ being stripped as a text's implicit first space.
 
 from __future__ import annotations
 
+from specd.engine.front.boundaries import BoundaryRules, Surroundings, boundary, indent_width  # noqa: F401
 from specd.engine.speculation.healing import foreign_break
-
-TAB_WIDTH = 8
-
-
-def indent_width(whitespace: str) -> int:
-    return len(whitespace.expandtabs(TAB_WIDTH))
 
 
 class StopRules:
@@ -22,17 +19,26 @@ class StopRules:
     at the stop point (text rules can cut inside a token: the token stays in token_ids)."""
 
     def __init__(self, tokenizer, stop_ids: set[int], single_line: bool, block_indent: str | None,
-                 healed: str = "", newline: str = "\n"):
+                 healed: str = "", newline: str = "\n", *, rules: BoundaryRules | None = None,
+                 around: Surroundings | None = None):
+        """``rules`` and ``around`` (the cursor's surroundings) give the suggestion boundaries;
+        without them only the end of the block applies, at ``block_indent`` (None: not at all)."""
         self.tokenizer = tokenizer
         self.newline = newline  # the document's line break: a break of another style ends the completion
-        anchor = tokenizer.encode("x", add_special_tokens=False)
-        self._anchor = anchor[-1:]  # decoded before the completion's tokens (see the module's docstring)
-        self._anchor_text = tokenizer.decode(self._anchor, skip_special_tokens=False)
+        if tokenizer is not None:
+            anchor = tokenizer.encode("x", add_special_tokens=False)
+            self._anchor = anchor[-1:]  # decoded before the completion's tokens (see the module's docstring)
+            self._anchor_text = tokenizer.decode(self._anchor, skip_special_tokens=False)
         self.healed = healed  # the tokens re-type this first (token healing): not part of the completion
         self.stop_ids = stop_ids
         self.single_line = single_line
-        # Block end: the first new line indented less than the cursor's line ends the block.
-        self.block_width = indent_width(block_indent) if block_indent else None
+        if rules is None:
+            rules = BoundaryRules(repeated_line=False, suffix_line=False, block_end=bool(block_indent),
+                                  multiline="always")
+        self.rules = rules
+        self.around = around if around is not None else Surroundings(line_prefix=block_indent or "")
+        self._any_boundary = any(rules.enabled(rule) for rule in ("repeated_line", "suffix_line", "block_end",
+                                                                   "current_line"))
         self.ids: list[int] = []
         self._cut: int | None = None
 
@@ -48,7 +54,7 @@ class StopRules:
             if cut >= 0:
                 self._cut = cut
                 return "line_ending"
-        if not self.single_line and self.block_width is None:
+        if not self.single_line and not self._any_boundary:
             return None
         text = self._after_cursor() if text is None else text
         if self.single_line:
@@ -57,25 +63,22 @@ class StopRules:
             if newline >= 0:
                 self._cut = newline
                 return "single_line"
-        if self.block_width is not None:
-            cut = self._block_end(text)
-            if cut is not None:
-                self._cut = len(text[:cut].rstrip(" \t\n"))  # blank lines before the dedent go too
-                return "block_end"
+        found = boundary(text, self.around, self.rules) if self._any_boundary else None
+        if found is not None:
+            self._cut, reason = found
+            return reason
         return None
 
-    def _block_end(self, text: str) -> int | None:
-        newline = text.find("\n")
-        while newline >= 0:
-            line_start = newline + 1
-            next_newline = text.find("\n", line_start)
-            line = text[line_start: next_newline if next_newline >= 0 else len(text)]
-            stripped = line.lstrip(" \t")
-            if stripped:  # indentation known once the line has content
-                if indent_width(line[: len(line) - len(stripped)]) < self.block_width:
-                    return newline
-            newline = next_newline
-        return None
+    def finish(self, reason: str) -> str:
+        """The stop reason once generation has ended for ``reason``: a boundary that only the
+        finished text shows (its last line, now complete) takes its place."""
+        if self._cut is not None or not self._any_boundary or reason == "cancelled":
+            return reason
+        found = boundary(self._after_cursor(), self.around, self.rules, finished=True)
+        if found is None:
+            return reason
+        self._cut, rule = found
+        return rule
 
     def _after_cursor(self) -> str:
         text = self.tokenizer.decode(self._anchor + self.ids, skip_special_tokens=False)

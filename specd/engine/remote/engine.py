@@ -38,6 +38,7 @@ from typing import Any
 
 from specd.engine.front.engine_front import EngineFront, Fronted
 from specd.engine.front.prompt import Prompt
+from specd.engine.front.boundaries import BoundaryRules, Surroundings, rules_for, surroundings
 from specd.engine.front.stops import StopRules
 from specd.engine.options import EngineOptions, context_window
 from specd.engine.remote.client import (RemoteClient, RemoteError, RemoteOptions, Stream, Watch,
@@ -56,8 +57,9 @@ class TextStops(StopRules):
     """specd's stop rules (``StopRules``: single line, end of block) on text as it streams in,
     plus the FIM stop tokens as strings (a server that renders special tokens shows them)."""
 
-    def __init__(self, stop_texts: list[str], single_line: bool, block_indent: str | None):
-        super().__init__(None, set(), single_line, block_indent)
+    def __init__(self, stop_texts: list[str], single_line: bool, block_indent: str | None, *,
+                 rules: BoundaryRules | None = None, around: Surroundings | None = None):
+        super().__init__(None, set(), single_line, block_indent, rules=rules, around=around)
         self.stop_texts = [s for s in stop_texts if s]
         self.streamed = ""
 
@@ -219,7 +221,8 @@ class RemoteEngine(Fronted):
         prompt = self.front.request_prompt(req, text, offset, heal=False)
         budget_s = (self.options.time_budget_ms if req.time_budget_ms is None else req.time_budget_ms) / 1000
         max_tokens = max(1, self.options.max_tokens if req.max_tokens is None else req.max_tokens)
-        stops = TextStops(self.stop_texts, req.single_line, prompt.indent if req.stop_at_block_end else None)
+        stops = TextStops(self.stop_texts, req.single_line, prompt.indent, rules=rules_for(req, self.options),
+                          around=surroundings(text, offset))
         with Watch(self.client, cancel, started + budget_s) as watch:
             prompt_ids, stream = self._open(req, prompt.ids, max_tokens, watch)
             finish = stop_reason = first_token_s = None
@@ -247,6 +250,7 @@ class RemoteEngine(Fronted):
         if watch.why is None and stop_reason is None and finish is None:
             raise self._lost(lost, stops.streamed)  # the stream ended without the server saying it was done
         stop_reason = stop_reason or watch.why or ("max_tokens" if finish == "length" else "eos")
+        stop_reason = stops.finish(stop_reason)  # a boundary the finished text shows
         total_s = time.monotonic() - started
         return CompletionResult(
             text=stops.text(),

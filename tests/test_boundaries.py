@@ -1,0 +1,230 @@
+"""Suggestion boundaries: each rule on text, token by token through StopRules, the settings
+(config, request, socket options), and on an engine: the returned text is a prefix of what the
+target alone writes, and README command 1's demo completion prints no line twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import make_engine, reference_tokens
+from specd.daemon.params import completion_options
+from specd.engine import CompletionRequest
+from specd.engine.front.boundaries import (NO_BOUNDARIES, BoundaryRules, Surroundings, apply, boundary, rules_for,
+                                           surroundings)
+from specd.engine.front.stops import StopRules
+from specd.engine.options import EngineOptions
+from specd.protocol.errors import RpcError
+
+BODY = Surroundings(line_prefix="        ", previous_line="    def pop(self):")
+
+
+def cut(text: str, around: Surroundings, rule: str) -> str:
+    return apply(text, around, BoundaryRules().only(rule))[0]
+
+
+# -- the cursor's surroundings -----------------------------------------------------------------
+
+def test_surroundings_read_the_lines_around_the_cursor():
+    text = "def f():\n\n    x = foo(1)\n    \n\n    return x\n"
+    offset = text.index("    \n") + 4
+    assert surroundings(text, offset) == Surroundings("    ", "", "    x = foo(1)", "return x")
+    inside = text.index("1)")
+    assert surroundings(text, inside) == Surroundings("    x = foo(", "1)", "def f():", "return x")
+    crlf = text.replace("\n", "\r\n")
+    assert surroundings(crlf, crlf.index("    \r\n") + 4) == Surroundings("    ", "", "    x = foo(1)", "return x")
+    assert surroundings("", 0) == Surroundings()
+
+
+# -- one test per rule -------------------------------------------------------------------------
+
+def test_repeated_line_stops_at_the_same_line_twice_in_a_row():
+    text = "return self.items.pop()\n        return self.items.pop()\n        return self"
+    assert cut(text, BODY, "repeated_line") == "return self.items.pop()"
+
+
+def test_repeated_line_stops_at_a_line_repeating_one_of_the_last_few():
+    text = "c = 0\n        >>> c = 1\n        >>> c = 0\n        >>> c = 1\n        >>> d = 2\n"
+    assert cut(text, BODY, "repeated_line") == "c = 0\n        >>> c = 1\n        >>> c = 0"
+    # The cursor's line counts with its prefix: ``x = `` + ``1`` then ``x = 1`` again.
+    assert cut("1\n    x = 1\n", Surroundings(line_prefix="    x = "), "repeated_line") == "1"
+
+
+def test_repeated_line_lets_closers_and_far_repeats_be():
+    closers = "foo(a,\n            b)\n        }\n    }\n}"
+    assert cut(closers, BODY, "repeated_line") == closers
+    far = "a = 1\n        b = 2\n        c = 3\n        d = 4\n        e = 5\n        a = 1"
+    assert cut(far, BODY, "repeated_line") == far  # more than REPEAT_WINDOW lines apart
+
+
+def test_suffix_line_stops_at_the_suffixs_next_line():
+    around = Surroundings(line_prefix="        ", previous_line="    def pop(self):", next_line="return item")
+    text = "item = self.items.pop()\n\n        return item\n"
+    assert cut(text, around, "suffix_line") == "item = self.items.pop()"
+    assert cut("return item\n        x = 1", around, "suffix_line") == ""  # the cursor's line re-types it
+    mid = Surroundings(line_prefix="    x = foo(", line_suffix=")", next_line="x")
+    assert cut("x\n    y", mid, "suffix_line") == "x\n    y"  # the cursor's line goes on after the cursor
+
+
+def test_block_end_stops_at_a_less_indented_line_and_at_the_end_of_an_opened_block():
+    text = "total = 0\n        for v in values:\n            total += v\n        return total\n\n    def other():"
+    assert cut(text, BODY, "block_end") == "total = 0\n        for v in values:\n            total += v\n        return total"
+    opened = Surroundings(line_prefix="    if x")
+    assert cut(":\n        y = 1\n    z = 2\n", opened, "block_end") == ":\n        y = 1"
+    braces = Surroundings(line_prefix="    if (x) ")
+    assert cut("{\n        y();\n    }\n    z();", braces, "block_end") == "{\n        y();\n    }"
+    # CRLF: a blank line is no dedent.
+    crlf = "a = 1\r\n\r\n        b = 2\r\n    c"
+    assert cut(crlf, BODY, "block_end") == "a = 1\r\n\r\n        b = 2"
+
+
+def test_current_line_where_no_block_is_expected():
+    typed = Surroundings(line_prefix="    x = compute(", previous_line="    y = 0")
+    assert cut("a, b)\n    z = 1\n", typed, "current_line") == "a, b)"
+    inside = Surroundings(line_prefix="    x = foo(", line_suffix=")", previous_line="def f():")
+    assert cut("a, b\n    c", inside, "current_line") == "a, b"
+    after_statement = Surroundings(line_prefix="    x = 1", previous_line="    y = 0")
+    assert cut("\n    z = 2\n    w = 3", after_statement, "current_line") == "\n    z = 2"
+
+
+@pytest.mark.parametrize("around, text", [
+    (Surroundings(line_prefix="    if x", previous_line="def f():"), ":\n        y = 1\n        z = 2"),  # opens a block
+    (Surroundings(line_prefix="    x = call(", previous_line="def f():"), "\n        a,\n        b)"),
+    (Surroundings(line_prefix="    ", previous_line="    y = 0"), "z = 1\n    w = 2"),  # empty line in a body
+    (Surroundings(line_prefix="", previous_line="def f():"), "    z = 1\n    w = 2"),  # after a line ending in :
+    (Surroundings(line_prefix="    ret", previous_line="def f():"), "urn 1\n    x"),
+    (Surroundings(line_prefix="    if (x) {", previous_line=""), "\n        y();\n    }"),
+])
+def test_current_line_keeps_several_lines_where_a_block_is_expected(around, text):
+    assert cut(text, around, "current_line") == text
+
+
+def test_the_earliest_rule_cuts_and_no_rule_cuts_with_all_off():
+    text = "return self._get_format(self._name)\n        return self._get_format(self._name)\n        return self._get_format"
+    assert apply(text, BODY, BoundaryRules()) == ("return self._get_format(self._name)", "repeated_line")
+    assert apply(text, BODY, BoundaryRules.none()) == (text, None)
+
+
+def test_a_boundary_seen_token_by_token_is_the_one_of_the_whole_text():
+    """Rules judge only complete lines (or lines with content, for indentation), so the cut
+    found while the text grows is the one found on the finished text."""
+    texts = ["a = 1\n        a = 1\n        b", "x = 1\n    y = 2\n  z", "if a:\n            b\n        c\n",
+             "item = pop()\n\n        return item\n"]
+    around = Surroundings(line_prefix="        ", previous_line="    def f():", next_line="return item")
+    for text in texts:
+        whole = apply(text, around, BoundaryRules())
+        for end in range(len(text) + 1):
+            found = boundary(text[:end], around, BoundaryRules())
+            if found is not None:
+                assert (text[:found[0]], found[1]) == whole, (text, end)
+                break
+
+
+# -- StopRules, token by token --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer(llama_pair):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(llama_pair[0])
+
+
+def stop_on(tokenizer, text: str, around: Surroundings, rules: BoundaryRules = BoundaryRules()):
+    stops = StopRules(tokenizer, set(), False, around.indent, rules=rules, around=around)
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    for count, token in enumerate(tokens, start=1):
+        reason = stops(token)
+        if reason:
+            return reason, stops.text(), count, len(tokens)
+    return stops.finish("eos"), stops.text(), len(tokens), len(tokens)
+
+
+def test_stop_rules_stop_generation_at_the_boundary(tokenizer):
+    text = "return self.items.pop()\n        return self.items.pop()\n        return self.items.pop()\n"
+    reason, shown, used, total = stop_on(tokenizer, text, BODY)
+    assert (reason, shown) == ("repeated_line", "return self.items.pop()")
+    assert used < total  # generation stopped at the second copy's line break, not at the end
+
+
+def test_stop_rules_judge_the_last_line_when_generation_ends(tokenizer):
+    around = Surroundings(line_prefix="        ", previous_line="    def pop(self):", next_line="return item")
+    reason, shown, _, _ = stop_on(tokenizer, "item = self.items.pop()\n        return item", around)
+    assert (reason, shown) == ("suffix_line", "item = self.items.pop()")
+
+
+def test_stop_rules_without_boundaries_keep_the_old_block_end(tokenizer):
+    stops = StopRules(tokenizer, set(), False, "        ")
+    for token in tokenizer.encode("a = 1\n        a = 1\n    b", add_special_tokens=False):
+        if stops(token):
+            break
+    assert stops.text() == "a = 1\n        a = 1"
+
+
+# -- settings -----------------------------------------------------------------------------------
+
+def test_request_settings_win_over_the_engines():
+    options = EngineOptions(stop_at_repeated_line=False, multiline="always")
+    assert rules_for(CompletionRequest(), options) == BoundaryRules(False, True, True, "always")
+    asked = CompletionRequest(stop_at_repeated_line=True, stop_at_block_end=False, multiline="blocks")
+    assert rules_for(asked, options) == BoundaryRules(True, True, False, "blocks")
+    assert rules_for(CompletionRequest(**NO_BOUNDARIES), EngineOptions()) == BoundaryRules.none()
+
+
+def test_socket_options_and_config_keys():
+    parsed = completion_options({"stop_at_repeated_line": False, "stop_at_suffix_line": True, "multiline": "always"})
+    assert parsed == {"stop_at_repeated_line": False, "stop_at_suffix_line": True, "multiline": "always"}
+    for bad in ({"multiline": "sometimes"}, {"stop_at_suffix_line": "yes"}):
+        with pytest.raises(RpcError):
+            completion_options(bad)
+    from specd.config import SCHEMA
+
+    engine = SCHEMA["engine"]
+    assert {engine[k].default for k in ("stop_at_block_end", "stop_at_repeated_line", "stop_at_suffix_line")} == {True}
+    assert engine["multiline"].default == "blocks" and engine["multiline"].choices == ("blocks", "always")
+
+
+# -- on an engine -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def engine(llama_pair):
+    return make_engine(*llama_pair, prefix_tokens=384, suffix_tokens=128)
+
+
+def _decoded(engine, result, tokens):
+    stops = StopRules(engine.pair.tokenizer, set(), False, None, healed=result.healed)
+    for token in tokens:
+        stops(token)
+    return stops.text()
+
+
+@pytest.mark.parametrize("marker", ["    def sell", "        for item in items:\n        ", "    def with_quantity(self"])
+def test_the_returned_text_is_a_prefix_of_what_the_target_alone_writes(engine, sample_source, marker):
+    offset = sample_source.index(marker) + len(marker)
+    for rules in ({}, {"multiline": "always", "stop_at_block_end": False}):
+        result = engine.complete(CompletionRequest(text=sample_source, offset=offset, max_tokens=32, **rules))
+        allowed = engine.healing_constraint(result.healed, len(result.prompt_ids))
+        reference = reference_tokens(engine.pair.target, result.prompt_ids, 32, allowed)
+        assert result.token_ids == reference[:len(result.token_ids)], result.stop_reason
+        assert _decoded(engine, result, reference).startswith(result.text)
+        whole = engine.complete(CompletionRequest(text=sample_source, offset=offset, max_tokens=32, **NO_BOUNDARIES))
+        assert whole.text.startswith(result.text)
+        expected, rule = apply(whole.text, surroundings(sample_source, offset), rules_for(
+            CompletionRequest(**rules), engine.options))
+        if whole.stop_reason in ("eos", "max_tokens"):
+            assert result.text == expected and (rule is None or result.stop_reason == rule)
+
+
+def test_readme_command_one_prints_no_line_twice():
+    """README command 1: the demo pair in ``Stack.pop``'s body, 40 tokens."""
+    from pathlib import Path
+
+    from specd.engine.engine import Engine
+
+    text = (Path(__file__).parent.parent / "examples" / "stack.py").read_text()
+    offset = len("".join(text.splitlines(keepends=True)[:8])) + 8
+    engine = Engine(EngineOptions(device="cpu", time_budget_ms=600_000))
+    engine.ensure_loaded()
+    result = engine.complete(CompletionRequest(text=text, offset=offset, max_tokens=40))
+    lines = [line.strip() for line in result.text.splitlines() if line.strip()]
+    assert lines and len(lines) == len(set(lines)), result.text
+    whole = engine.complete(CompletionRequest(text=text, offset=offset, max_tokens=40, **NO_BOUNDARIES))
+    assert whole.text.startswith(result.text) and len(result.token_ids) <= len(whole.token_ids)
