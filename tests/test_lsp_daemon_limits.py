@@ -75,6 +75,49 @@ async def test_a_file_over_the_limits_stays_out_and_others_complete(small_daemon
 
 
 @pytest.mark.asyncio
+async def test_a_document_over_the_open_bytes_budget_is_kept_out_until_room_is_made(tmp_path):
+    """The daemon refuses a document for its byte budget: specd-lsp keeps it out (no whole-text
+    resend per edit), other documents complete, and once another document is closed the next
+    edit sends it whole and it completes."""
+    daemon = DaemonProcess(tmp_path / "d", config={"daemon.max_open_bytes_per_connection": 64 * 1024}).start()
+    documents = DocumentStore()
+    link = _link(daemon.socket_path, documents)
+    link.start()
+    try:
+        await _wait(lambda: link.state == READY)
+        first = documents.open("file:///first.py", "a = 1\n" * 7000, 1)  # 42 KB
+        second = documents.open("file:///second.py", "b = 2\n" * 7000, 1)  # 42 KB more: over 64 KiB
+        link.open(first)
+        link.open(second)
+        await _wait(lambda: second.uri in link.held_out)
+        with pytest.raises(RpcError) as info:
+            await link.complete({"uri": second.uri, "cursor": {"offset": 3}}, 5)
+        assert info.value.code == ErrorCode.DOCUMENT_TOO_LARGE.value and "budget" in info.value.message
+        sent = []
+        real_send = link._send
+        link._send = lambda method, params, doc=None: (sent.append(method), real_send(method, params, doc))
+        for n in range(20):  # typing in it: nothing is sent while it would be refused again
+            second.text += "c\n"
+            second.version += 1
+            link.change(second, [{"start": len(second.text) - 2, "end": len(second.text) - 2, "text": "c\n"}])
+        assert sent == [], f"sent {sent} while over the budget"
+        assert (await link.status())["documents"]["open"] == 1
+        result = await link.complete({"uri": first.uri, "cursor": {"offset": 3}}, 5)
+        assert result["text"] == "[a =]"
+        link.close_document(first.uri)
+        documents.close(first.uri)
+        second.text += "d\n"
+        second.version += 1
+        link.change(second, [{"start": len(second.text) - 2, "end": len(second.text) - 2, "text": "d\n"}])
+        result = await link.complete({"uri": second.uri, "cursor": {"offset": 3}}, 5)
+        assert result["text"] == "[b =]"
+        assert second.uri not in link.held_out and link.connects == 1
+    finally:
+        await link.close()
+        daemon.stop()
+
+
+@pytest.mark.asyncio
 async def test_a_daemon_that_keeps_closing_is_not_reconnected_in_a_loop(tmp_path):
     """A server that answers hello as ready and then closes at once: the link backs off."""
     path = tmp_path / "closing.sock"

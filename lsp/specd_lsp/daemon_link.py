@@ -14,7 +14,10 @@ synchronously, in the order the editor's notifications arrive, and only its answ
 The daemon's limits come with its ``hello`` answer. A document over them (bytes, or a message
 over the frame limit) is kept out: never sent, closed on the daemon if it was open there,
 answered locally with ``document_too_large`` when completed, and sent again whole once an edit
-brings it under. So one huge file costs nothing but itself. A connection that ends soon after
+brings it under. So one huge file costs nothing but itself. A document the daemon refuses for
+its open-bytes budget (``too_many_document_bytes``: the user has too much open) is kept out the
+same way, closed there if it held an older text, and offered again whole only after some other
+document was closed (which may have made room), not on every edit. A connection that ends soon after
 it was made (the daemon closing it for a reason the next one will hit too) makes the next
 attempt wait, doubling up to ``RETRY_MAX_S``: the link never reconnects in a tight loop.
 """
@@ -82,6 +85,8 @@ class DaemonLink:
         self.hello: dict[str, Any] = {}
         self.limits: dict[str, int] = {}  # the daemon's, from hello: max_frame_bytes, max_document_bytes, ...
         self.held_out: set[str] = set()  # documents over the limits: not on the daemon
+        self.over_budget: dict[str, int] = {}  # refused for the daemon's byte budget, at which close count
+        self._closes = 0  # documents closed so far: one may have made room in the budget
         self.daemon_status: dict[str, Any] = {}
         self.connects = 0  # successful connections so far; > 1 means we reconnected
         self.folders: list[str] = []  # the editor's workspace folders (file URIs)
@@ -218,6 +223,7 @@ class DaemonLink:
         limits = self.hello.get("limits")
         self.limits = {k: v for k, v in limits.items() if isinstance(v, int)} if isinstance(limits, dict) else {}
         self.held_out.clear()
+        self.over_budget.clear()
         self.connects += 1
         self.replay_documents()
         self.replay_folders()
@@ -260,7 +266,8 @@ class DaemonLink:
         uri = params.get("uri")
         text = params.get("text")
         if (text is None and uri in self.held_out) or (text is not None and self._over_limits(uri, text)):
-            raise RpcError(ErrorCode.DOCUMENT_TOO_LARGE, f"{uri} is over the daemon's size limits; not completed")
+            raise RpcError(ErrorCode.DOCUMENT_TOO_LARGE,
+                           f"{uri} is over the daemon's size limits or its open-bytes budget; not completed")
         return await self.request(Method.COMPLETE, params, timeout)
 
     async def status(self, timeout: float = 2.0) -> dict[str, Any]:
@@ -312,6 +319,10 @@ class DaemonLink:
             return  # closing what the daemon does not hold (a document kept out) is what we wanted
         log.warning("daemon refused %s%s: %s", method.value, f" of {doc.uri}" if doc else "", err)
         current = self.documents.get(doc.uri) if doc is not None else None
+        if code == ErrorCode.TOO_MANY_DOCUMENT_BYTES.value and doc is not None and current is doc:
+            self.over_budget[doc.uri] = self._closes
+            self._hold_out(doc)  # and free what an older text of it holds there
+            return
         if method == Method.CHANGE and current is doc and code != ErrorCode.DOCUMENT_TOO_LARGE.value:
             self.open(doc)  # out of step (stale version, unknown document): send it whole
 
@@ -332,6 +343,9 @@ class DaemonLink:
         if self._over_limits(doc.uri, doc.text):
             self._hold_out(doc)
             return
+        if self.over_budget.get(doc.uri, -1) == self._closes:
+            return  # refused for the budget, and nothing was closed since: it would be again
+        self.over_budget.pop(doc.uri, None)
         self.held_out.discard(doc.uri)
         self._send(Method.OPEN, {"uri": doc.uri, "text": doc.text, "version": doc.version,
                                  **({"language": doc.language} if doc.language else {})}, doc)
@@ -348,6 +362,8 @@ class DaemonLink:
         self._send(Method.CHANGE, {"uri": doc.uri, "version": doc.version, "edits": edits}, doc)
 
     def close_document(self, uri: str) -> None:
+        self._closes += 1
+        self.over_budget.pop(uri, None)
         if uri in self.held_out:
             self.held_out.discard(uri)
             return

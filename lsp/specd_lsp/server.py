@@ -210,7 +210,7 @@ def _index_for(documents: DocumentStore, proposals: list[Proposal]) -> TextIndex
 
 def _line_before(index: TextIndex, offset: int) -> str:
     line, _ = index.position(offset, "utf-32")
-    return index.text[index.line_starts[line]:offset]
+    return index.text[index.line_start(line):offset]
 
 
 def _label(text: str) -> str:
