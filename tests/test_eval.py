@@ -66,6 +66,12 @@ def test_scores():
     assert retyped["retyped_suffix"]
     assert not score(call, "x", Suggestion("x"))["retyped_suffix"]
 
+    body = Case("fresh_line", "t.py:2", "def f():\n    \n    return x\n", 13, "y = 1")
+    looping = score(body, "", Suggestion("y = 1\n    y = 1"))
+    assert looping["repeated_line"] and not looping["retyped_next_line"]
+    assert score(body, "", Suggestion("y = 1\n    return x"))["retyped_next_line"]
+    assert not any(score(body, "", Suggestion("y = 1"))[m] for m in ("repeated_line", "retyped_next_line"))
+
 
 def test_eval_cli_on_a_tiny_pair(tiny_pairs, sample_source, tmp_path):
     corpus = tmp_path / "corpus"
@@ -89,6 +95,13 @@ def test_eval_cli_on_a_tiny_pair(tiny_pairs, sample_source, tmp_path):
         assert set(variant["by_kind"]) == set(KINDS)
         assert 0 <= variant["all"]["edit_similarity"] <= 1 and variant["all"]["tokens_per_forward"] > 0
     assert plot.stat().st_size > 10_000
+    # Boundaries: the engine with them returns the boundary-cut text of the uncut completion.
+    boundaries = data["boundaries"]
+    assert boundaries["checked"] == data["cases"] and boundaries["mismatched"] == 0
+    assert boundaries["tokens_with"] <= boundaries["tokens_without"]
+    assert set(boundaries["by_kind"]) == set(KINDS)
+    assert boundaries["all"]["all"]["repeated_line"] == 0 == boundaries["all"]["all"]["retyped_next_line"]
+    assert all(variant["all"]["repeated_line"] == 0 for variant in data["variants"].values())
 
     code = main(["eval", "--kinds", "fresh_line,nowhere"])
     assert code == 2

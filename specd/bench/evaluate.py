@@ -26,8 +26,20 @@ stripped), ``edit_similarity`` (difflib's ratio of those lines, as CrossCodeEval
 mid-line by the token limit is judged on its whole lines), ``stray_whitespace`` (the suggestion
 starts with whitespace the deleted text did not: a doubled indentation or a space inside a
 word), ``retyped_suffix`` (the suggestion ends with the closers already after the cursor:
-accepting it doubles them), ``empty`` (nothing shown); and, for speed's side of the same cases,
-``tokens_per_forward`` (tokens over target forwards: what drafting from the prompt buys).
+accepting it doubles them), ``repeated_line`` (a line of the suggestion repeats one of its last
+few lines), ``retyped_next_line`` (a line of it equals the suffix's next non-empty line),
+``empty`` (nothing shown); and, for speed's side of the same cases, ``tokens_per_forward``
+(tokens over target forwards: what drafting from the prompt buys).
+
+Suggestion boundaries (``specd.engine.front.boundaries``): each case is completed once with every
+boundary off, to the token limit; the text each rule alone would return, and all of them
+together (the engine's defaults), is that text cut where the rule says, since the boundaries
+only decide where to stop (lossless: the tokens up to there are the same). The variants' scores
+are those of the text with all boundaries, as the daemon returns it; ``boundaries`` reports per
+cursor kind and rule how many suggestions the rule cut and the edit similarity and parse rate
+with the rule against without any. On the first variant every case is also completed with the
+boundaries on, as the daemon does, which checks that the engine returns the same text
+(``mismatched``) and measures the tokens the early stop saves.
 
 Variants, side by side in one run on the same cases: ``healing`` / ``no_healing`` (token
 healing on/off), the FIM layouts the family serves (``psm``, ``anchored``, ``spm``), and
@@ -54,7 +66,9 @@ log = logging.getLogger(__name__)
 
 KINDS = ("fresh_line", "line_end", "mid_line", "body_first", "multi_file")
 VARIANTS = ("healing", "no_healing", "psm", "anchored", "spm", "context", "no_context")
-METRICS = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "empty")
+METRICS = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "repeated_line",
+           "retyped_next_line", "empty")
+BOUNDARY_ROWS = ("none", "repeated_line", "suffix_line", "block_end", "current_line", "all")
 CALL = re.compile(r"\w\(")  # a call's opening bracket (after a name)
 NO_TIME_BUDGET_MS = 10**9
 
@@ -145,10 +159,19 @@ def _parses(text: str) -> bool:
     return True
 
 
+def _retypes_next_line(shown: str, around) -> bool:
+    lines = shown.split("\n")
+    firsts = [(around.line_prefix + lines[0]).strip()] if not around.line_suffix.strip() else []
+    return bool(around.next_line) and around.next_line in firsts + [line.strip() for line in lines[1:]]
+
+
 def score(case: Case, raw: str, suggestion) -> dict[str, Any]:
     """Metrics of one case: ``raw`` is the engine's text, ``suggestion`` the LSP's Suggestion
     (None when the editor would show nothing)."""
+    from specd.engine.front.boundaries import repeated_line, surroundings
+
     shown = suggestion.insert_text if suggestion is not None else ""
+    around = surroundings(case.text, case.offset)
     replaced = suggestion.replace_chars if suggestion is not None else 0
     line_end = case.text.find("\n", case.offset)
     line_suffix = case.text[case.offset:line_end if line_end >= 0 else len(case.text)]
@@ -164,6 +187,8 @@ def score(case: Case, raw: str, suggestion) -> dict[str, Any]:
         "parses": parses,
         "stray_whitespace": shown[:1] in (" ", "\t") and case.expected[:1] not in (" ", "\t"),
         "retyped_suffix": bool(closers) and replaced == 0 and shown.split("\n", 1)[0].rstrip().endswith(closers),
+        "repeated_line": repeated_line(shown, around, finished=True) is not None,
+        "retyped_next_line": _retypes_next_line(shown, around),
         "empty": not shown.strip(),
         "raw": raw,
         "shown": shown,
@@ -223,27 +248,70 @@ def context_for(engine, case: Case) -> tuple[list, str | None]:
 
 
 def run_cases(engines: dict[str, tuple[Any, bool]], cases: list[Case], max_tokens: int,
-              progress=None) -> dict[str, list[dict[str, Any]]]:
+              progress=None) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """Every case on every variant: the scores of what the daemon returns (all boundaries), and
+    the boundaries' figures on the first variant (the module's docstring)."""
+    from specd.engine.front.boundaries import NO_BOUNDARIES, BoundaryRules, apply, rules_for, surroundings
     from specd.engine.types import CompletionRequest
     from specd_lsp.completion import context_at, postprocess
 
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+    rows: list[dict[str, Any]] = []  # per case of the first variant: each boundary row's scores
+    checks = {"checked": 0, "mismatched": 0, "tokens_without": 0, "tokens_with": 0}
+    first = next(iter(engines), None)
     for i, case in enumerate(cases):
+        around = surroundings(case.text, case.offset)
+        ctx = context_at(case.text, case.offset)
         for name, (engine, healing) in engines.items():
             uri = f"eval/{name}/{i}"
             chunks, path = context_for(engine, case) if name == "context" else ([], None)
-            result = engine.complete(CompletionRequest(
-                uri=uri, text=case.text, offset=case.offset, max_tokens=max_tokens,
-                time_budget_ms=NO_TIME_BUDGET_MS, token_healing=healing, stop_at_block_end=True,
-                extra_context=chunks, path=path))
+            request = CompletionRequest(uri=uri, text=case.text, offset=case.offset, max_tokens=max_tokens,
+                                        time_budget_ms=NO_TIME_BUDGET_MS, token_healing=healing,
+                                        extra_context=chunks, path=path)
+            result = engine.complete(replace(request, **NO_BOUNDARIES))
             engine.close_document(uri)
-            suggestion = postprocess(result.text, context_at(case.text, case.offset))
+            rules = rules_for(request, engine.options)
+            cut, _ = apply(result.text, around, rules)
+            suggestion = postprocess(cut, ctx)
             results[name].append({"kind": case.kind, "case": case.name, "tokens": len(result.token_ids),
                                   "target_forwards": result.target_forwards, "prompt_tokens": len(result.prompt_ids),
-                                  **score(case, result.text, suggestion)})
+                                  **score(case, cut, suggestion)})
+            if name != first:
+                continue
+            bounded = engine.complete(request)  # as the daemon asks: the boundaries stop generation
+            engine.close_document(uri)
+            checks["checked"] += 1
+            checks["mismatched"] += bounded.text != cut
+            checks["tokens_without"] += len(result.token_ids)
+            checks["tokens_with"] += len(bounded.token_ids)
+            row: dict[str, Any] = {"kind": case.kind}
+            for rule in BOUNDARY_ROWS:
+                only = BoundaryRules.none() if rule == "none" else rules if rule == "all" else rules.only(rule)
+                text, fired = apply(result.text, around, only)
+                row[rule] = {"cut": fired is not None and text != result.text,
+                             **score(case, text, postprocess(text, ctx))}
+            rows.append(row)
         if progress is not None:
             progress.update()
-    return results
+    return results, {"variant": first, **checks, "rows": rows}
+
+
+def boundary_report(boundaries: dict[str, Any], kinds: list[str]) -> dict[str, Any]:
+    """Per cursor kind (and all): per boundary row, suggestions cut, edit similarity, parse rate
+    and the two new defects' rates."""
+    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {"cases": len(rows)}
+        for rule in BOUNDARY_ROWS:
+            scores = [row[rule] for row in rows]
+            out[rule] = {"cut": sum(s["cut"] for s in scores),
+                         **{metric: round(statistics.fmean(float(s[metric]) for s in scores), 3) if scores else 0.0
+                            for metric in ("edit_similarity", "parses", "repeated_line", "retyped_next_line")}}
+        return out
+
+    rows = boundaries["rows"]
+    return {"variant": boundaries["variant"],
+            **{key: boundaries[key] for key in ("checked", "mismatched", "tokens_without", "tokens_with")},
+            "all": summary(rows), "by_kind": {kind: summary([r for r in rows if r["kind"] == kind]) for kind in kinds}}
 
 
 def report(results: dict[str, list[dict[str, Any]]], kinds: list[str]) -> dict[str, Any]:
@@ -259,9 +327,9 @@ def format_table(data: dict[str, Any]) -> str:
              f"up to {data['settings']['max_tokens']} tokens, corpus {data['settings']['corpus']}"
     lines = [header, "what the editor shows (after specd-lsp's post-processing) vs the deleted text; "
                      "fractions of cases (edit similarity: mean ratio)"]
-    columns = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "empty",
-               "tokens_per_forward")
-    titles = ("exact", "edit sim", "parses", "stray ws", "re-typed", "empty", "tok/fwd")
+    columns = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "repeated_line",
+               "retyped_next_line", "empty", "tokens_per_forward")
+    titles = ("exact", "edit sim", "parses", "stray ws", "re-typed", "repeated", "next line", "empty", "tok/fwd")
     for kind in ["all", *data["kinds"]]:
         lines += ["", f"{kind}:" if kind != "all" else "all kinds:",
                   f"  {'variant':<12}{'cases':>6}" + "".join(f"{t:>10}" for t in titles)]
@@ -270,8 +338,30 @@ def format_table(data: dict[str, Any]) -> str:
             lines.append(f"  {name:<12}{s['cases']:>6}" + "".join(
                 f"{s[c]:>10.2f}" if c in ("edit_similarity", "tokens_per_forward") else f"{s[c] * 100:>9.0f}%"
                 for c in columns))
+    lines += format_boundaries(data["boundaries"], data["kinds"])
     lines += ["", f"command: {data['command']}  ({data['wall_s']:.0f} s)"]
     return "\n".join(lines)
+
+
+def format_boundaries(boundaries: dict[str, Any], kinds: list[str]) -> list[str]:
+    """Per cursor kind: each boundary rule alone, all of them, and none: suggestions cut, edit
+    similarity, parse rate, repeated lines and re-typed next lines."""
+    if not boundaries.get("checked"):
+        return []
+    saved = boundaries["tokens_without"] - boundaries["tokens_with"]
+    lines = ["", f"suggestion boundaries (variant {boundaries['variant']}): each rule alone vs none; the engine "
+                 f"with them returned the same text in {boundaries['checked'] - boundaries['mismatched']} of "
+                 f"{boundaries['checked']} cases and generated {boundaries['tokens_with']} tokens instead of "
+                 f"{boundaries['tokens_without']} ({saved} fewer)"]
+    for kind in ["all", *kinds]:
+        summary = boundaries["all"] if kind == "all" else boundaries["by_kind"][kind]
+        lines += ["", f"{kind}:" if kind != "all" else "all kinds:",
+                  f"  {'rule':<15}{'cut':>6}{'edit sim':>10}{'parses':>10}{'repeated':>10}{'next line':>10}"]
+        for rule in BOUNDARY_ROWS:
+            s = summary[rule]
+            lines.append(f"  {rule:<15}{s['cut']:>6}{s['edit_similarity']:>10.2f}{s['parses'] * 100:>9.0f}%"
+                         f"{s['repeated_line'] * 100:>9.0f}%{s['retyped_next_line'] * 100:>9.0f}%")
+    return lines
 
 
 def write_plot(data: dict[str, Any], path: str) -> None:
@@ -340,7 +430,7 @@ def run_eval(args, cfg) -> int:
     from tqdm import tqdm
 
     with tqdm(total=len(cases), desc="eval", unit="case", file=sys.stderr, disable=None) as bar:
-        results = run_cases(engines, cases, args.max_tokens, bar)
+        results, boundaries = run_cases(engines, cases, args.max_tokens, bar)
     data = {
         "command": shlex.join(["specd", "eval", *sys.argv[2:]]) if sys.argv[1:2] == ["eval"] else "specd eval",
         "models": engine.pair.describe(),
@@ -352,6 +442,7 @@ def run_eval(args, cfg) -> int:
         "kinds": kinds,
         "cases": len(cases),
         "variants": report(results, kinds),
+        "boundaries": boundary_report(boundaries, kinds),
         "completions": results,
         "wall_s": round(time.monotonic() - started, 1),
     }
