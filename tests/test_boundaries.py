@@ -228,3 +228,19 @@ def test_readme_command_one_prints_no_line_twice():
     assert lines and len(lines) == len(set(lines)), result.text
     whole = engine.complete(CompletionRequest(text=text, offset=offset, max_tokens=40, **NO_BOUNDARIES))
     assert whole.text.startswith(result.text) and len(result.token_ids) <= len(whole.token_ids)
+
+
+def test_a_suggestion_ending_on_a_line_break_keeps_it():
+    after_statement = Surroundings(line_prefix="x = ")
+    assert apply("1 + 2\n", after_statement, BoundaryRules()) == ("1 + 2\n", None)
+    assert apply("1 + 2\ny = 3", after_statement, BoundaryRules()) == ("1 + 2", "current_line")
+
+
+def test_the_remote_engine_applies_the_same_boundaries_to_streamed_text():
+    from specd.engine.remote.engine import TextStops
+
+    stops = TextStops(["<|endoftext|>"], False, BODY.indent, rules=BoundaryRules(), around=BODY)
+    reasons = [stops.feed(delta) for delta in ("return self", ".items.pop()\n", "        return self.items",
+                                               ".pop()\n", "        x")]
+    assert reasons[:3] == [None, None, None] and reasons[3] == "repeated_line"
+    assert stops.text() == "return self.items.pop()"

@@ -16,7 +16,8 @@ completion's text (the text after the cursor); the earliest of the enabled rules
 - ``current_line``: several lines only where a person expects a block: after a line ending in
   an opener (the line before the cursor's, or the cursor's line as the suggestion completes
   it), or on an empty line inside a body (only indentation around the cursor, indented);
-  elsewhere the suggestion is the current line.
+  elsewhere the suggestion is the current line (cut once a later line has text: a suggestion
+  that ends on a line break keeps it).
 
 A rule judges a line once it is complete (a line break follows it, or generation ended), so a
 boundary never depends on tokens not yet generated. Lines are compared stripped of their
@@ -202,7 +203,7 @@ def block_end(completion: str, around: Surroundings, finished: bool) -> int | No
             return _cut_before(completion, line)
         if body and indent == width:
             if stripped[0] in CLOSERS:  # the bracket closing the block the cursor's line opened
-                if line.complete and line.end < len(completion):
+                if line.complete and completion[line.end:].strip():
                     return _end_of(completion, line)
                 continue
             return _cut_before(completion, line)
@@ -233,8 +234,8 @@ def current_line(completion: str, around: Surroundings, finished: bool) -> int |
         text = line.text(completion)
         if not text.strip():
             continue
-        if not line.complete or line.end == len(completion):
-            return None  # not known yet, or nothing after it to cut
+        if not line.complete or not completion[line.end:].strip():
+            return None  # not known yet, or no text after it to cut (a model ending on a line break keeps it)
         completed = around.line_prefix + text if number == 0 else text
         return None if expects_block(completed, around, number == 0) else _end_of(completion, line)
     return None

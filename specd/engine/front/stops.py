@@ -47,7 +47,7 @@ class StopRules:
             return "eos"
         self.ids.append(token)
         text = None
-        piece = self.tokenizer.decode([token], skip_special_tokens=False)
+        piece = self._piece(token)
         if "\r" in piece or "\n" in piece:
             text = self._after_cursor()
             cut = foreign_break(text, self.newline)
@@ -79,6 +79,10 @@ class StopRules:
             return reason
         self._cut, rule = found
         return rule
+
+    def _piece(self, token: int) -> str:
+        """The new token's own text."""
+        return self.tokenizer.decode([token], skip_special_tokens=False)
 
     def _after_cursor(self) -> str:
         text = self.tokenizer.decode(self._anchor + self.ids, skip_special_tokens=False)

@@ -62,15 +62,20 @@ class TextStops(StopRules):
         super().__init__(None, set(), single_line, block_indent, rules=rules, around=around)
         self.stop_texts = [s for s in stop_texts if s]
         self.streamed = ""
+        self._delta = ""
 
     def feed(self, delta: str) -> str | None:
         self.streamed += delta
+        self._delta = delta
         for stop in self.stop_texts:
             at = self.streamed.find(stop)
             if at >= 0:
                 self.streamed = self.streamed[:at]
                 return "eos"
         return self(-1)  # the rules read the text through _after_cursor, not the token
+
+    def _piece(self, token: int) -> str:
+        return self._delta  # the text streams in deltas, not tokens
 
     def _after_cursor(self) -> str:
         return self.streamed
