@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 
@@ -17,12 +18,22 @@ def load_engine(cfg):
         from specd.engine.remote.engine import RemoteEngine
 
         engine = RemoteEngine(options, RemoteOptions.from_config(cfg))
-    else:
+        engine.ensure_loaded()
+        return engine
+    # Importing torch and transformers allocates as much as a load, and as there (``gc_paused``)
+    # the collections CPython would start meanwhile only walk a growing heap: none until the
+    # load's own collection at its end.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
         started = time.perf_counter()
         from specd.engine.engine import Engine  # torch and transformers, when not imported yet
 
         import_s = time.perf_counter() - started
         engine = Engine(options)
         engine.import_s = import_s  # reported with the rest of the start-up
-    engine.ensure_loaded()
+        engine.ensure_loaded()
+    finally:
+        if enabled:
+            gc.enable()
     return engine
