@@ -7,6 +7,7 @@ import pytest
 
 from engine_helpers import assert_lossless, make_engine
 from specd.engine import CompletionRequest
+from specd.engine.front.boundaries import NO_BOUNDARIES
 from specd.engine.speculation.healing import HealingVocabulary
 from specd.engine.front.prompt import TEMPLATES, PromptBuilder
 from tiny import make_tokenizer
@@ -117,14 +118,14 @@ def test_healed_completion_is_lossless_and_returns_what_follows_the_cursor(llama
     text = sample_source[:cursor] + "    def size(self):\n        " + sample_source[cursor:]
     offset = cursor + len("    def size(self):\n        ")
     result = engine.complete(CompletionRequest(uri="file:///heal.py", text=text, offset=offset, max_tokens=16,
-                                               stop_at_block_end=False))
+                                               **NO_BOUNDARIES))
     assert result.healed and text[:offset].endswith(result.healed)
     generated = engine.pair.tokenizer.decode(result.token_ids)
     assert generated.startswith(result.healed)
     assert result.text == generated[len(result.healed):]
     assert_lossless(engine, result, 16)  # against generate() under the same constraint
     plain = engine.complete(CompletionRequest(uri="file:///heal.py", text=text, offset=offset, max_tokens=16,
-                                              stop_at_block_end=False, token_healing=False))
+                                              token_healing=False, **NO_BOUNDARIES))
     assert plain.healed == "" and len(plain.prompt_ids) == len(result.prompt_ids) + 1
     assert_lossless(engine, plain, 16)
 
