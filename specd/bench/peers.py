@@ -283,7 +283,8 @@ class SpecdMethod:
     def run(self, item: Completion, prompt_ids: list[int]) -> Run:
         request = CompletionRequest(
             uri=self._uri(item.doc), text=item.text, offset=item.offset, max_tokens=self.max_tokens,
-            **NO_BOUNDARIES, time_budget_ms=NO_TIME_BUDGET_MS, use_draft_model=self.use_draft,
+            **NO_BOUNDARIES, stop_at_line_ending=False,  # generate() has neither: same tokens to the limit
+            time_budget_ms=NO_TIME_BUDGET_MS, use_draft_model=self.use_draft,
             use_lookup=self.use_lookup, kv_reuse=self.kv_reuse,
             extra_context=list(getattr(prompt_ids, "chunks", [])), path=getattr(prompt_ids, "path", None),
         )

@@ -341,7 +341,8 @@ class Engine(Fronted):
 
         planner = self._planner(state, settings, req, text, offset, prompt)
         stop = StopRules(self.pair.tokenizer, self.stop_ids, req.single_line, prompt.indent, healed=prompt.healed,
-                         newline=prompt.newline, rules=rules_for(req, self.options), around=surroundings(text, offset))
+                         newline=prompt.newline if req.stop_at_line_ending else None,
+                         rules=rules_for(req, self.options), around=surroundings(text, offset))
         constraint = HealingConstraint(self.healing, prompt.healed, prompt.newline) if prompt.healed else None
         draft_forwards_before = state.draft.forwards if state.draft else 0
         outcome = speculative_decode(state.target, list(prompt.ids), planner, settings.sampling,

@@ -46,6 +46,9 @@ class CompletionRequest:
     stop_at_repeated_line: bool | None = None
     stop_at_suffix_line: bool | None = None
     multiline: str | None = None  # blocks | always
+    # A line break of the other style than the document's ends the completion ("line_ending").
+    # Off only where output is compared token for token with a decoder that has no such stop.
+    stop_at_line_ending: bool = True
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None

@@ -19,12 +19,13 @@ class StopRules:
     at the stop point (text rules can cut inside a token: the token stays in token_ids)."""
 
     def __init__(self, tokenizer, stop_ids: set[int], single_line: bool, block_indent: str | None,
-                 healed: str = "", newline: str = "\n", *, rules: BoundaryRules | None = None,
+                 healed: str = "", newline: str | None = "\n", *, rules: BoundaryRules | None = None,
                  around: Surroundings | None = None):
         """``rules`` and ``around`` (the cursor's surroundings) give the suggestion boundaries;
         without them only the end of the block applies, at ``block_indent`` (None: not at all)."""
         self.tokenizer = tokenizer
-        self.newline = newline  # the document's line break: a break of another style ends the completion
+        # The document's line break: a break of another style ends the completion (None: none does).
+        self.newline = newline
         if tokenizer is not None:
             anchor = tokenizer.encode("x", add_special_tokens=False)
             self._anchor = anchor[-1:]  # decoded before the completion's tokens (see the module's docstring)
@@ -48,7 +49,7 @@ class StopRules:
         self.ids.append(token)
         text = None
         piece = self._piece(token)
-        if "\r" in piece or "\n" in piece:
+        if self.newline is not None and ("\r" in piece or "\n" in piece):
             text = self._after_cursor()
             cut = foreign_break(text, self.newline)
             if cut >= 0:
