@@ -163,7 +163,8 @@ def test_a_time_budget_holds_with_many_large_edited_buffers(tmp_path, llama_pair
             started = time.monotonic()
             _, answer = client.send_request("complete", {
                 "uri": uris[0], "cursor": {"line": line + 1, "character": 0},
-                "options": {"time_budget_ms": BUDGET_MS, "stop_at_block_end": False}})
+                "options": {"time_budget_ms": BUDGET_MS, "stop_at_block_end": False, "stop_at_repeated_line": False,
+                            "stop_at_suffix_line": False, "multiline": "always"}})  # no boundary: the budget ends it
             worst = 0.0
             while not answer.done():
                 asked = time.monotonic()
@@ -178,6 +179,7 @@ def test_a_time_budget_holds_with_many_large_edited_buffers(tmp_path, llama_pair
                   f"open buffers {stats}")
             assert elapsed < BUDGET_MS / 1000 + SLACK_S, (elapsed, result)
             assert worst < 1.0
-            assert stats["buffers"] == BUFFERS and stats["indexed"] + stats["stale"] == 9
+            # Tokens for at most the 9 most recent buffers, and at most 8 M characters of them together.
+            assert stats["buffers"] == BUFFERS and 1 <= stats["indexed"] + stats["stale"] <= 9
     finally:
         daemon.stop()
