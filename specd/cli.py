@@ -142,8 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "body, the same with a twin in the workspace) in real source files, "
                                    "completed by the engine, post-processed as specd-lsp does, scored (exact "
                                    "first line, edit similarity, parses, stray whitespace, re-typed closers, "
-                                   "empty), per variant side by side: token healing on/off, each FIM layout the "
-                                   "family serves, repo context on/off.")
+                                   "empty, repeated lines, re-typed next lines), per variant side by side: token "
+                                   "healing on/off, each FIM layout the family serves, repo context on/off; and "
+                                   "per cursor kind, what each suggestion boundary (repeated line, suffix line, "
+                                   "block end, current line) cut and what that did to the scores.")
     _model_flags(p)
     p.add_argument("--corpus", metavar="DIR", help="source files (default: held-out stdlib modules)")
     p.add_argument("--kinds", help="comma-separated: fresh_line, line_end, mid_line, body_first, multi_file")
