@@ -155,14 +155,6 @@ def daemon(tmp_path_factory):
     d.stop()
 
 
-def _rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 def _first_reply(sock: socket.socket, timeout: float) -> list:
     """The first message the daemon sends back (the reset after its close keeps what came)."""
     sock.settimeout(timeout)
@@ -221,7 +213,7 @@ def test_the_daemon_refuses_an_amplification_frame_at_once_and_serves_others(dae
     frame = HOSTILE[name]()
     with daemon.client() as c:
         c.status()
-    before = _rss_mib(daemon.pid)
+    before = daemon.rss_mb()
     peak = before
     with PoliteClient(daemon) as polite:
         with raw_connect(daemon.socket_path, timeout=30) as sock:
@@ -231,9 +223,9 @@ def test_the_daemon_refuses_an_amplification_frame_at_once_and_serves_others(dae
             reply = _first_reply(sock, timeout=30)
             answered_s = time.monotonic() - started
             while sender.is_alive():
-                peak = max(peak, _rss_mib(daemon.pid))
+                peak = max(peak, daemon.rss_mb())
                 sender.join(0.01)
-        peak = max(peak, _rss_mib(daemon.pid))
+        peak = max(peak, daemon.rss_mb())
     assert reply[0] == 2 and reply[2][0]["code"] == "frame_too_large", reply
     assert answered_s < 1.0, f"answered after {answered_s:.2f} s"
     assert peak - before < 2 * len(frame) / MiB, f"RSS {before:.0f} -> {peak:.0f} MiB"
@@ -243,7 +235,7 @@ def test_the_daemon_refuses_an_amplification_frame_at_once_and_serves_others(dae
 
 def test_four_connections_of_amplification_frames_at_once(daemon):
     frame = flat_nils()
-    before = _rss_mib(daemon.pid)
+    before = daemon.rss_mb()
     with PoliteClient(daemon) as polite:
         socks = [raw_connect(daemon.socket_path, timeout=30) for _ in range(4)]
         try:
@@ -251,7 +243,7 @@ def test_four_connections_of_amplification_frames_at_once(daemon):
             for sender in senders:
                 sender.start()
             replies = [_first_reply(sock, timeout=30) for sock in socks]
-            peak = _rss_mib(daemon.pid)
+            peak = daemon.rss_mb()
             for sender in senders:
                 sender.join(30)
         finally:

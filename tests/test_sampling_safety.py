@@ -128,13 +128,10 @@ def test_every_accepted_option_map_completes(engine, sample_source, options, cut
 
 def test_the_extreme_request_over_the_real_daemon(daemon):
     """The request that ended in ``engine_error`` (no mass left for multinomial)."""
+    extremes = ({"temperature": 100, "top_p": 1e-300}, {"temperature": 1e-300, "top_p": 0.0},
+                {"temperature": 5e-324, "top_p": 5e-324, "seed": 2**63 - 1})
     with daemon.client() as client:
-        _complete_extremes(client)
-
-
-def _complete_extremes(client) -> None:
-    for options in ({"temperature": 100, "top_p": 1e-300}, {"temperature": 1e-300, "top_p": 0.0},
-                    {"temperature": 5e-324, "top_p": 5e-324, "seed": 2**63 - 1}):
-        result = client.complete(text="def add(a, b):\n    return ", cursor={"line": 1, "character": 11},
-                                 options={**options, "max_tokens": 6})
-        assert isinstance(result["text"], str), (options, result)
+        for options in extremes:
+            result = client.complete(text="def add(a, b):\n    return ", cursor={"line": 1, "character": 11},
+                                     options={**options, "max_tokens": 6})
+            assert isinstance(result["text"], str), (options, result)

@@ -96,11 +96,13 @@ class Run:
 class PromptIds(list):
     """Prompt token ids, and the text before the cursor that token healing cut from them: every
     method's output re-types it first (HF peers under ``prefix_allowed_tokens_fn``). ``chunks``
-    and ``path``: the repo-level context the prompt holds (specd methods ask with the same)."""
+    and ``path``: the repo-level context the prompt holds (specd methods ask with the same).
+    ``newline``: the document's line break, which the healing constraint keeps to."""
 
-    def __init__(self, ids=(), healed: str = "", chunks=(), path: str | None = None):
+    def __init__(self, ids=(), healed: str = "", chunks=(), path: str | None = None, newline: str = "\n"):
         super().__init__(ids)
         self.healed = healed
+        self.newline = newline
         self.chunks = list(chunks)
         self.path = path
 
@@ -154,7 +156,8 @@ class HfMethod:
             started = time.perf_counter()
             reused, cache_kwargs = self._prepare(item.doc, prompt_ids)  # part of the request's time
             # Token healing: the same constraint on the first tokens as specd's engine applies.
-            allowed = self.engine.healing_constraint(getattr(prompt_ids, "healed", ""), len(prompt_ids))
+            allowed = self.engine.healing_constraint(getattr(prompt_ids, "healed", ""), len(prompt_ids),
+                                                     getattr(prompt_ids, "newline", "\n"))
             out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_tokens,
                                   do_sample=False, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
                                   prefix_allowed_tokens_fn=allowed, **self.generate_kwargs, **cache_kwargs)
@@ -226,7 +229,7 @@ class LlamaCppMethod:
         self.slot = LlamaSlot(gguf_path, n_ctx=window + max_tokens + LOOKUP_TOKENS + 64, threads=threads,
                               lookup=lookup, kv_f32=engine.pair.dtype == torch.float32)
 
-    def _constraint(self, healed: str):
+    def _constraint(self, healed: str, newline: str):
         """Token healing's constraint on the first tokens, as every other method gets it."""
         if not healed:
             return None
@@ -234,7 +237,7 @@ class LlamaCppMethod:
 
         def allowed(generated: list[int]):
             rest = healing.remaining(healed, generated) if len(generated) <= len(healed) else ""
-            return healing.allowed(rest).numpy() if rest else None
+            return healing.allowed(rest, newline).numpy() if rest else None
 
         return allowed
 
@@ -247,7 +250,8 @@ class LlamaCppMethod:
         self.slot.llama.tokenize(text, add_bos=False, special=True)
         tokenize_ms = (time.perf_counter() - started) * 1000
         gen = self.slot.generate(list(prompt_ids), self.max_tokens, self.stop_ids,
-                                 self._constraint(getattr(prompt_ids, "healed", "")))
+                                 self._constraint(getattr(prompt_ids, "healed", ""),
+                                                  getattr(prompt_ids, "newline", "\n")))
         ms = (time.perf_counter() - started) * 1000
         sources = {}
         if self.slot.lookup is not None:

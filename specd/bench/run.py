@@ -155,7 +155,7 @@ def _prompt_ids(engine, item: Completion) -> PromptIds:
     requests as each specd method's document."""
     chunks, path = context_chunks(engine, item)
     prompt = engine.build_prompt(PROMPT_KEY.format(doc=item.doc), item.text, item.offset, chunks, path)
-    return PromptIds(prompt.ids, healed=prompt.healed, chunks=chunks, path=path)
+    return PromptIds(prompt.ids, healed=prompt.healed, chunks=chunks, path=path, newline=prompt.newline)
 
 
 def context_chunks(engine, item: Completion) -> tuple[list, str | None]:

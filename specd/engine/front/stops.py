@@ -10,7 +10,7 @@ being stripped as a text's implicit first space.
 
 from __future__ import annotations
 
-from specd.engine.front.boundaries import BoundaryRules, Surroundings, boundary, indent_width  # noqa: F401
+from specd.engine.front.boundaries import BoundaryRules, Surroundings, boundary
 from specd.engine.speculation.healing import foreign_break
 
 
