@@ -17,6 +17,10 @@ from specd.config import DEVICE_NAMES, ConfigError, load_config
 
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what `yes | head` reports for `yes`
+# specd.llamacpp.export.EXPORT_TYPES, spelled out so that building the parser imports nothing
+# heavy (tests/test_gguf_models.py keeps the two in step)
+GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q5_k_s", "q5_0", "q5_1", "q4_k_m", "q4_k_s",
+              "q4_0", "q4_1", "q3_k_m", "q2_k")
 
 DESCRIPTION = """\
 specd keeps a code model pair (target + draft) resident and answers fill-in-the-middle
@@ -30,8 +34,10 @@ variables, overridden by flags. `specd doctor` shows the effective values and th
 
 def _model_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
-    group.add_argument("--model", metavar="DIR_OR_ID", help="target model (local dir or hub id)")
-    group.add_argument("--draft-model", metavar="DIR_OR_ID", help="draft model sharing the target's tokenizer")
+    group.add_argument("--model", metavar="MODEL", help="target model: a local dir or hub id, a .gguf file, "
+                                                      "or ollama:NAME[:TAG] (the GGUF file Ollama pulled)")
+    group.add_argument("--draft-model", metavar="MODEL", help="draft model sharing the target's tokenizer "
+                                                            "(a .gguf file when the target is one)")
     group.add_argument("--device", help=f"torch device: {DEVICE_NAMES}")
     group.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weights dtype")
 
@@ -166,8 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "llama.cpp tokenizes a sample as transformers does.")
     _model_flags(p)
     p.add_argument("--out", metavar="DIR", help="output folder (default: $XDG_CACHE_HOME/specd/gguf)")
-    p.add_argument("--type", choices=("f32", "f16"), default="f32", dest="gguf_type",
-                   help="tensor type of the matrices in the file (default: f32)")
+    p.add_argument("--type", choices=GGUF_TYPES, default="f32", dest="gguf_type", metavar="TYPE",
+                   help="tensor type of the matrices in the file: f32 (default), f16, or one llama.cpp's "
+                        f"quantizer writes ({', '.join(GGUF_TYPES[2:])})")
     p.add_argument("--pre-tokenizer", metavar="NAME",
                    help="llama.cpp's pre-tokenizer name (qwen2, llama-bpe, gpt-2, starcoder, ...) when "
                         "it is not detected")

@@ -30,7 +30,7 @@ from specd.engine.caches import CacheStore, DocumentState, KVState, common_prefi
 from specd.engine.lookup import NgramIndex
 from specd.engine.forward.choose import choose_forward_path, llamacpp_forward
 from specd.engine.models import ModelPair, StartupTimes, load_pair
-from specd.engine.options import FORWARD_OPTIONS, EngineOptions, context_window
+from specd.engine.options import FORWARD_OPTIONS, EngineOptions
 from specd.engine.front.prompt import Prompt
 from specd.engine.speculation.sampling import SamplingParams
 from specd.engine.front.boundaries import rules_for, surroundings
@@ -78,12 +78,11 @@ class Engine(Fronted):
             times.add("imports", self.import_s)
             self.import_s = None  # a reload after ``release`` imports nothing
         times.seconds.update(pair.startup.seconds)
-        self.vocab_size = pair.target.get_output_embeddings().weight.shape[0]
+        self.vocab_size = pair.vocab_size()
         with times.step("healing table"):
             self.healing, self.healing_source = healing_vocabulary(pair.tokenizer, self.vocab_size, pair.tokenizer_hash)
         with times.step("prompts"):
-            self.front.install(pair.tokenizer, pair.target_name, context_window(pair.target_name, pair.target.config),
-                               healing=self.healing)
+            self.front.install(pair.tokenizer, pair.target_name, pair.window(), healing=self.healing)
             self.stop_ids = self.prompts.stop_ids()
         sources = {"target": pair.target_name, "draft": pair.draft_name}
         with times.step("forward paths"):
@@ -96,8 +95,7 @@ class Engine(Fronted):
         with times.step("forward costs"):
             self.planning = PlannerMemory(calibrate(
                 lambda: self._kv("target"), (lambda: self._kv("draft")) if pair.draft is not None else None,
-                min(m.get_input_embeddings().weight.shape[0] for m in (pair.target, pair.draft) if m is not None),
-                self._widest_verify(), pair.device))
+                pair.input_vocab(), self._widest_verify(), pair.device))
         log.info("forward costs: %s", self.planning.costs.describe())
         for path, _ in self.paths.values():  # which forwards to record is learnt from requests
             path.forget_uses()

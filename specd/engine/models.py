@@ -1,5 +1,6 @@
 """Loading a target + draft pair through AutoModelForCausalLM / AutoTokenizer, the tokenizer
-once, and what each step of the load took."""
+once, and what each step of the load took; or a pair of GGUF files, run by llama.cpp with its
+own tokenizer (``load_gguf_pair``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from specd.engine.types import ModelLoadError
+from specd.engine.options import context_window
+from specd.engine.types import ModelLoadError, UnsupportedModel
+from specd.llamacpp.gguf import is_gguf_name
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +61,11 @@ class StartupTimes:
 
 @dataclass
 class ModelPair:
-    target: PreTrainedModel
-    draft: PreTrainedModel | None
+    """The loaded pair. Each model is a transformers module, or a ``GgufModel`` (a GGUF file:
+    no module, llama.cpp's forward runs it; ``gguf``)."""
+
+    target: PreTrainedModel | "GgufModel"
+    draft: PreTrainedModel | "GgufModel" | None
     tokenizer: object
     target_name: str
     draft_name: str | None
@@ -68,17 +74,56 @@ class ModelPair:
     tokenizer_hash: str | None = None  # ``tokenizer_fingerprint`` of the target's files; None: unknown
     startup: StartupTimes = field(default_factory=StartupTimes)
 
+    @property
+    def gguf(self) -> bool:
+        """Whether the pair is GGUF files (then both models are ``GgufModel``s)."""
+        return is_gguf(self.target)
+
+    def vocab_size(self) -> int:
+        """Rows of the target's logits."""
+        return output_rows(self.target)
+
+    def input_vocab(self) -> int:
+        """Token ids every model of the pair embeds: the smaller embedding's rows."""
+        return min(self.target.vocab_size if is_gguf(m) else m.get_input_embeddings().weight.shape[0]
+                   for m in (self.target, self.draft) if m is not None)
+
+    def window(self) -> int | None:
+        """Positions the target attends to (``options.context_window``; a GGUF file's trained
+        context length)."""
+        if is_gguf(self.target):
+            return self.target.context_length
+        return context_window(self.target_name, self.target.config)
+
     def describe(self) -> dict:
         def params(model):
-            return sum(p.numel() for p in model.parameters()) if model is not None else 0
-        return {
+            if model is None:
+                return 0
+            return model.params if is_gguf(model) else sum(p.numel() for p in model.parameters())
+        dtype = f"gguf {self.target.file_type}" if self.gguf else str(self.dtype).removeprefix("torch.")
+        info = {
             "target": self.target_name,
             "draft": self.draft_name,
             "device": str(self.device),
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": dtype,
             "target_params": params(self.target),
             "draft_params": params(self.draft),
         }
+        if self.gguf:
+            info["gguf"] = {role: {"file": str(model.path), "type": model.file_type, "architecture": model.architecture}
+                            for role, model in (("target", self.target), ("draft", self.draft)) if model is not None}
+        return info
+
+
+def is_gguf(model) -> bool:
+    from specd.llamacpp.model import GgufModel
+
+    return isinstance(model, GgufModel)
+
+
+def output_rows(model) -> int:
+    """Rows of a model's logits (its output embedding's, or a GGUF file's vocabulary size)."""
+    return model.vocab_size if is_gguf(model) else model.get_output_embeddings().weight.shape[0]
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -215,7 +260,10 @@ def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str =
               trust_remote_code: bool = False) -> ModelPair:
     """The pair, with one tokenizer: the target's. The draft's is loaded only to compare
     vocabularies, and not at all when its tokenizer files are the target's own (the same
-    folder, or files of the same content)."""
+    folder, or files of the same content). A target that names a GGUF file (or an Ollama
+    model) loads as ``load_gguf_pair`` says."""
+    if is_gguf_name(target) or (draft and is_gguf_name(draft)):
+        return load_gguf_pair(target, draft, device, dtype)
     times = StartupTimes()
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -239,3 +287,50 @@ def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str =
         with times.step("draft model"):
             draft_model = load_model(draft, "draft", dev, dt, trust_remote_code)
     return ModelPair(target_model, draft_model, tokenizer, target, draft or None, dev, dt, fingerprint, times)
+
+
+def load_gguf_pair(target: str, draft: str | None, device: str = "auto", dtype: str = "auto") -> ModelPair:
+    """A pair of GGUF files (``*.gguf`` paths or ``ollama:NAME``), on the CPU, tokenized by
+    llama.cpp (``specd.llamacpp.tokenizer``): no torch weights; the forward is llama.cpp's.
+    The draft, if any, must be a GGUF file with the same vocabulary. One-line errors
+    (``UnsupportedModel``) for what cannot be served."""
+    from specd.llamacpp.gguf import GgufError
+    from specd.llamacpp.model import open_gguf
+    from specd.llamacpp.runtime import LlamaCppUnavailable
+
+    times = StartupTimes()
+    for role, name in (("target", target), ("draft", draft)):
+        if name and not is_gguf_name(name):
+            raise UnsupportedModel(f"model.{role} {name} is not a GGUF file, but the "
+                                   f"{'draft' if role == 'target' else 'target'} is: a pair is two GGUF files, "
+                                   "or two transformers models")
+    if device not in ("auto", "cpu"):
+        raise UnsupportedModel(f"model.device is {device!r}: GGUF models run on llama.cpp's CPU backend (set auto or cpu)")
+    if dtype != "auto":
+        log.warning("model.dtype %s is ignored for GGUF files: their tensor types are their own", dtype)
+
+    def open_one(name: str, role: str):
+        try:
+            with times.step(f"{role} model"):
+                return open_gguf(name)
+        except LlamaCppUnavailable as err:
+            raise ModelLoadError(f"{role} model {name}: {err}") from None
+        except GgufError as err:
+            raise UnsupportedModel(f"{role} model {name}: {err}") from None
+
+    target_model, tokenizer = open_one(target, "target")
+    draft_model = None
+    if draft:
+        draft_model, draft_tokenizer = open_one(draft, "draft")
+        with times.step("draft tokenizer check"):
+            if draft_tokenizer.fingerprint() != tokenizer.fingerprint():
+                raise ModelLoadError(f"target {target} and draft {draft} use different vocabularies "
+                                     f"({len(tokenizer)} vs {len(draft_tokenizer)} tokens); speculative decoding "
+                                     "needs a shared vocabulary")
+    with times.step("tokenizer"):
+        fingerprint = tokenizer.fingerprint()
+    log.info("loaded target %s (%s)%s", target, target_model.describe(),
+             f", draft {draft} ({draft_model.describe()})" if draft_model else "")
+    # dtype: the precision of the logits and of the KV cells llama.cpp keeps for specd (f32)
+    return ModelPair(target_model, draft_model, tokenizer, target, draft or None, target_model.device,
+                     torch.float32, fingerprint, times)

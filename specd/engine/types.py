@@ -20,6 +20,13 @@ class ModelLoadError(EngineError):
     code = "model_load_error"
 
 
+class UnsupportedModel(ModelLoadError):
+    """A model specd cannot serve as configured (a GGUF file's tensor type or architecture, a
+    pair of mixed formats): the configuration's to change, so the CLI exits 2 on it."""
+
+    code = "unsupported_model"
+
+
 @dataclass
 class ContextChunk:
     """Extra context for the prompt: another file's text (repo-level FIM formats)."""

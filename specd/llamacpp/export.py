@@ -308,9 +308,53 @@ def _special_ids(model_dir: Path, tokenizer_json: dict, config: dict) -> dict[st
     return ids
 
 
+# Types written through llama.cpp's own quantizer (``llama_model_quantize``) from an f32
+# export: the types users run (llama-server, Ollama, LM Studio), each as llama.cpp quantizes it.
+# A tensor whose rows do not split into the type's blocks (256 values for the K types) gets
+# llama.cpp's fallback type, as its ``llama-quantize`` does.
+QUANTIZED_TYPES = {"bf16": "BF16", "q8_0": "Q8_0", "q6_k": "Q6_K", "q5_k_m": "Q5_K_M", "q5_k_s": "Q5_K_S",
+                   "q5_0": "Q5_0", "q5_1": "Q5_1", "q4_k_m": "Q4_K_M", "q4_k_s": "Q4_K_S", "q4_0": "Q4_0",
+                   "q4_1": "Q4_1", "q3_k_m": "Q3_K_M", "q2_k": "Q2_K"}
+WRITTEN_TYPES = ("f32", "f16")
+EXPORT_TYPES = WRITTEN_TYPES + tuple(QUANTIZED_TYPES)
+
+
+def quantize_gguf(source: str | Path, out: str | Path, gguf_type: str, threads: int = 0) -> None:
+    """``out``: the GGUF file ``source`` quantized to ``gguf_type`` (a ``QUANTIZED_TYPES`` key)
+    by llama.cpp; whole (written to ``.partial``, renamed) or not at all."""
+    from specd.llamacpp.runtime import import_llama_cpp
+
+    if gguf_type not in QUANTIZED_TYPES:
+        raise ExportError(f"type {gguf_type!r}: choose one of {', '.join(EXPORT_TYPES)}")
+    llama_cpp = import_llama_cpp()
+    out = Path(out)
+    partial = out.with_name(out.name + ".partial")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{QUANTIZED_TYPES[gguf_type]}")
+    params.nthread = threads
+    try:
+        code = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params)
+        if code != 0:
+            raise ExportError(f"llama.cpp could not quantize {Path(source).name} to {gguf_type} (code {code})")
+        partial.replace(out)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
                 pre_tokenizer: str | None = None, progress: bool = False) -> ExportReport:
-    """Write ``model_dir`` (a Hugging Face folder) to the GGUF file ``out``."""
+    """Write ``model_dir`` (a Hugging Face folder) to the GGUF file ``out``: f32 or f16
+    matrices written here, any ``QUANTIZED_TYPES`` one by llama.cpp's quantizer from f32."""
+    if dtype in QUANTIZED_TYPES:
+        out = Path(out)
+        full = out.with_name(out.name + ".f32.partial")
+        try:
+            report = export_gguf(model_dir, full, dtype="f32", pre_tokenizer=pre_tokenizer, progress=progress)
+            quantize_gguf(full, out, dtype)
+        finally:
+            full.unlink(missing_ok=True)
+        return ExportReport(out, report.architecture, report.pre_tokenizer, report.tensors, report.vocab,
+                            out.stat().st_size)
     import gguf
     import torch
     from safetensors import safe_open
@@ -326,7 +370,7 @@ def export_gguf(model_dir: str | Path, out: str | Path, *, dtype: str = "f32",
     arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name)
     dtypes = {"f32": (np.float32, gguf.LlamaFileType.ALL_F32), "f16": (np.float16, gguf.LlamaFileType.MOSTLY_F16)}
     if dtype not in dtypes:
-        raise ExportError(f"dtype {dtype!r}: choose f32 or f16")
+        raise ExportError(f"type {dtype!r}: choose one of {', '.join(EXPORT_TYPES)}")
     np_dtype, file_type = dtypes[dtype]
 
     shape = _shape(config, model_type)  # refuses what llama.cpp's graph cannot run, before any work

@@ -1,13 +1,17 @@
 """Which forward path runs a model: the lean static-cache forward where it serves the model
-exactly, else transformers' own; llama.cpp's kernels when ``engine.forward_backend`` asks."""
+exactly, else transformers' own; llama.cpp's kernels when ``engine.forward_backend`` asks, and
+always for a model given as a GGUF file (it has no torch weights)."""
 
 from __future__ import annotations
 
 import torch
 
 from specd.engine.forward.transformers import HFForward
-from specd.engine.models import ModelPair
+from specd.engine.models import ModelPair, is_gguf
 from specd.engine.options import EngineOptions, context_window
+
+GGUF_WINDOW = 4096  # cells per sequence for a GGUF file that names no trained context length
+WINDOW_ROUND = 256
 
 
 def choose_forward_path(model, options: EngineOptions):
@@ -17,6 +21,8 @@ def choose_forward_path(model, options: EngineOptions):
     transformers' own (why says what stands in the way)."""
     from specd.engine.forward.lean import LeanForward, unsupported_reason
 
+    if is_gguf(model):
+        return gguf_forward(model, options), None
     if not options.fast_forward:
         return HFForward(model), "engine.fast_forward is off"
     reason = unsupported_reason(model)
@@ -38,6 +44,8 @@ def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions
     from specd.llamacpp.export import cached_gguf
     from specd.engine.forward.llamacpp import LlamaCppForward
 
+    if is_gguf(model):
+        return gguf_forward(model, options)
     if pair.device.type != "cpu":
         raise ValueError(f"the llama.cpp forward runs on the CPU, the models are on {pair.device}")
     model_type = getattr(model.config, "model_type", None)
@@ -63,4 +71,23 @@ def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions
             path.use_torch_prefill(LeanForward(model, transposed_weights="off"))
         else:
             path.prefill_note = f"prefills on llama.cpp: no lean torch forward for this model ({reason})"
+    return path
+
+
+def gguf_forward(model, options: EngineOptions):
+    """A ``LlamaCppForward`` on the GGUF file a ``GgufModel`` was loaded from, as it is (its own
+    tensor types), K/V in f32 as the bench's ``llamacpp`` peer keeps them. Every forward runs
+    on llama.cpp, prefill included: there are no torch weights to prefill with.
+
+    Each sequence gets the cells a request can fill (the prompt budgets, the completion, the
+    widest verify), not the model's whole trained context: real GGUF files declare 32k-128k
+    positions, and cells are allocated up front for every sequence."""
+    from specd.engine.forward.llamacpp import LlamaCppForward
+
+    needed = (options.prefix_tokens + options.suffix_tokens + options.context_tokens + options.max_tokens
+              + 2 * max(options.lookup_max, options.draft_max) + 64)
+    window = min(model.context_length or GGUF_WINDOW, -(-needed // WINDOW_ROUND) * WINDOW_ROUND)
+    path = LlamaCppForward(model.path, budget_bytes=options.cache_budget_mb << 20, window=window,
+                           threads=torch.get_num_threads(), kv_bytes=4, about=model.describe())
+    path.prefill_note = "every forward on llama.cpp (a GGUF file has no torch weights)"
     return path

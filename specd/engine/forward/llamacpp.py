@@ -64,7 +64,8 @@ class LlamaCppForward(BasicPath):
     name = "llamacpp"
 
     def __init__(self, gguf_path: str | Path, *, budget_bytes: int, window: int, threads: int = 1,
-                 sequences: int = MAX_SEQUENCES, kv_bytes: int = 4):
+                 sequences: int = MAX_SEQUENCES, kv_bytes: int = 4, about: str = ""):
+        """``about``: what the file is, for ``description`` (a GGUF model's type and size)."""
         llama_cpp = import_llama_cpp()
         from llama_cpp import _internals as internals
 
@@ -96,6 +97,7 @@ class LlamaCppForward(BasicPath):
         self.n_vocab = self._model.n_vocab()
         self.cells = cells
         self.path = str(gguf_path)
+        self.about = about
         self.sequences = sequences
         self._free = list(range(sequences - 1, -1, -1))
         self._lock = threading.Lock()  # the free list: finalizers may run on any thread
@@ -105,7 +107,9 @@ class LlamaCppForward(BasicPath):
     @property
     def description(self) -> str:
         """What ``specd doctor`` says of this path."""
-        parts = [f"llama.cpp on {Path(self.path).name}, {self.sequences} sequences of {self.cells // self.sequences} cells"]
+        about = f" ({self.about})" if self.about else ""
+        parts = [f"llama.cpp on {Path(self.path).name}{about}, {self.sequences} sequences of "
+                 f"{self.cells // self.sequences} cells"]
         if self.prefill_note:
             parts.append(self.prefill_note)
         return ", ".join(parts)
