@@ -53,7 +53,7 @@ def complete_locally(cfg, text: str, offset: int, path: Path, options: dict[str,
 
 
 def run_complete(args, cfg) -> int:
-    from specd.engine.types import EngineError
+    from specd.engine.types import EngineError, UnsupportedModel
 
     path = Path(args.file)
     try:
@@ -97,7 +97,7 @@ def run_complete(args, cfg) -> int:
             result["via"] = "local"
     except EngineError as err:
         print(f"specd: {err}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE if isinstance(err, UnsupportedModel) else EXIT_FAILED  # the model's config is the user's to fix
     if args.json:
         json.dump(result, sys.stdout)
         sys.stdout.write("\n")

@@ -73,7 +73,7 @@ def run_doctor(args, cfg) -> int:
         return 0 if ok else 1
     Engine = _timed_import(imports, "specd.engine.engine").Engine
     from specd.engine.options import EngineOptions
-    from specd.engine.types import EngineError
+    from specd.engine.types import EngineError, UnsupportedModel
 
     started = time.monotonic()
     try:
@@ -82,11 +82,12 @@ def run_doctor(args, cfg) -> int:
         engine.ensure_loaded()
     except EngineError as err:
         print(f"  FAILED: {err}")
-        return 1
+        return 2 if isinstance(err, UnsupportedModel) else 1
     info = engine.stats()["models"]
-    print(f"  target: {info['target']} ({info['target_params'] / 1e6:.1f}M params)")
+    gguf = info.get("gguf") or {}
+    print(f"  target: {info['target']} ({info['target_params'] / 1e6:.1f}M params{_gguf_note(gguf.get('target'))})")
     if info["draft"]:
-        print(f"  draft:  {info['draft']} ({info['draft_params'] / 1e6:.1f}M params)")
+        print(f"  draft:  {info['draft']} ({info['draft_params'] / 1e6:.1f}M params{_gguf_note(gguf.get('draft'))})")
     else:
         print("  draft:  none (prompt lookup drafting only)")
     print(f"  device {info['device']}, dtype {info['dtype']}, FIM family {engine.template.name} "
@@ -104,6 +105,13 @@ def run_doctor(args, cfg) -> int:
         print(f"    {line}")
     print("  OK")
     return 0
+
+
+def _gguf_note(file: dict | None) -> str:
+    """What a GGUF model is, beside its name: its type, architecture and whose tokenizer runs it."""
+    if not file:
+        return ""
+    return f"; a GGUF file, {file['type']}, llama.cpp architecture {file['architecture']}, llama.cpp's tokenizer"
 
 
 def startup_lines(steps: dict[str, float], imports: dict[str, float], healing_source: str) -> list[str]:

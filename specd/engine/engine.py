@@ -398,6 +398,8 @@ class Engine(Fronted):
     def stats(self) -> dict[str, Any]:
         pair = self.pair
         info = pair.describe() if pair else {"target": self.options.target or "demo", "draft": self.options.draft}
+        if pair is not None:  # which forward runs each model, where only "models" is passed on (daemon status)
+            info["forward"] = {role: path.name for role, (path, _) in self.paths.items()}
         with self._lock:
             acceptance = {name: {"proposed": s.proposed, "accepted": s.accepted, "rate": round(s.rate, 4)}
                           for name, s in self.totals.items()}

@@ -106,8 +106,19 @@ def _why_not(path: Path, header: GgufHeader, errors: list[str]) -> str:
                 f"llama-cpp-python {version}'s llama.cpp cannot load (it loads f32, f16, bf16 and the quantized "
                 "types of today's llama.cpp: Q8_0, Q4_0, Q4_K_M ...)")
     said = next((e for e in reversed(errors) if "architecture" in e), None) or (errors[-1] if errors else "")
-    if "architecture" in said:
+    if "architecture" in said or header.architecture not in _known_architectures():
         return (f"{path.name}: architecture {header.architecture!r} is not one llama-cpp-python {version}'s "
                 f"llama.cpp runs ({said.removeprefix('llama_model_load: error loading model: ')})")
     reason = said.removeprefix("llama_model_load: error loading model: ") or "no reason given"
     return f"{path.name}: llama-cpp-python {version}'s llama.cpp cannot load it: {reason}"
+
+
+def _known_architectures() -> set[str]:
+    """The architectures llama.cpp's own GGUF library (gguf-py) names: llama.cpp's log, which
+    would say it, is not always delivered while a load fails."""
+    try:
+        import gguf
+
+        return set(gguf.MODEL_ARCH_NAMES.values())
+    except ImportError:
+        return set()
