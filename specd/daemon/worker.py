@@ -272,10 +272,12 @@ class ModelWorker:
             self._end(job, result)
 
     def _next_job(self) -> Job:
-        """The started job to step next: interactive before batch, then the lane that has had
-        the least model time lately, then the job that began first."""
+        """The started job to step next: a cancelled one first (its step ends it, freeing what it
+        holds), then interactive before batch, then the lane that has had the least model time
+        lately, then the job that began first."""
         now = time.monotonic()
-        return min(self.started, key=lambda job: (job.batch, self._lane_seconds(job.lane, now), job.started_at))
+        return min(self.started, key=lambda job: (not job.cancel.is_set(), job.batch,
+                                                  self._lane_seconds(job.lane, now), job.started_at))
 
     def _lane_seconds(self, lane: int, now: float) -> float:
         spent, when = self._lane_time.get(lane, (0.0, now))
