@@ -23,12 +23,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.framing import READ_CHUNK
 from specd.protocol.messages import Notification
-from specd.protocol.methods import ERROR_NOTIFICATION, Method
+from specd.protocol.methods import ERROR_NOTIFICATION, PROGRESS_NOTIFICATION, Method
 from specd.protocol.session import Session
 
 # Replies can carry long completions plus stats; the client side allows more than a request.
@@ -58,12 +58,17 @@ def _params(**values: Any) -> dict[str, Any]:
 class _Methods:
     """The daemon's methods as calls; ``request`` is sync in Client, a coroutine in AsyncClient."""
 
-    def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+    def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None,
+                on_progress: Callable[[dict[str, Any]], None] | None = None) -> Any:
+        """Send ``method`` and wait for its result; ``on_progress`` gets the request's
+        ``progress`` notifications' params until then."""
         raise NotImplementedError
 
     def hello(self, client: str = "specd.client", token: str | None = None, errors: str | None = None,
-              timeout: float | None = 10.0):
-        return self.request(Method.HELLO.value, _params(client=client, token=token, errors=errors), timeout)
+              timeout: float | None = 10.0, batch: bool | None = None):
+        """Introduce this client; ``batch`` marks its completes as batch work (they yield to
+        editors' typing)."""
+        return self.request(Method.HELLO.value, _params(client=client, token=token, errors=errors, batch=batch), timeout)
 
     def open_document(self, uri: str, text: str, version: int = 0, language: str | None = None,
                       timeout: float | None = 30.0):
@@ -81,10 +86,14 @@ class _Methods:
 
     def complete(self, uri: str | None = None, cursor: Any = None, *, text: str | None = None,
                  options: dict[str, Any] | None = None, extra_context: list[dict[str, str]] | None = None,
-                 path: str | None = None, encoding: str | None = None, timeout: float | None = 300.0):
+                 path: str | None = None, encoding: str | None = None, timeout: float | None = 300.0,
+                 stream: Callable[[dict[str, Any]], None] | None = None, batch: bool | None = None):
+        """A completion. With ``stream``, it is called with each ``progress`` notification's
+        params ({msgid, text, tail, tokens}: the settled lines so far) before the result comes
+        (on the client's loop thread for ``Client``). ``batch`` marks it batch work."""
         params = _params(uri=uri, cursor=cursor, text=text, options=options, extra_context=extra_context,
-                         path=path, encoding=encoding)
-        return self.request(Method.COMPLETE.value, params, timeout)
+                         path=path, encoding=encoding, stream=True if stream is not None else None, batch=batch)
+        return self.request(Method.COMPLETE.value, params, timeout, on_progress=stream)
 
     def cancel(self, msgid: int | None = None, uri: str | None = None, timeout: float | None = 10.0):
         return self.request(Method.CANCEL.value, _params(msgid=msgid, uri=uri), timeout)
@@ -114,6 +123,7 @@ class Client(_Methods):
         self.sock = sock
         self.server_error: RpcError | None = None  # last specd/error notification (why we were refused)
         self.notifications: list[Notification] = []
+        self._progress: dict[int, Callable[[dict[str, Any]], None]] = {}  # msgid -> a streamed complete's listener
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="specd-client-loop", daemon=True)
         self._thread.start()
@@ -146,6 +156,9 @@ class Client(_Methods):
         self._runner.add_done_callback(lambda _: self._loop.call_later(0.1, self._loop.stop))
 
     def _on_notification(self, note: Notification) -> None:
+        if note.method == PROGRESS_NOTIFICATION:
+            _progress(self._progress, note)
+            return
         if note.method == ERROR_NOTIFICATION:
             self.server_error = RpcError.from_wire(note.params)
             self.session.close_reason = self.server_error
@@ -197,20 +210,24 @@ class Client(_Methods):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def send_request(self, method: str, params: dict[str, Any] | None = None) -> tuple[int, concurrent.futures.Future[Any]]:
+    def send_request(self, method: str, params: dict[str, Any] | None = None,
+                     on_progress: Callable[[dict[str, Any]], None] | None = None
+                     ) -> tuple[int, concurrent.futures.Future[Any]]:
         """Send without waiting: (msgid, future). For concurrent requests and ``cancel(msgid)``."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         name = str(method.value if isinstance(method, Method) else method)
 
         async def send() -> int:
             msgid, answer = self.session.send_request(name, params)
+            _listen(self._progress, msgid, answer, on_progress)
             answer.add_done_callback(lambda done: _copy_outcome(done, future))
             return msgid
 
         return self._call(send()), future
 
-    def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
-        msgid, future = self.send_request(method, params)
+    def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None,
+                on_progress: Callable[[dict[str, Any]], None] | None = None) -> Any:
+        msgid, future = self.send_request(method, params, on_progress)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
@@ -256,6 +273,21 @@ class Client(_Methods):
             self._thread.join(2)
 
 
+def _listen(listeners: dict[int, Callable[[dict[str, Any]], None]], msgid: int, answer: asyncio.Future[Any],
+            on_progress: Callable[[dict[str, Any]], None] | None) -> None:
+    """Route ``msgid``'s progress notifications to ``on_progress`` until its answer comes."""
+    if on_progress is not None:
+        listeners[msgid] = on_progress
+        answer.add_done_callback(lambda _: listeners.pop(msgid, None))
+
+
+def _progress(listeners: dict[int, Callable[[dict[str, Any]], None]], note: Notification) -> None:
+    params = note.params if isinstance(note.params, dict) else {}
+    listener = listeners.get(params.get("msgid"))  # type: ignore[arg-type]
+    if listener is not None:
+        listener(params)
+
+
 def _copy_outcome(source: asyncio.Future[Any], target: concurrent.futures.Future[Any]) -> None:
     if target.done():
         return
@@ -275,6 +307,7 @@ class AsyncClient(_Methods):
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.server_error: RpcError | None = None
+        self._progress: dict[int, Callable[[dict[str, Any]], None]] = {}  # msgid -> a streamed complete's listener
         self.session = Session(
             reader, writer, max_frame_bytes=CLIENT_MAX_FRAME, on_notification=self._on_notification, name="client"
         )
@@ -301,15 +334,30 @@ class AsyncClient(_Methods):
         return client
 
     def _on_notification(self, note: Notification) -> None:
-        if note.method == ERROR_NOTIFICATION:
+        if note.method == PROGRESS_NOTIFICATION:
+            _progress(self._progress, note)
+        elif note.method == ERROR_NOTIFICATION:
             self.server_error = RpcError.from_wire(note.params)
             self.session.close_reason = self.server_error
 
-    async def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
-        return await self.session.request(str(method.value if isinstance(method, Method) else method), params, timeout)
+    async def request(self, method: str, params: dict[str, Any] | None = None, timeout: float | None = None,
+                      on_progress: Callable[[dict[str, Any]], None] | None = None) -> Any:
+        name = str(method.value if isinstance(method, Method) else method)
+        if on_progress is None:
+            return await self.session.request(name, params, timeout)
+        msgid, answer = self.send_request(name, params, on_progress)
+        try:
+            return await asyncio.wait_for(answer, timeout)
+        except asyncio.TimeoutError:
+            raise RpcError(ErrorCode.TIMEOUT, f"no answer to {name} within {timeout} s") from None
+        finally:
+            self.session.forget(msgid)
 
-    def send_request(self, method: str, params: dict[str, Any] | None = None) -> tuple[int, asyncio.Future[Any]]:
-        return self.session.send_request(str(method.value if isinstance(method, Method) else method), params)
+    def send_request(self, method: str, params: dict[str, Any] | None = None,
+                     on_progress: Callable[[dict[str, Any]], None] | None = None) -> tuple[int, asyncio.Future[Any]]:
+        msgid, answer = self.session.send_request(str(method.value if isinstance(method, Method) else method), params)
+        _listen(self._progress, msgid, answer, on_progress)
+        return msgid, answer
 
     async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
         await self.session.notify(str(method.value if isinstance(method, Method) else method), params)

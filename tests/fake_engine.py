@@ -117,6 +117,12 @@ class SlowCapableEngine:
         hold_if_slow(req, text, cancel)
         return self._engine.complete(req, cancel)
 
+    def complete_steps(self, req: CompletionRequest, cancel: threading.Event | None = None):
+        """The real engine's steps, after the same hold (which holds the worker, as a long
+        forward would)."""
+        hold_if_slow(req, req.text if req.text is not None else "", cancel)
+        return (yield from self._engine.complete_steps(req, cancel))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 

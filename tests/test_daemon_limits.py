@@ -202,7 +202,7 @@ def test_queue_serves_connections_in_turn():
         return [job.label for job in submitted]
 
     order = asyncio.run(main())
-    assert order.index("b0") == scheduler_module.WORKER_DEPTH  # right after what the worker already had
+    assert order.index("b0") == 1  # the worker holds one job per connection: b0 joins a0 there
     assert sorted(order) == sorted([f"a{n}" for n in range(40)] + ["b0"])
 
 
@@ -245,14 +245,15 @@ def test_cancelled_jobs_leave_the_queue_with_what_they_hold():
 def test_queue_bounds_count_and_text_per_connection():
     async def main() -> None:
         queue = CompletionQueue(lambda job: None, max_queued_chars=1000, max_per_connection=4)
-        for number in range(scheduler_module.WORKER_DEPTH + 4):
+        for number in range(1 + 4):  # one in the worker, four waiting
             queue.put(1, _job(f"a{number}"), 10)
         with pytest.raises(RpcError) as info:
             queue.put(1, _job("one too many"), 10)
         assert info.value.code == ErrorCode.BUSY.value
-        queue.put(2, _job("b0"), 900)  # another connection is not affected
+        queue.put(2, _job("b0"), 10)  # another connection is not affected: b0 goes to the worker
+        queue.put(2, _job("b1"), 900)
         with pytest.raises(RpcError) as info:
-            queue.put(2, _job("b1"), 200)
+            queue.put(2, _job("b2"), 200)
         assert info.value.code == ErrorCode.BUSY.value and "characters" in info.value.message
 
     asyncio.run(main())

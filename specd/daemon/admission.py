@@ -58,6 +58,7 @@ class Connection:
     authenticated: bool = True  # TCP connections start False until hello presents the token
     pending: bool = True  # not a client yet: no complete message (Unix), not authenticated (TCP)
     client: str = ""
+    batch: bool = False  # its completes are batch work unless a complete says otherwise
     jobs: dict[int, Job] = field(default_factory=dict)  # msgid -> running complete
 
 

@@ -3,17 +3,18 @@ fake engines) fulfil. The daemon's loop calls none of it; the model worker and t
 mirror do, on their threads.
 
 ``CompletionEngine`` is required. The rest is optional, each a protocol of its own that an
-engine offers by defining its method: ``CorpusEngine`` (workspace files for lookup) and the
+engine offers by defining its method: ``SteppedEngine`` (completions the worker can interleave
+and stream), ``CorpusEngine`` (workspace files for lookup) and the
 idle work the worker runs between jobs (``idle_work``, in priority order). An engine that
 defines none of them has no idle work; the worker checks with ``isinstance``."""
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Generator, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from specd.engine.types import CompletionRequest, CompletionResult
+    from specd.engine.types import CompletionRequest, CompletionResult, Progress
 
 
 @runtime_checkable
@@ -31,6 +32,22 @@ class CompletionEngine(Protocol):
     def release(self) -> None: ...
 
     def ensure_loaded(self) -> None: ...
+
+
+@runtime_checkable
+class SteppedEngine(Protocol):
+    """An engine whose completions run step by step, so the worker can interleave them."""
+
+    def complete_steps(self, req: CompletionRequest, cancel: threading.Event | None = None
+                       ) -> Generator[Progress, None, CompletionResult]: ...
+
+
+def completion_steps(engine: CompletionEngine, req: CompletionRequest,
+                     cancel: threading.Event) -> Generator[Progress, None, CompletionResult]:
+    """``req`` on ``engine`` as steps: the engine's own where it has them, else one step."""
+    if isinstance(engine, SteppedEngine):
+        return (yield from engine.complete_steps(req, cancel))
+    return engine.complete(req, cancel)
 
 
 @runtime_checkable

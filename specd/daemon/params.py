@@ -276,6 +276,7 @@ MAX_MSGID = 2**32 - 1
 class HelloParams:
     client: str
     errors: str  # one of ERROR_FORMATS
+    batch: bool = False  # this connection's completes are batch work (bench, eval, scripts)
 
 
 def hello_token(params: dict[str, Any]) -> str | None:
@@ -289,7 +290,7 @@ def parse_hello(params: dict[str, Any]) -> HelloParams:
     errors = params.get("errors", "map")
     if errors not in ERROR_FORMATS:
         raise param_error(f"errors must be one of {', '.join(ERROR_FORMATS)}")
-    return HelloParams(client if isinstance(client, str) else "", errors)
+    return HelloParams(client if isinstance(client, str) else "", errors, bool(get_bool(params, "batch")))
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,8 @@ class CompleteParams:
     path: str | None
     extra_context: list[ChunkParams] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)  # CompletionRequest keyword arguments
+    stream: bool = False  # send the settled lines as they come (``progress`` notifications)
+    batch: bool | None = None  # batch work (None: as the connection's hello said)
 
 
 def parse_complete(params: dict[str, Any]) -> CompleteParams:
@@ -375,7 +378,8 @@ def parse_complete(params: dict[str, Any]) -> CompleteParams:
         chunk_text = get_str(item, "text")
         chunks.append(ChunkParams(path=get_uri(item, "path"), text=chunk_text))
     return CompleteParams(uri, text, cursor, get_uri(params, "path", required=False), chunks,
-                          completion_options(params.get("options")))
+                          completion_options(params.get("options")), bool(get_bool(params, "stream")),
+                          get_bool(params, "batch"))
 
 
 @dataclass(frozen=True)

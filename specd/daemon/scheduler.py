@@ -1,17 +1,18 @@
 """Completions waiting for the model: bounded, fair between connections, dropped when moot.
 
-The model worker runs one job at a time. Jobs wait here, not in the worker's queue, so that
+Jobs wait here, not in the worker's queue, so that
 
 - a job cancelled or superseded while waiting leaves at once, and its text with it (a job in
   the worker's queue would keep its request alive until the worker reached it);
-- connections are served in turn: the next job comes from the connection served longest ago
-  (one that has not been served yet comes first), so a client with 64 queued completes delays
-  another's single complete by the jobs already handed to the worker, not by 64;
+- each connection has at most one job in the worker, and the worker interleaves the jobs it
+  holds step by step (``worker``): a client with 64 queued completes delays another's single
+  complete by a few of its steps, not by 64 jobs;
+- the next job handed over comes from a connection with none in the worker, interactive before
+  batch, then the connection served longest ago (one not served yet comes first);
 - what one connection may have waiting is bounded in count and in text.
 
-The worker is handed one job at a time (``WORKER_DEPTH``): the next is chosen when the last
-is done, so a newly arrived connection waits for the running job only. The price is a short gap
-between queued jobs (the hop back to the event loop, or one slice of the worker's idle work).
+The worker holds at most ``WORKER_DEPTH`` jobs, each with its document's state; beyond that,
+connections wait here in turn.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from specd.protocol.errors import ErrorCode, RpcError
 
 log = logging.getLogger("specd.daemon")
 
-WORKER_DEPTH = 1
+WORKER_DEPTH = 8  # jobs the worker holds at once, one per connection (each holds a KV state)
 MAX_QUEUED_PER_CONNECTION = 16
 
 
@@ -61,6 +62,7 @@ class CompletionQueue:
         if waiting and self._lane_chars[lane] + chars > self.max_queued_chars:
             raise RpcError(ErrorCode.BUSY, f"completions waiting on this connection already hold {self._lane_chars[lane]} "
                                            f"characters of text (the limit is {self.max_queued_chars})")
+        job.lane = lane
         self._lanes.setdefault(lane, collections.deque()).append(job)
         self._waiting[job] = (lane, chars)
         self._lane_chars[lane] += chars
@@ -95,9 +97,14 @@ class CompletionQueue:
             del self._lane_chars[lane]
 
     def _next(self) -> Job | None:
-        """The next live job, from the connection served longest ago."""
-        while self._lanes:
-            lane = min(self._lanes, key=lambda key: self._served.get(key, -1))
+        """The next live job: from a connection with none in the worker, interactive before
+        batch, then the connection served longest ago."""
+        busy = {job.lane for job in self._in_worker}
+        while True:
+            lanes = [lane for lane in self._lanes if lane not in busy]
+            if not lanes:
+                return None
+            lane = min(lanes, key=lambda key: (self._lanes[key][0].batch, self._served.get(key, -1)))
             waiting = self._lanes[lane]
             job = waiting.popleft()
             self._forget(lane, job)
@@ -109,7 +116,6 @@ class CompletionQueue:
                 if len(self._served) > 4 * len(self._lanes) + 64:  # forget connections long gone
                     self._served = {key: tick for key, tick in self._served.items() if key in self._lanes}
                 return job
-        return None
 
     def _pump(self) -> None:
         self._in_worker = {job for job in self._in_worker if not job.future.done()}
@@ -128,7 +134,7 @@ class CompletionQueue:
             # queue until then. Drop what it would have run (its request, with the text) now.
             for job in list(self._in_worker):
                 if job.future is future:
-                    job.fn = _skipped
+                    job.fn, job.steps, job.on_step = _skipped, None, None
         loop = self._loop
         if loop is None or loop.is_closed():
             return

@@ -1,8 +1,18 @@
 """The one thread that does model work, and the thread that mirrors buffers into the engine.
 
-``ModelWorker`` owns the engine: it loads it, runs jobs one at a time in arrival order,
-releases the models after an idle period and reloads them for the next job. The event loop
-only submits jobs and awaits their futures, so it never blocks on the model.
+``ModelWorker`` owns the engine: it loads it, runs jobs, releases the models after an idle
+period and reloads them for the next job. The event loop only submits jobs and awaits their
+futures, so it never blocks on the model.
+
+Jobs run interleaved, step by step. A job with ``steps`` is a generator that yields between its
+steps (a completion: after each prefill piece and each decode step, ``Engine.complete_steps``);
+the worker keeps every started one and, after each step, runs the next step of the job whose
+*lane* (the connection that asked) has had the least model time lately (an exponentially decayed
+sum, half-life ``LANE_HALF_LIFE_S``), interactive work before batch work. So a 32-token request
+from one editor runs to its end while another client's 4,096-token job waits between two of its
+steps, and two long jobs share the model in turns. Each job works on its own document's state;
+time a job spends suspended is not charged to its time budget (``speculation.loop``). A job
+with only ``fn`` runs to its end in one go.
 
 Between jobs the worker gives the engine idle time in short slices (``BACKGROUND_SLICE_S``),
 running the idle work the engine declares (``engine_api.idle_work``, in priority order):
@@ -11,11 +21,12 @@ running the idle work the engine declares (``engine_api.idle_work``, in priority
 never does that for a large one), ``index_pending_corpus`` tokenizes workspace files,
 ``warm_context`` prefills a document's cache with a new set of context chunks. A job that
 arrives waits one slice at most; ``wake`` (the workspace watcher fed the engine) starts the
-slices without a job.
+slices without a job. Idle work never runs while a job is started: it would move the caches
+under it.
 
 A job carries a ``threading.Event`` the engine polls between decoding steps; setting it
-(``cancel``/supersede/disconnect/shutdown) makes ``engine.complete`` raise ``Cancelled``. A job
-cancelled before it starts never reaches the engine: its future is cancelled at once.
+(``cancel``/supersede/disconnect/shutdown) makes the job raise ``Cancelled`` at its next step. A
+job cancelled before it starts never reaches the engine: its future is cancelled at once.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 from specd.daemon.engine_api import idle_work
 from specd.daemon.heap import ClosedMemory
@@ -44,13 +55,19 @@ STOPPED = "stopped"
 EngineFactory = Callable[[], Any]
 
 BACKGROUND_SLICE_S = 0.02  # idle work per slice: the longest a new job waits for it
+LANE_HALF_LIFE_S = 2.0  # how fast a lane's model time is forgotten when choosing the next step
 
 
 @dataclass(eq=False)
 class Job:
-    fn: Callable[[Any, threading.Event], Any]  # (engine, cancel) -> result
+    fn: Callable[[Any, threading.Event], Any] | None = None  # (engine, cancel) -> result, in one go
+    steps: Callable[[Any, threading.Event], Generator[Any, None, Any]] | None = None  # or step by step
+    on_step: Callable[[Any], None] | None = None  # what each step yields, on the worker thread
     label: str = "job"
     key: str | None = None  # the document it works on, for supersede
+    lane: int = 0  # who asked (a connection): the worker shares model time between lanes
+    batch: bool = False  # batch work runs only when no interactive step is waiting
+    model_s: float = 0.0  # model time it has had so far
     cancel: threading.Event = field(default_factory=threading.Event)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     cancel_reason: str = ""
@@ -88,7 +105,10 @@ class ModelWorker:
         self.engine: Any = None
         self.state = STARTING
         self.load_error: BaseException | None = None
-        self.current: Job | None = None
+        self.current: Job | None = None  # the job whose step runs now (or ran last, until it ends)
+        self.started: list[Job] = []  # jobs begun and not ended, in the order they began
+        self._steps: dict[Job, Generator[Any, None, Any]] = {}
+        self._lane_time: dict[int, tuple[float, float]] = {}  # lane -> (decayed model seconds, as of when)
         self.loaded_at: float | None = None
         self.last_activity = time.monotonic()
         self.load_seconds: float | None = None
@@ -112,7 +132,7 @@ class ModelWorker:
             return sum(1 for item in self._queue.queue if isinstance(item, Job) and not item.future.done())
 
     def stop(self, timeout: float | None = None) -> None:
-        """Finish the running job, fail the queued ones (their futures are cancelled), stop."""
+        """Finish the started jobs, fail the queued ones (their futures are cancelled), stop."""
         self.fail_queued(self.load_error if self.state == FAILED else None)
         self._queue.put(_STOP)
         if self._thread.is_alive():
@@ -189,21 +209,35 @@ class ModelWorker:
             return
         self.last_activity = time.monotonic()
         background = True
-        while True:
-            try:
-                item = self._queue.get(timeout=0 if background else self._poll_interval())
-            except queue.Empty:
-                self._maybe_unload()
-                background = self.state == READY and self._background()
-                continue
-            if item is _STOP:
+        stopping = False
+        while not stopping or self._steps:
+            items = []
+            if self._steps:  # started jobs: take what arrived, never wait
+                while True:
+                    try:
+                        items.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+            elif stopping:
                 break
-            if item is _WAKE:
-                background = True
-                continue
-            self._run_job(item)
-            self.last_activity = time.monotonic()
-            background = True  # a completion may have moved the cursor to where new context belongs
+            else:
+                try:
+                    items.append(self._queue.get(timeout=0 if background else self._poll_interval()))
+                except queue.Empty:
+                    self._maybe_unload()
+                    background = self.state == READY and self._background()
+                    continue
+            for item in items:
+                if item is _STOP:
+                    stopping = True
+                elif item is _WAKE:
+                    background = True
+                else:
+                    self._begin(item)
+            if self._steps:
+                self._step(self._next_job())
+                self.last_activity = time.monotonic()
+                background = True  # a completion may have moved the cursor to where new context belongs
         self._set_state(STOPPED)
 
     def _background(self) -> bool:
@@ -218,19 +252,73 @@ class ModelWorker:
                 return False
         return False
 
-    def _run_job(self, job: Job) -> None:
+    def _begin(self, job: Job) -> None:
+        """Start ``job``: a job in one go runs to its end now; a stepped one is kept."""
         if not job.future.set_running_or_notify_cancel():
             return  # cancelled while queued; its caller has its answer already
         job.started_at = time.monotonic()
         self.current = job
         try:
             self._ensure_loaded()
-            result = job.fn(self.engine, job.cancel)
+            if job.steps is None:
+                result = job.fn(self.engine, job.cancel)
+            else:
+                self._steps[job] = job.steps(self.engine, job.cancel)
+                self.started.append(job)
+                return
         except BaseException as err:  # handed to the awaiting request, never lost
-            self.current = None  # before answering: whoever got the answer sees the worker idle
-            job.future.set_exception(err)
+            self._end(job, error=err)
         else:
-            self.current = None
+            self._end(job, result)
+
+    def _next_job(self) -> Job:
+        """The started job to step next: a cancelled one first (its step ends it, freeing what it
+        holds), then interactive before batch, then the lane that has had the least model time
+        lately, then the job that began first."""
+        now = time.monotonic()
+        return min(self.started, key=lambda job: (not job.cancel.is_set(), job.batch,
+                                                  self._lane_seconds(job.lane, now), job.started_at))
+
+    def _lane_seconds(self, lane: int, now: float) -> float:
+        spent, when = self._lane_time.get(lane, (0.0, now))
+        return spent * 0.5 ** ((now - when) / LANE_HALF_LIFE_S)
+
+    def _step(self, job: Job) -> None:
+        self.current = job
+        began = time.monotonic()
+        try:
+            made = next(self._steps[job])
+        except StopIteration as done:
+            self._charge(job, began)
+            self._end(job, done.value)
+            return
+        except BaseException as err:  # handed to the awaiting request, never lost
+            self._charge(job, began)
+            self._end(job, error=err)
+            return
+        self._charge(job, began)
+        if job.on_step is not None:
+            try:
+                job.on_step(made)
+            except Exception:  # a listener's failure must not end the job or the thread
+                log.exception("step listener of %s failed", job.label)
+
+    def _charge(self, job: Job, began: float) -> None:
+        now = time.monotonic()
+        job.model_s += now - began
+        self._lane_time[job.lane] = (self._lane_seconds(job.lane, now) + now - began, now)
+        if len(self._lane_time) > 256:  # forget lanes long quiet
+            self._lane_time = {lane: value for lane, value in self._lane_time.items()
+                               if self._lane_seconds(lane, now) > 1e-3}
+
+    def _end(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
+        if self._steps.pop(job, None) is not None:
+            self.started.remove(job)
+        # before answering: whoever got the answer sees the worker idle (or on another job)
+        self.current = self.started[0] if self.started else None
+        if error is not None:
+            job.future.set_exception(error)
+        else:
             job.future.set_result(result)
 
 

@@ -13,7 +13,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import torch
 
@@ -22,7 +22,7 @@ from specd.engine.front.corpus import OpenBuffers
 from specd.engine.front.engine_front import EngineFront, Fronted
 from specd.engine.speculation.costs import calibrate
 from specd.engine.speculation import drafters
-from specd.engine.speculation.loop import MERGED_PREFILL, speculative_decode
+from specd.engine.speculation.loop import MERGED_PREFILL, decode_steps
 from specd.engine.speculation.planner import TREE_BRANCHES, DraftPlanner, PlannerMemory
 from specd.engine.speculation.healing import HealingConstraint
 from specd.engine.speculation.healing_cache import healing_vocabulary
@@ -35,12 +35,14 @@ from specd.engine.front.prompt import Prompt
 from specd.engine.speculation.sampling import SamplingParams
 from specd.engine.front.boundaries import rules_for, surroundings
 from specd.engine.front.stops import StopRules
-from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, SourceStats
+from specd.engine.types import (Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, Progress,
+                                SourceStats, run_to_end)
 
 log = logging.getLogger(__name__)
 
 PREFILL_SLICE = 64  # tokens per idle prefill forward: a new request waits for one slice at most
 WARM_PIECE_TOKENS = 256  # tokens prefilled per idle step while warming a new context chunk set
+REQUEST_PREFILL_PIECE = 256  # tokens per forward of a request's prefill; other requests may run in between
 MAX_OTHER_BUFFERS = 8  # open buffers searched by lookup, most recently edited first
 ANONYMOUS = "<anonymous>"
 SUGGESTION_LEAD = 8  # prompt tokens indexed before each remembered completion, so its start matches too
@@ -262,10 +264,17 @@ class Engine(Fronted):
     # -- completion ------------------------------------------------------------------------
 
     def complete(self, req: CompletionRequest, cancel: threading.Event | None = None) -> CompletionResult:
+        return run_to_end(self.complete_steps(req, cancel))
+
+    def complete_steps(self, req: CompletionRequest,
+                       cancel: threading.Event | None = None) -> Generator[Progress, None, CompletionResult]:
+        """``complete`` step by step: yields a ``Progress`` after each prefill piece and each
+        decode step, returns the result. Between steps the caller may run other requests' steps
+        (each request works on its own document's state) or read the text so far."""
         self.ensure_loaded()
         text, offset = self.front.resolve(req)
         try:
-            return self._complete(req, text, offset, cancel)
+            return (yield from self._complete(req, text, offset, cancel))
         except Exception as err:
             if not compat.is_oom(err):
                 raise
@@ -276,7 +285,7 @@ class Engine(Fronted):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             try:
-                return self._complete(req, text, offset, cancel)
+                return (yield from self._complete(req, text, offset, cancel))
             except Exception as again:
                 if compat.is_oom(again):
                     self.caches.clear()
@@ -315,7 +324,7 @@ class Engine(Fronted):
         return DraftPlanner(self.planning, drafters.build(inputs), trees=self.options.token_tree and state.target.trees)
 
     def _complete(self, req: CompletionRequest, text: str, offset: int,
-                  cancel: threading.Event | None) -> CompletionResult:
+                  cancel: threading.Event | None) -> Generator[Progress, None, CompletionResult]:
         started = time.monotonic()
         settings = self._settings(req)
         heal = self.options.token_healing if req.token_healing is None else req.token_healing
@@ -328,12 +337,19 @@ class Engine(Fronted):
         # logits for prompt tokens), a keystroke's few new tokens ride with the first step too:
         # one forward to the first token, as llama.cpp's server runs a prompt's new tail. The
         # draft model catches up only if the planner runs it.
+        # A long prefill runs in pieces, suspended in between like decode steps.
         reused = min(common_prefix(state.target.ids, prompt.ids), len(prompt.ids) - 1)
+        suspended_s = 0.0
         if state.target.lazy_head and len(prompt.ids) - reused <= MERGED_PREFILL:
             state.target.rollback(reused)
         else:
-            state.target.prefill(prompt.ids[:-1])
-        prefill_s = time.monotonic() - started
+            while not state.target.prefill(prompt.ids[:-1], deadline=0, piece=REQUEST_PREFILL_PIECE):
+                away = time.monotonic()
+                yield Progress(0, str)
+                suspended_s += time.monotonic() - away
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("completion cancelled")
+        prefill_s = time.monotonic() - started - suspended_s
         if cancel is not None and cancel.is_set():
             raise Cancelled("completion cancelled")
 
@@ -343,9 +359,17 @@ class Engine(Fronted):
                          rules=rules_for(req, self.options), around=surroundings(text, offset))
         constraint = HealingConstraint(self.healing, prompt.healed, prompt.newline) if prompt.healed else None
         draft_forwards_before = state.draft.forwards if state.draft else 0
-        outcome = speculative_decode(state.target, list(prompt.ids), planner, settings.sampling,
-                                     settings.max_tokens, stop, deadline=started + settings.budget_s,
-                                     cancel=cancel, generator=settings.generator, constraint=constraint)
+        steps = decode_steps(state.target, list(prompt.ids), planner, settings.sampling, settings.max_tokens, stop,
+                             deadline=started + suspended_s + settings.budget_s, cancel=cancel,
+                             generator=settings.generator, constraint=constraint)
+        while True:
+            try:
+                tokens = next(steps)
+            except StopIteration as done:
+                outcome = done.value
+                break
+            yield Progress(tokens, stop.text)
+        suspended_s += outcome.suspended_s
         stop_reason = stop.finish(outcome.stop_reason)  # a boundary the finished text shows
         completion = stop.text()
         if settings.kv_reuse:  # what the document's next request drafts from
@@ -369,6 +393,7 @@ class Engine(Fronted):
             prefill_ms=prefill_s * 1000,
             first_token_ms=(prefill_s + outcome.first_token_s) * 1000,
             total_ms=total_s * 1000,
+            suspended_ms=suspended_s * 1000,
         )
 
     def _count(self, sources: dict[str, SourceStats]) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable, Generator, TypeVar
+
+T = TypeVar("T")
 
 
 class EngineError(Exception):
@@ -95,7 +97,8 @@ class CompletionResult:
     sources: dict[str, SourceStats] = field(default_factory=dict)
     prefill_ms: float = 0.0
     first_token_ms: float = 0.0
-    total_ms: float = 0.0
+    total_ms: float = 0.0  # wall time, suspended time included
+    suspended_ms: float = 0.0  # time it waited while other requests' steps ran (complete_steps)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -106,3 +109,24 @@ class CompletionResult:
         out["sources"] = {name: {**asdict(s), "rate": s.rate} for name, s in self.sources.items()}
         out["tokens_per_forward"] = self.tokens_per_forward
         return out
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A completion in flight, after one of its steps: the tokens it has generated so far and,
+    on demand (it decodes them all), its text so far, cut where the stop rules cut."""
+
+    tokens: int
+    read_text: Callable[[], str]
+
+    def text(self) -> str:
+        return self.read_text()
+
+
+def run_to_end(steps: Generator[Progress, None, T]) -> T:
+    """Drive a ``complete_steps`` generator to its end in one go; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value

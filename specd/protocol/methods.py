@@ -24,6 +24,13 @@ class Method(str, Enum):
 # a message with no readable msgid, a refused connection): params [{"code", "message"}].
 ERROR_NOTIFICATION = "specd/error"
 
+# Notification the daemon sends while a ``complete`` asked with ``stream`` runs, each time a line
+# of it is settled: params [{"msgid", "text", "tail", "tokens"}]: ``text`` is the completion's
+# settled lines (up to its last line break, which is left out), ``tail`` what follows so far
+# (it may still change), ``tokens`` the tokens generated. The result comes as usual after the
+# last one; each ``text`` is a prefix of the result's text.
+PROGRESS_NOTIFICATION = "progress"
+
 # specd-lsp's custom LSP names, shared with the editor plugins' code and docs: the status
 # request/notification, and the command each inline item carries to report an accept.
 LSP_STATUS_METHOD = "specd/status"

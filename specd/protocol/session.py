@@ -161,6 +161,10 @@ class Session:
         self._write(Notification(method, params or {}).to_wire())
         await self._flush()
 
+    def notify_nowait(self, method: str, params: dict[str, Any] | None = None) -> None:
+        """Queue a notification for writing, in order with everything written after it."""
+        self._write(Notification(method, params or {}).to_wire())
+
     async def send_error_notification(self, error: RpcError) -> None:
         await self.notify(ERROR_NOTIFICATION, error.to_wire())
 

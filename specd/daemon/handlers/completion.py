@@ -11,16 +11,18 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 from specd.daemon.admission import Connection
 from specd.daemon.buffers import BufferStore, TextIndex, document_index, index_in_steps, locate
+from specd.daemon.engine_api import completion_steps
 from specd.daemon.handlers.documents import DocumentLocks
 from specd.daemon.metrics import LatencyWindow
 from specd.daemon.params import CancelParams, CompleteParams, LineCursor
 from specd.daemon.scheduler import CompletionQueue
 from specd.daemon.worker import Job
 from specd.protocol.errors import ErrorCode, RpcError
+from specd.protocol.methods import PROGRESS_NOTIFICATION
 
 
 def _error_code(err: BaseException) -> str:
@@ -28,10 +30,37 @@ def _error_code(err: BaseException) -> str:
     return code if isinstance(code, str) else ErrorCode.ENGINE_ERROR.value
 
 
-def _completion_job(req: Any) -> Job:
-    """The model work for one ``complete``; its closure is the only holder of ``req``."""
-    return Job(fn=lambda engine, cancel: engine.complete(req, cancel).to_dict(),
-               label=f"complete {req.uri or '<text>'}", key=req.uri)
+def _completion_job(req: Any, batch: bool, on_step: Callable[[Any], None] | None) -> Job:
+    """The model work for one ``complete``, step by step; its closure is the only holder of
+    ``req``."""
+    def steps(engine: Any, cancel: Any) -> Generator[Any, None, dict[str, Any]]:
+        result = yield from completion_steps(engine, req, cancel)
+        return result.to_dict()
+
+    return Job(steps=steps, on_step=on_step, label=f"complete {req.uri or '<text>'}", key=req.uri, batch=batch)
+
+
+class _Stream:
+    """Sends a streamed complete's settled lines as ``progress`` notifications. Runs on the
+    worker thread; the notifications are written on the event loop, before the result."""
+
+    def __init__(self, conn: Connection, msgid: int):
+        self.session = conn.session
+        self.msgid = msgid
+        self.loop = asyncio.get_running_loop()
+        self.sent = ""
+
+    def __call__(self, progress: Any) -> None:
+        text = progress.text()
+        settled = text[:max(text.rfind("\n"), 0)]
+        if settled == self.sent:
+            return
+        self.sent = settled
+        note = {"msgid": self.msgid, "text": settled, "tail": text[len(settled):], "tokens": progress.tokens}
+        try:
+            self.loop.call_soon_threadsafe(self.session.notify_nowait, PROGRESS_NOTIFICATION, note)
+        except RuntimeError:  # the loop closed: nobody is waiting for the stream any more
+            pass
 
 
 class CompletionMethods:
@@ -82,7 +111,8 @@ class CompletionMethods:
         # Text this job keeps alive while it waits: a stateless text, or a document snapshot
         # that a later change would otherwise have released.
         held = len(req.text) + sum(len(chunk.text) for chunk in req.extra_context)
-        job = _completion_job(req)
+        stream = _Stream(conn, msgid) if params.stream and conn.session is not None else None
+        job = _completion_job(req, conn.batch if params.batch is None else params.batch, stream)
         del req  # only the job holds the request now: dropping the job drops its text
         if uri is not None:
             previous = self.jobs_by_uri.get(uri)

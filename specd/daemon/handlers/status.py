@@ -90,6 +90,7 @@ class StatusMethods:
 
     async def hello(self, conn: Connection, params: HelloParams, msgid: int | None) -> dict[str, Any]:
         conn.client = params.client
+        conn.batch = params.batch
         if conn.session is not None:
             conn.session.encode_error = RpcError.to_text if params.errors == "string" else RpcError.to_wire
         return {

@@ -7,6 +7,11 @@ keystroke's few new prompt tokens before it, whose rows are never read: one forw
 token instead of a prefill and a step). Where the planner builds a token tree (on a forward path
 that runs trees), the step runs ``[seq[-1], tree nodes]`` instead and keeps the path that stood
 (``KVState.keep``).
+
+``decode_steps`` is the loop as a generator: it yields after each step, so whoever drives it
+(the daemon's model worker) can run other requests' steps in between, or send the text so far.
+Time spent suspended is not the request's own: the time budget and the first-token time leave
+it out, and the planner only ever prices the forward itself.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Generator
 
 import torch
 
@@ -23,7 +28,7 @@ from specd.engine.speculation.drafters import DraftTree
 from specd.engine.speculation.planner import DraftPlanner
 from specd.engine.speculation.sampling import SamplingParams
 from specd.engine.speculation.verify import Constraint, accept_chain, accept_tree
-from specd.engine.types import Cancelled
+from specd.engine.types import Cancelled, run_to_end
 
 MERGED_PREFILL = 64  # most prompt tokens the first step runs before its draft (a keystroke's, see Engine._complete)
 
@@ -34,6 +39,7 @@ class DecodeOutcome:
     stop_reason: str
     target_forwards: int
     first_token_s: float
+    suspended_s: float = 0.0  # time the decode spent suspended between its steps
 
 
 def _timed(started: float, recordings: int, target: KVState, rows: Rows) -> float | None:
@@ -45,7 +51,12 @@ def _timed(started: float, recordings: int, target: KVState, rows: Rows) -> floa
     return (time.perf_counter() - started) * 1000 - rows.head_ms
 
 
-def speculative_decode(
+def speculative_decode(*args, **kwargs) -> DecodeOutcome:
+    """``decode_steps`` run to its end in one go."""
+    return run_to_end(decode_steps(*args, **kwargs))
+
+
+def decode_steps(
     target: KVState,
     seq: list[int],
     planner: DraftPlanner,
@@ -56,7 +67,7 @@ def speculative_decode(
     cancel: threading.Event | None = None,
     generator: torch.Generator | None = None,
     constraint: Constraint | None = None,
-) -> DecodeOutcome:
+) -> Generator[int, None, DecodeOutcome]:
     """Generate after ``seq``, of which the target holds a prefix, at least all but the last
     token: the rest (the last token, or a keystroke's few new prompt tokens, ``MERGED_PREFILL``)
     runs with the first step's draft in one forward, whose rows before the last prompt token's
@@ -65,11 +76,15 @@ def speculative_decode(
     ``stop(token)`` sees each new token in order and returns a reason to stop, or None.
     ``constraint``, if given, masks disallowed tokens in the verify logits (token healing):
     drafts and the target's own tokens obey it alike.
+
+    Yields the count of tokens generated after each step that did not end the decode; returns
+    the outcome.
     """
     start = time.monotonic()
     first_token_s = 0.0
     out: list[int] = []
     forwards = 0
+    suspended_s = 0.0
     held = len(target.ids)  # the target holds seq[:held]; seq[held:] runs with the next step
     if not 0 < len(seq) - held <= MERGED_PREFILL or target.ids != seq[:held]:
         raise ValueError(f"the target holds {held} tokens that do not lead the {len(seq)} to decode after")
@@ -77,7 +92,7 @@ def speculative_decode(
         if cancel is not None and cancel.is_set():
             raise Cancelled("completion cancelled")
         if out and time.monotonic() > deadline:
-            return DecodeOutcome(out, "time_budget", forwards, first_token_s)
+            return DecodeOutcome(out, "time_budget", forwards, first_token_s, suspended_s)
         room = max_tokens - len(out) - 1  # one token of each step is the target's own
         draft = planner.propose(seq, room)
         step_started, recordings = time.perf_counter(), target.recordings
@@ -111,7 +126,13 @@ def speculative_decode(
             if reason is not None:
                 if reason != "eos":
                     out.append(token)
-                return DecodeOutcome(out, reason, forwards, first_token_s)
+                return DecodeOutcome(out, reason, forwards, first_token_s, suspended_s)
             out.append(token)
             if len(out) >= max_tokens:
-                return DecodeOutcome(out, "max_tokens", forwards, first_token_s)
+                return DecodeOutcome(out, "max_tokens", forwards, first_token_s, suspended_s)
+        suspended = time.monotonic()
+        yield len(out)
+        away = time.monotonic() - suspended  # other work ran: not this request's time
+        deadline += away
+        start += away
+        suspended_s += away
