@@ -301,6 +301,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                                              "(UTF-8; a document counts for each holder)",
                                              _at_most(1 << 40, " bytes")),
         "max_connections": Key(int, 64, "most simultaneous clients", _at_most(100_000)),
+        "max_tokens_cap": Key(int, 4096, "most tokens one complete generates; a larger max_tokens (or "
+                                         "engine.max_tokens) is lowered to it; hello reports it", _at_most(65536)),
         "tcp": Key(str, "", "optional loopback TCP listener HOST:PORT, port 1-65535 ('' = none; needs "
                             "daemon.tcp_token)", _loopback_address),
         "tcp_token": Key(str, "", "token a TCP client must present in hello"),

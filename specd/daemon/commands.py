@@ -123,6 +123,12 @@ def format_status(info: dict[str, Any]) -> str:
         ("documents", f"{documents.get('open', 0)} open"),
         ("clients", info.get("connections")),
     ]
+    for queue in info.get("queues") or []:
+        kind = "batch" if queue.get("batch") else "interactive"
+        running = queue.get("started") or "-"
+        rows.append((f"conn{queue.get('id')}", f"{queue.get('client') or '-'} ({kind}): {queue.get('waiting', 0)} waiting, "
+                                               f"{queue.get('in_worker', 0)} in the worker, running {running}, "
+                                               f"model {queue.get('model_s', 0):.2f} s lately"))
     if info.get("last_error"):
         rows.append(("last error", info["last_error"]))
     return "\n".join(f"{name:<11}{value}" for name, value in rows)

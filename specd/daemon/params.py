@@ -111,7 +111,7 @@ COMPLETE_OPTIONS = (
     "stop_at_repeated_line", "stop_at_suffix_line", "multiline",
 )
 MULTILINE_MODES = ("blocks", "always")  # the engine's boundaries.MULTILINE_MODES: the daemon never imports the engine here
-MAX_TOKENS_LIMIT = 4096
+MAX_TOKENS_LIMIT = 65536  # what the wire accepts; the daemon lowers it to daemon.max_tokens_cap
 
 
 def completion_options(options: Any) -> dict[str, Any]:

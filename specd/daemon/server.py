@@ -76,6 +76,11 @@ SESSIONS_GRACE_S = 5.0  # how long answers already due may take to be written at
 # before a process started with ``exit_hard`` ends regardless (a load stuck in a progress bar's
 # lock, or in a driver, must not keep a stopped daemon alive).
 THREADS_GRACE_S = 2.0
+# The serving process's GIL switch interval (Python's default is 5 ms). The loop, the model
+# worker and the document mirror all need the GIL; a request answered on the loop while the
+# worker runs Python between its forwards waits up to one interval at each hand-over, so a
+# shorter one keeps `status` and the socket within a millisecond or two of idle.
+SWITCH_INTERVAL_S = 0.001
 
 
 def exit_hard_after(seconds: float, exit_code: Callable[[], int]) -> threading.Timer:
@@ -140,10 +145,15 @@ class Daemon:
         self._engine_figures = EngineFigures(ENGINE_FIGURES_MAX_AGE_S)
         engine_stats = EngineStats(self.worker, self._engine_figures)
         self.completion = CompletionMethods(self.buffers, self._document_locks, self.completions,
-                                            load_failure=self._load_failure, on_finished=self._engine_figures.invalidate)
+                                            load_failure=self._load_failure, on_finished=self._engine_figures.invalidate,
+                                            max_tokens_cap=cfg["daemon.max_tokens_cap"],
+                                            default_max_tokens=cfg["engine.max_tokens"])
         self.documents = DocumentMethods(self.buffers, self._document_locks, self.mirror,
                                          on_closed=self.completion.document_closed,
-                                         waiting_on_thread=lambda: engine_stats.waiting > 0)
+                                         # a status fetching figures, or a completion's steps on the
+                                         # model thread: both need the GIL the loop would hold
+                                         waiting_on_thread=lambda: engine_stats.waiting > 0
+                                         or self.worker.current is not None)
         self.status = StatusMethods(cfg, socket_path=self.socket_path, worker=self.worker, buffers=self.buffers,
                                     completions=self.completions, completion=self.completion, workspace=self.workspace,
                                     connections=self.connections, engine=engine_stats, limits=self.limits)
@@ -180,6 +190,7 @@ class Daemon:
             "max_connections": self.admission.max_connections,
             "max_uri_chars": MAX_URI_CHARS,
             "max_queued_per_connection": self.completions.max_per_connection,
+            "max_tokens_cap": self.completion.max_tokens_cap,
             "partial_message_timeout_s": self.partial_message_timeout_s,
         }
 
@@ -211,6 +222,8 @@ class Daemon:
     async def run(self, activated: list[socket.socket] | None = None) -> int:
         """Serve until SIGTERM/SIGINT or the shutdown method; return the exit code."""
         self._loop = asyncio.get_running_loop()
+        if self.exit_hard:  # the serving process owns its interpreter; in-process tests keep theirs
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         activated = systemd.listen_fds() if activated is None else activated
         if not any(s.family == socket.AF_UNIX for s in activated):
             self._lock.acquire()  # under socket activation systemd guarantees one instance

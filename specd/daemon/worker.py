@@ -279,6 +279,10 @@ class ModelWorker:
         return min(self.started, key=lambda job: (not job.cancel.is_set(), job.batch,
                                                   self._lane_seconds(job.lane, now), job.started_at))
 
+    def lane_seconds(self, lane: int) -> float:
+        """``lane``'s recent model time (decayed, half-life ``LANE_HALF_LIFE_S``), seconds."""
+        return self._lane_seconds(lane, time.monotonic())
+
     def _lane_seconds(self, lane: int, now: float) -> float:
         spent, when = self._lane_time.get(lane, (0.0, now))
         return spent * 0.5 ** ((now - when) / LANE_HALF_LIFE_S)

@@ -65,8 +65,13 @@ class _Stream:
 
 class CompletionMethods:
     def __init__(self, buffers: BufferStore, locks: DocumentLocks, completions: CompletionQueue, *,
-                 load_failure: Callable[[], RpcError | None], on_finished: Callable[[], None]):
+                 load_failure: Callable[[], RpcError | None], on_finished: Callable[[], None],
+                 max_tokens_cap: int, default_max_tokens: int):
         self.buffers = buffers
+        # Every complete generates at most max_tokens_cap tokens: a larger ask (or default) is
+        # lowered to it, so no client can hold the model for an unbounded job.
+        self.max_tokens_cap = max_tokens_cap
+        self.default_max_tokens = default_max_tokens
         self.locks = locks
         self.completions = completions
         self._load_failure = load_failure  # the error every request gets once the models failed to load
@@ -93,8 +98,11 @@ class CompletionMethods:
         for number, chunk in enumerate(params.extra_context):
             self.buffers.check_size(chunk.text, f"extra_context[{number}]")
             chunks.append(ContextChunk(path=chunk.path, text=chunk.text))
+        options = dict(params.options)
+        if options.get("max_tokens", self.default_max_tokens) > self.max_tokens_cap:
+            options["max_tokens"] = self.max_tokens_cap
         request = CompletionRequest(uri=params.uri, text=text, offset=offset, path=params.path,
-                                    extra_context=chunks, **params.options)
+                                    extra_context=chunks, **options)
         return request, version
 
     async def complete(self, conn: Connection, params: CompleteParams, msgid: int | None) -> dict[str, Any]:

@@ -20,7 +20,8 @@ from specd.daemon.worker import DocumentMirror
 # clients in between. A request takes three loop turns to be answered (the read, the session's
 # dispatch, the handler), and one more when it arrives during a turn, so between two steps the
 # loop gets EDIT_YIELD_TURNS turns. While a request waits on a thread (``status`` fetching the
-# engine's figures), the loop also sleeps EDIT_PAUSE_S between steps (epoll rounds it up to
+# engine's figures, or a completion whose steps run on the model thread), the loop also sleeps
+# EDIT_PAUSE_S between steps (epoll rounds it up to
 # 1 ms; a request arriving ends it early): a sleeping loop lets go of the GIL, a busy one makes
 # the thread wait out the interpreter's switch interval each time. docs/reliability.md gives
 # the latencies behind these settings.

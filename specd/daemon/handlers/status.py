@@ -107,6 +107,25 @@ class StatusMethods:
             "limits": self.limits(),
         }
 
+    def _queues(self) -> list[dict[str, Any]]:
+        """Each client connection's share of the model: what waits, what runs, its model time."""
+        started = {job.lane: job for job in list(self.worker.started)}
+        out = []
+        for conn in list(self.connections.values()):
+            if conn.pending:
+                continue
+            job = started.get(conn.id)
+            out.append({
+                "id": conn.id,
+                "client": conn.client,
+                "batch": conn.batch,
+                "waiting": self.completions.waiting(conn.id),
+                "in_worker": self.completions.handed(conn.id),
+                "started": job.label if job is not None else None,
+                "model_s": round(self.worker.lane_seconds(conn.id), 3),
+            })
+        return out
+
     async def status(self, conn: Connection, params: None, msgid: int | None) -> dict[str, Any]:
         engine_stats = await self.engine.fetch()
         models = engine_stats.get("models") if isinstance(engine_stats.get("models"), dict) else self._models()
@@ -140,6 +159,7 @@ class StatusMethods:
             "documents": self.buffers.stats(conn.id),
             "workspace": {**self.workspace.stats(), "index": engine_stats.get("workspace")},
             "connections": len(self.connections),
+            "queues": self._queues(),
             "engine": engine_stats,
         }
         if self.worker.load_error is not None:
