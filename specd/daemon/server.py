@@ -313,14 +313,15 @@ class Daemon:
         for server in self._servers:
             server.close()
         self._remove_socket_file()
-        # Queued work is refused now; the running completion gets a bounded time to finish.
+        # Queued work is refused now; the started completions get a bounded time to finish.
         self.completions.fail_all(self._load_failure())
         self.worker.fail_queued(self._load_failure())
-        current = self.worker.current
-        if current is not None:
+        started = list(self.worker.started) or ([self.worker.current] if self.worker.current is not None else [])
+        if started:
             budget_s = self.cfg["engine.time_budget_ms"] / 1000 + SHUTDOWN_GRACE_S
-            await asyncio.wait([asyncio.wrap_future(current.future)], timeout=budget_s)
-            current.request_cancel("the daemon is shutting down")
+            await asyncio.wait([asyncio.wrap_future(job.future) for job in started], timeout=budget_s)
+            for job in started:
+                job.request_cancel("the daemon is shutting down")
         sessions = [c.session for c in self.connections.values() if c.session is not None]
         if sessions:
             await asyncio.wait([asyncio.create_task(s.wait_answered()) for s in sessions], timeout=SESSIONS_GRACE_S)
