@@ -80,6 +80,18 @@ class OomEngine:
             finally:
                 self._plan = None
 
+    def complete_steps(self, req: CompletionRequest, cancel: threading.Event | None = None):
+        """The same, step by step as the daemon's worker runs it (the plan is this engine's one
+        state: the tests run one completion at a time)."""
+        with self._lock:
+            self._engine.ensure_loaded()
+            self._hook()
+            self._plan, self._calls = self._take_plan(), 0
+        try:
+            return (yield from self._engine.complete_steps(req, cancel))
+        finally:
+            self._plan = None
+
     def stats(self) -> dict[str, Any]:
         stats = self._engine.stats()
         stats["injected_ooms"] = self.injected
