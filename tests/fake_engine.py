@@ -151,3 +151,30 @@ def real_free_drafting(cfg: Any) -> FreeDraftingEngine:
     from specd.engine import load_engine
 
     return FreeDraftingEngine(load_engine(cfg))
+
+
+STREAMED_TEXT = "x = 1\n    y = 2\n    z = x + y\n    return z"
+STREAM_STEP_S = float(os.environ.get("SPECD_TEST_STREAM_STEP_S", "0.05"))
+
+
+class StreamingFakeEngine(FakeEngine):
+    """The fake engine as a stepped one: it writes ``STREAMED_TEXT`` three characters a step,
+    ``STREAM_STEP_S`` apart, so a streamed complete's lines settle one after another and the
+    result comes well after the first line."""
+
+    def complete_steps(self, req: CompletionRequest, cancel: threading.Event | None = None):
+        from specd.engine.types import Progress
+
+        written = 0
+        while written < len(STREAMED_TEXT):
+            if cancel is not None and cancel.wait(STREAM_STEP_S):
+                raise Cancelled("cancelled")
+            written = min(written + 3, len(STREAMED_TEXT))
+            yield Progress(tokens=written, read_text=lambda n=written: STREAMED_TEXT[:n])
+        self.completions += 1
+        return CompletionResult(text=STREAMED_TEXT, token_ids=list(range(len(STREAMED_TEXT))), prompt_ids=[1],
+                                stop_reason="max_tokens", target_forwards=1, sources={})
+
+
+def streaming(cfg: Any) -> StreamingFakeEngine:
+    return StreamingFakeEngine.from_config(cfg)

@@ -72,8 +72,8 @@ async def test_invoked_returns_distinct_alternatives_greedy_first(daemon, tmp_pa
         invoked = await session.inline(URI, line, character, invoked=True)
         assert len(invoked) <= 3
         assert len({item.insert_text for item in invoked}) == len(invoked)
-        if automatic:
-            assert invoked and invoked[0].insert_text == automatic[0].insert_text
+        if automatic:  # the automatic answer may be the greedy one's first line (streamed)
+            assert invoked and invoked[0].insert_text.startswith(automatic[0].insert_text)
         status = await session.status()
         assert status["daemonRequests"] == 1 + 3  # one greedy, then greedy + two sampled
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import time
@@ -73,6 +74,64 @@ class Proposal:
     cached: bool = False
 
 
+class StreamedCompletion:
+    """A streamed daemon complete that goes on after its first line answered the editor: its
+    settled lines so far (``raw``), the cache entry they feed once the answer went out, and the
+    last request it answered (the editor's document version, cursor and what it showed), so a
+    growth that changes that item can be told to the editor."""
+
+    def __init__(self, uri: str, text: str, offset: int):
+        self.uri, self.text, self.offset = uri, text, offset
+        self.raw = ""  # settled lines (the result's text once done)
+        self.tail = ""  # the line being written, not settled yet
+        self.done = False
+        self.failed = False  # it ended without a result (cancelled, superseded, an error)
+        self.key: tuple[str, int, int] | None = None  # its cache entry, once the answer went out
+        self.answered: tuple[int, int, str] | None = None  # (version, offset, insert text) shown last
+        self.task: asyncio.Task[Any] | None = None
+        self._changed = asyncio.Event()
+
+    @property
+    def has_first_line(self) -> bool:
+        return bool(self.raw.strip())
+
+    @property
+    def shown_raw(self) -> str:
+        """What an answer shows now: the settled lines, or at the time budget before the first
+        line settled, the line being written too."""
+        return self.raw if self.has_first_line or self.done else self.raw + self.tail
+
+    def progress(self, params: dict[str, Any]) -> bool:
+        """A ``progress`` notification; True when the settled text grew."""
+        text, tail = params.get("text"), params.get("tail")
+        self.tail = tail if isinstance(tail, str) else ""
+        if self.done or not isinstance(text, str) or len(text) <= len(self.raw) or not text.startswith(self.raw):
+            return False
+        self.raw = text
+        self._wake()
+        return True
+
+    def finish(self, text: str | None) -> bool:
+        """The result came (its text), or the call ended without one (None); True when it grew."""
+        grew = isinstance(text, str) and text != self.raw
+        if grew:
+            self.raw = text  # type: ignore[assignment]
+        self.done = True
+        self._wake()
+        return grew
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def changed(self, timeout: float | None) -> None:
+        """Wait for the next growth or the end (at most ``timeout`` seconds)."""
+        if self.done:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+
 @dataclass
 class Stats:
     requests: int = 0
@@ -83,6 +142,8 @@ class Stats:
     accepted_chars: int = 0
     cache_hits: int = 0
     prefetches: int = 0
+    streamed: int = 0  # automatic requests answered with their first line while the rest came
+    grew: int = 0  # suggestions the editor was told grew after they were shown
     cancelled: int = 0
     failed: int = 0
     last_latency_ms: float | None = None
@@ -107,7 +168,7 @@ class Stats:
         return {
             "requests": self.requests, "daemonRequests": self.daemon_requests, "shown": self.shown,
             "accepted": self.accepted, "acceptedPartial": self.accepted_partial, "acceptedChars": self.accepted_chars, "cacheHits": self.cache_hits,
-            "prefetches": self.prefetches, "cancelled": self.cancelled, "failed": self.failed,
+            "prefetches": self.prefetches, "streamed": self.streamed, "grew": self.grew, "cancelled": self.cancelled, "failed": self.failed,
             "lastLatencyMs": self.last_latency_ms, "lastStopReason": self.last_stop_reason,
             "lastError": self.last_error,
             "acceptance": acceptance,
@@ -134,12 +195,15 @@ class FailureNotices:
 
 class Completer:
     def __init__(self, documents: DocumentStore, link: Any, settings: Callable[[], Settings],
-                 on_result: Callable[[], None] | None = None, on_failure: Callable[[str], None] | None = None):
+                 on_result: Callable[[], None] | None = None, on_failure: Callable[[str], None] | None = None,
+                 on_grew: Callable[[str, int, int], None] | None = None):
         self.documents = documents
         self.link = link
         self._settings = settings
         self._on_result = on_result
         self._on_failure = on_failure  # called with a failure's message when the user should see it
+        self._on_grew = on_grew  # (uri, version, offset): a shown item grew; the editor may ask again
+        self._streams: dict[str, StreamedCompletion] = {}  # per document: the stream still growing
         self.notices = FailureNotices()
         self.cache = TypeThroughCache(settings().cache.size)
         self.stats = Stats()
@@ -175,30 +239,136 @@ class Completer:
             offset = sel.start + len(sel.text)
         alternatives = 1 if query.trigger == AUTOMATIC else settings.alternatives
 
-        raws = self._from_cache(query.uri, text, offset, alternatives)
-        cached = raws is not None
-        if raws is None:
+        stream: StreamedCompletion | None = None
+        found = await self._from_cache(query.uri, text, offset, alternatives)
+        if self._generation[query.uri] != generation:
+            return []  # superseded while it waited for a streamed line
+        cached = found is not None
+        if found is None:
             if query.trigger == AUTOMATIC and settings.debounce_ms > 0:
                 await asyncio.sleep(settings.debounce_ms / 1000)  # debounce: a newer keystroke wins
                 if self._generation[query.uri] != generation:
                     return []
-            raws = await self._ask_daemon(query, text, offset, version, alternatives, generation)
-            if raws is None:
-                return []
-            self.cache.put(query.uri, text, offset, raws)
+            if alternatives == 1 and settings.stream and query.selected is None:
+                stream = await self._ask_streamed(query, text, offset, version, generation)
+                if stream is None:
+                    return []
+                raws = [stream.shown_raw]
+            else:
+                raws = await self._ask_daemon(query, text, offset, version, alternatives, generation)
+                if raws is None:
+                    return []
+                self.cache.put(query.uri, text, offset, raws)
         else:
+            key, raws = found
             self.stats.cache_hits += 1
-            if self._busy[query.uri]:
+            stream = self._stream_for(query.uri, key)
+            if self._busy[query.uri] and (stream is None or stream.done):
                 self.link.cancel_document(query.uri)  # an older request's daemon work is moot now
-        return self._proposals(query, doc.text, text, offset, raws, cached)
+        proposals = self._proposals(query, doc.text, text, offset, raws, cached)
+        if stream is not None and proposals and query.selected is None:
+            stream.answered = (generation, version, offset, proposals[0].insert_text)
+        return proposals
 
-    def _from_cache(self, uri: str, text: str, offset: int, alternatives: int) -> list[str] | None:
+    async def _from_cache(self, uri: str, text: str, offset: int,
+                          alternatives: int) -> tuple[tuple[str, int, int], list[str]] | None:
+        """(entry key, remaining completions) when the user typed into a cached completion. When
+        they typed all a streamed one has settled so far (accepting its first line), its next
+        lines are on the way: wait for them rather than ask the daemon again."""
         if not self.settings.cache.type_through:
             return None
-        raws = self.cache.lookup(uri, text, offset)
-        if raws is None or len(raws) < alternatives:
+        found = self.cache.lookup_entry(uri, text, offset)
+        if found is None:
+            typed_all = self.cache.match(uri, text, offset)
+            stream = self._stream_for(uri, typed_all[0]) if typed_all is not None else None
+            deadline = time.monotonic() + self.settings.daemon.request_timeout_ms / 1000
+            generation = self._generation[uri]
+            while stream is not None and not stream.done and self._generation[uri] == generation:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await stream.changed(left)
+                if (found := self.cache.lookup_entry(uri, text, offset)) is not None:
+                    break
+        if found is None or len(found[1]) < alternatives:
             return None  # an invoked request wants more alternatives than the cache holds
-        return raws
+        return found
+
+    def _stream_for(self, uri: str, key: tuple[str, int, int]) -> StreamedCompletion | None:
+        stream = self._streams.get(uri)
+        return stream if stream is not None and stream.key == key else None
+
+    # -- streamed completions ------------------------------------------------------------
+
+    async def _ask_streamed(self, query: CompletionQuery, text: str, offset: int, version: int,
+                            generation: int) -> StreamedCompletion | None:
+        """A greedy daemon complete, streamed: back as soon as its first non-empty line is
+        settled (or at the time budget, with what exists then, or at its result); the rest goes
+        on arriving into the cache entry. None when it failed or a newer request took over
+        before it answered (its stream is cancelled then: it never feeds a later answer)."""
+        stream = StreamedCompletion(query.uri, text, offset)
+        previous = self._streams.get(query.uri)
+        if previous is not None:
+            previous.answered = None  # a new request for the document: the old item grows no more
+        self._streams[query.uri] = stream
+        stream.task = asyncio.ensure_future(self._run_stream(stream, version, self._options()))
+        budget_ms = self.settings.time_budget_ms or self.settings.daemon.request_timeout_ms
+        deadline = time.monotonic() + budget_ms / 1000
+        try:
+            while not stream.has_first_line and not stream.done and self._generation[query.uri] == generation:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                await stream.changed(left)
+        except asyncio.CancelledError:
+            stream.task.cancel()
+            raise
+        if self._generation[query.uri] != generation or stream.failed or not stream.shown_raw:
+            if not stream.done:
+                stream.task.cancel()
+            if self._streams.get(query.uri) is stream:
+                del self._streams[query.uri]
+            return None
+        if not stream.done:
+            self.stats.streamed += 1
+        stream.key = self.cache.put(query.uri, text, offset, [stream.shown_raw])
+        return stream
+
+    async def _run_stream(self, stream: StreamedCompletion, version: int, options: dict[str, Any]) -> None:
+        result: dict[str, Any] | None = None
+        try:
+            result = await self._complete(stream.uri, stream.text, stream.offset, version, options, False,
+                                          on_progress=lambda params: self._progress(stream, params))
+        finally:
+            text = result.get("text") if result is not None else None
+            stream.failed = result is None
+            if stream.finish(text if isinstance(text, str) else None):
+                self._grown(stream)
+
+    def _progress(self, stream: StreamedCompletion, params: dict[str, Any]) -> None:
+        if stream.progress(params):
+            self._grown(stream)
+
+    def _grown(self, stream: StreamedCompletion) -> None:
+        """The stream's text grew: its cache entry holds it now; if that changes the item the
+        editor shows for the document's latest request, say so (the editor may ask again and
+        get it from the cache)."""
+        if stream.key is None or not self.cache.extend(stream.key, [stream.raw]) or stream.answered is None:
+            return
+        generation, version, offset, shown = stream.answered
+        doc = self.documents.get(stream.uri)
+        if self._generation[stream.uri] != generation or doc is None or doc.version != version:
+            return  # the editor has moved on: a newer request is served on its own
+        found = self.cache.match(stream.uri, doc.text, offset, empty_ok=False)
+        if found is None or found[0] != stream.key:
+            return
+        suggestion = postprocess(found[1][0], context_at(doc.text, offset), single_line=self.settings.single_line)
+        if suggestion is None or suggestion.insert_text == shown:
+            return
+        stream.answered = (generation, version, offset, suggestion.insert_text)
+        self.stats.grew += 1
+        if self._on_grew is not None:
+            self._on_grew(stream.uri, version, offset)
 
     def _options(self, temperature: float = 0.0, seed: int | None = None) -> dict[str, Any]:
         settings = self.settings
@@ -228,7 +398,8 @@ class Completer:
         return raws
 
     async def _complete(self, uri: str, text: str, offset: int, version: int, options: dict[str, Any],
-                        virtual: bool) -> dict[str, Any] | None:
+                        virtual: bool, on_progress: Callable[[dict[str, Any]], None] | None = None
+                        ) -> dict[str, Any] | None:
         """One daemon complete; the document's own buffer unless the text is not the editor's."""
         doc = self.documents.get(uri)
         params: dict[str, Any] = {"uri": uri, "cursor": {"offset": offset}, "options": options}
@@ -239,7 +410,10 @@ class Completer:
         started = time.monotonic()
         self._busy[uri] += 1
         try:
-            result = await self.link.complete(params, timeout)
+            if on_progress is None:
+                result = await self.link.complete(params, timeout)
+            else:
+                result = await self.link.complete(params, timeout, on_progress)
         except RpcError as err:
             if err.code == ErrorCode.CANCELLED.value:
                 self.stats.cancelled += 1
@@ -320,7 +494,7 @@ class Completer:
             return None
         self.stats.accepted += 1
         self.stats.accepted_chars += len(proposal.insert_text)
-        if self.settings.cache.prefetch and self.settings.enable:
+        if self.settings.cache.prefetch and self.settings.enable and not self._streamed_on(proposal):
             previous = self._prefetch.pop(proposal.uri, None)
             if previous is not None:
                 previous.cancel()
@@ -328,6 +502,14 @@ class Completer:
             self._prefetch[proposal.uri] = task
             task.add_done_callback(lambda t, uri=proposal.uri: self._prefetch_done(uri, t))
         return proposal
+
+    def _streamed_on(self, proposal: Proposal) -> bool:
+        """After accepting ``proposal``, its stream serves what comes next: its entry holds more
+        lines, or is still growing. A prefetch would only supersede that stream."""
+        text = proposal.text[:proposal.start] + proposal.insert_text + proposal.text[proposal.end:]
+        found = self.cache.match(proposal.uri, text, proposal.start + len(proposal.insert_text))
+        stream = self._stream_for(proposal.uri, found[0]) if found is not None else None
+        return stream is not None and (any(found[1]) or not stream.done)  # type: ignore[index]
 
     def partially_accepted(self, proposal_id: str, chars: int) -> Proposal | None:
         """The editor inserted a word or a line of a proposal: count it; the proposal stays
@@ -364,6 +546,9 @@ class Completer:
         self.cache.drop(uri)
         self._generation.pop(uri, None)
         self._busy.pop(uri, None)
+        stream = self._streams.pop(uri, None)
+        if stream is not None and stream.task is not None:
+            stream.task.cancel()
         task = self._prefetch.pop(uri, None)
         if task is not None:
             task.cancel()

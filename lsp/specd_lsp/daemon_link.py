@@ -247,10 +247,12 @@ class DaemonLink:
             raise DaemonUnavailable(self.reason or f"the daemon is {self.state}")
         return client
 
-    async def request(self, method: Method, params: dict[str, Any], timeout: float) -> Any:
-        """One request; cancelling the awaiting task (or the timeout) cancels the daemon's work."""
+    async def request(self, method: Method, params: dict[str, Any], timeout: float,
+                      on_progress: Callable[[dict[str, Any]], None] | None = None) -> Any:
+        """One request; cancelling the awaiting task (or the timeout) cancels the daemon's work.
+        ``on_progress`` gets its ``progress`` notifications (a streamed complete) until it ends."""
         client = self._ready_client()
-        msgid, future = client.send_request(method, params)
+        msgid, future = client.send_request(method, params, on_progress)
         try:
             return await asyncio.wait_for(future, timeout)
         except asyncio.TimeoutError:
@@ -260,7 +262,9 @@ class DaemonLink:
             self._cancel_on_daemon(client, msgid)
             raise
 
-    async def complete(self, params: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def complete(self, params: dict[str, Any], timeout: float,
+                       on_progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """A daemon ``complete``; with ``on_progress`` it is streamed (settled lines as they come)."""
         if self.state != READY:
             raise DaemonUnavailable(self.reason or f"the daemon is {self.state}")
         uri = params.get("uri")
@@ -268,7 +272,9 @@ class DaemonLink:
         if (text is None and uri in self.held_out) or (text is not None and self._over_limits(uri, text)):
             raise RpcError(ErrorCode.DOCUMENT_TOO_LARGE,
                            f"{uri} is over the daemon's size limits or its open-bytes budget; not completed")
-        return await self.request(Method.COMPLETE, params, timeout)
+        if on_progress is not None:
+            params = {**params, "stream": True}
+        return await self.request(Method.COMPLETE, params, timeout, on_progress)
 
     async def status(self, timeout: float = 2.0) -> dict[str, Any]:
         self.daemon_status = await self.request(Method.STATUS, {}, timeout)

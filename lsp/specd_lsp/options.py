@@ -7,7 +7,7 @@ to its default and is named in one message to the user, never an error: a typo i
 config must not cost the user their completions.
 
     {"enable": true, "triggerMode": "automatic", "maxTokens": 64, "singleLine": false,
-     "debounceMs": 75, "alternatives": 3, "temperature": 0.7, "completionFallback": "auto",
+     "debounceMs": 75, "alternatives": 3, "temperature": 0.7, "stream": true, "completionFallback": "auto",
      "daemon": {"socket": "", "spawn": true, "spawnTimeoutS": 60, "requestTimeoutMs": 10000},
      "cache": {"typeThrough": true, "prefetch": true},
      "log": {"level": "info", "file": ""}}
@@ -56,6 +56,7 @@ class Settings:
     alternatives: int = 3  # items for an explicitly invoked completion (first greedy, rest sampled)
     temperature: float = 0.7  # for the sampled alternatives
     time_budget_ms: int = 0  # per completion on the daemon (0 = the daemon's default)
+    stream: bool = True  # answer an automatic request with its first line, the rest into the cache
     completion_fallback: str = "auto"  # textDocument/completion: auto = when the client lacks inline completion
     daemon: DaemonSettings = field(default_factory=DaemonSettings)
     cache: CacheSettings = field(default_factory=CacheSettings)
@@ -80,6 +81,7 @@ CHECKS: dict[str, tuple[type, Callable[[Any], bool] | None, str]] = {
     "alternatives": (int, lambda v: 1 <= v <= 10, "between 1 and 10"),
     "temperature": (float, lambda v: 0.0 <= v <= 2.0, "between 0 and 2"),
     "time_budget_ms": (int, _non_negative, ">= 0"),
+    "stream": (bool, None, ""),
     "completion_fallback": (str, FALLBACK_MODES.__contains__, f"one of {', '.join(FALLBACK_MODES)}"),
     "socket": (str, None, ""),
     "spawn": (bool, None, ""),

@@ -23,7 +23,7 @@ from pygls.protocol.language_server import lsp_method
 
 from specd import __version__
 from specd.config import unknown_environment
-from specd.protocol.methods import LSP_ACCEPTED_COMMAND, LSP_STATUS_METHOD
+from specd.protocol.methods import LSP_ACCEPTED_COMMAND, LSP_STATUS_METHOD, LSP_SUGGESTION_GREW_METHOD
 
 from specd_lsp.completer import AUTOMATIC, INVOKED, CompletionQuery, Completer, Proposal, Selected
 from specd_lsp.daemon_link import READY, UNAVAILABLE, DaemonLink, LinkEvent
@@ -37,6 +37,7 @@ log = logging.getLogger("specd_lsp")
 # Custom protocol names, defined once; clients and plugins use the same strings.
 STATUS_METHOD = LSP_STATUS_METHOD  # request (full status) and notification (on changes)
 ACCEPTED_COMMAND = LSP_ACCEPTED_COMMAND  # each item's command: the editor inserted proposal <id>
+GREW_METHOD = LSP_SUGGESTION_GREW_METHOD  # notification: the last item shown there grew; ask again
 STATUS_NOTIFY_INTERVAL_S = 0.5  # at most this often after completions; state changes go at once
 LABEL_CHARS = 80
 
@@ -78,7 +79,7 @@ class SpecdLanguageServer(LanguageServer):
         self.documents = DocumentStore()
         self.link = DaemonLink(self.documents, lambda: self.settings.daemon, self._link_changed)
         self.completer = Completer(self.documents, self.link, lambda: self.settings, self._completed,
-                                   self._completion_failed)
+                                   self._completion_failed, self._suggestion_grew)
         self._pending_problems: list[str] = []
         self._told_unavailable = False
         self._last_status_sent = 0.0
@@ -148,6 +149,14 @@ class SpecdLanguageServer(LanguageServer):
     def _completed(self) -> None:
         if time.monotonic() - self._last_status_sent >= STATUS_NOTIFY_INTERVAL_S:
             self.notify_status()
+
+    def _suggestion_grew(self, uri: str, version: int, offset: int) -> None:
+        doc = self.documents.get(uri)
+        if doc is None:
+            return
+        line, character = doc.index.position(offset, self.encoding)
+        self.protocol.notify(GREW_METHOD, {"uri": uri, "version": version,
+                                           "position": {"line": line, "character": character}})
 
     def _completion_failed(self, message: str) -> None:
         """A completion failed in a way the user should hear of (the completer says when: once

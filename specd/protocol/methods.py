@@ -35,6 +35,11 @@ PROGRESS_NOTIFICATION = "progress"
 # request/notification, and the command each inline item carries to report an accept.
 LSP_STATUS_METHOD = "specd/status"
 LSP_ACCEPTED_COMMAND = "specd.accepted"
+# specd-lsp's notification that the item it last answered for a document grew (more of a
+# streamed completion arrived after the first line was shown): params {"uri", "version",
+# "position"} (the request's; position in the negotiated encoding). A plugin asks again there
+# and gets the longer item from specd-lsp's cache, with no model work.
+LSP_SUGGESTION_GREW_METHOD = "specd/suggestionGrew"
 
 # Position encodings a cursor or edit range may use for its ``character`` field, named as in
 # LSP's positionEncoding: utf-32 counts code points, utf-16 counts UTF-16 code units (LSP's
