@@ -3,6 +3,7 @@
 import * as vscode from 'vscode';
 import { DidChangeConfigurationNotification, LanguageClient } from 'vscode-languageclient/node';
 import { createClient } from './client';
+import { followGrowth } from './grew';
 import { registerCommands } from './commands';
 import { currentSettings, SECTION } from './config';
 import { needsRestart, serverSettings, startFailureMessage } from './settings';
@@ -10,6 +11,7 @@ import { StatusBar } from './statusBar';
 
 const STOP_TIMEOUT_MS = 2000;
 let client: LanguageClient | undefined;
+let growth: vscode.Disposable | undefined; // re-triggers the inline suggestion when it grew
 
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
   const log = vscode.window.createOutputChannel('specd', { log: true });
@@ -20,6 +22,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     await setEnabledContext(settings.enable, statusBar);
     client = createClient(settings, log);
     statusBar.attach(client);
+    growth?.dispose();
+    growth = followGrowth(client);
     try {
       await client.start();
     } catch (err) {

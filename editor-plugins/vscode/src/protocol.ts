@@ -43,3 +43,25 @@ export interface SpecdStatus {
   acceptance?: Record<string, SourceAcceptance>;
   settings?: Record<string, unknown>;
 }
+
+/** Notification: the item last answered at this document version and position grew; ask again. */
+export const GREW_METHOD = 'specd/suggestionGrew';
+
+export interface SuggestionGrew {
+  uri: string;
+  version: number;
+  position: { line: number; character: number };
+}
+
+export interface EditorAt {
+  uri: string;
+  version: number;
+  line: number;
+  character: number;
+}
+
+/** Whether the notice is about where the user is now (anything else has moved on). */
+export function isAt(note: SuggestionGrew, editor: EditorAt | undefined): boolean {
+  return editor !== undefined && note.uri === editor.uri && note.version === editor.version &&
+    note.position?.line === editor.line && note.position?.character === editor.character;
+}

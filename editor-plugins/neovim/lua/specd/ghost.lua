@@ -153,6 +153,12 @@ function M.request(bufnr, trigger)
   state.request_id = request_id
 end
 
+--- The suggestion shown grew on the server: ask again, at once (served from specd-lsp's cache).
+---@param bufnr integer
+function M.regrow(bufnr)
+  M.request(bufnr, TRIGGER_AUTOMATIC)
+end
+
 ---@param bufnr integer
 local function schedule_request(bufnr)
   local state = buffers[bufnr]

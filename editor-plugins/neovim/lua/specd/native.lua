@@ -177,6 +177,16 @@ end
 
 ---@param bufnr integer
 ---@return boolean
+--- The suggestion shown grew on the server: ask vim.lsp.inline_completion to request again
+--- (its Completor's automatic request, private in 0.12; without it the next typing pause shows it).
+---@param bufnr integer
+function M.regrow(bufnr)
+  local instance = completor(bufnr)
+  if instance and type(instance.request) == 'function' then
+    pcall(instance.request, instance, 2)
+  end
+end
+
 function M.dismiss(bufnr)
   -- Taking the item with a handler that inserts nothing is the public way to hide it.
   return vim.lsp.inline_completion.get({ bufnr = bufnr, on_accept = function() end })

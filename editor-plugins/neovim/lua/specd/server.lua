@@ -26,7 +26,10 @@ local function client_config(config, renderer_name)
     cmd = config.cmd,
     filetypes = config.filetypes,
     init_options = require('specd.config').init_options(config.settings, renderer_name),
-    handlers = { [status.METHOD] = status.on_notification },
+    handlers = {
+      [status.METHOD] = status.on_notification,
+      [require('specd.grew').METHOD] = require('specd.grew').handler(renderer_name),
+    },
   }
   if renderer_name == 'plugin' then
     -- This plugin implements the client side of inline completion, so say so: specd-lsp then
