@@ -109,13 +109,27 @@ def test_vscode_package(vscode_built):
 # -- Neovim ----------------------------------------------------------------------------------
 
 
-def test_neovim_plugin(daemon, fake_daemon):
+@pytest.fixture(scope="module")
+def streaming_daemon(tmp_path_factory):
+    """The daemon with the stepped fake engine: a known suggestion written a few characters a
+    step, so the editor sees its first line, then the rest."""
+    from conftest import SHARED_DAEMON_CONFIG
+    from daemon_helpers import DaemonProcess
+
+    proc = DaemonProcess(tmp_path_factory.mktemp("stream-daemon"), engine="streaming",
+                         config=SHARED_DAEMON_CONFIG).start()
+    yield proc
+    proc.stop()
+
+
+def test_neovim_plugin(daemon, fake_daemon, streaming_daemon):
     """The headless Neovim suite: child Neovims with the plugin, the real specd-lsp and daemons."""
     nvim = find_tool("nvim")
     version = subprocess.run([nvim, "--version"], capture_output=True, text=True, check=True).stdout
     assert _version(version.splitlines()[0]) >= MIN_NVIM, f"{version.splitlines()[0]}: the tests need Neovim 0.12"
     find_tool("specd-lsp")
-    env = _editor_env(SPECD_TEST_REAL_SOCKET=str(daemon.socket_path), SPECD_TEST_FAKE_SOCKET=str(fake_daemon.socket_path))
+    env = _editor_env(SPECD_TEST_REAL_SOCKET=str(daemon.socket_path), SPECD_TEST_FAKE_SOCKET=str(fake_daemon.socket_path),
+                      SPECD_TEST_STREAM_SOCKET=str(streaming_daemon.socket_path))
     out = _run([nvim, "--headless", "-u", "NONE", "-i", "NONE", "-n", "-l", "tests/run.lua"], NEOVIM, env)
     assert re.search(r"^# [1-9]\d* passed, 0 failed$", out, re.MULTILINE), out
     assert "not ok" not in out and "# SKIP" not in out, out

@@ -13,6 +13,7 @@ local Child = dofile(here .. '/child.lua')
 
 local REAL = os.getenv('SPECD_TEST_REAL_SOCKET')
 local FAKE = os.getenv('SPECD_TEST_FAKE_SOCKET')
+local STREAM = os.getenv('SPECD_TEST_STREAM_SOCKET') -- the stepped fake: a first line, then more
 if not (REAL and FAKE) then
   io.stderr:write('run through pytest: tests/test_editor_plugins.py sets SPECD_TEST_REAL_SOCKET and SPECD_TEST_FAKE_SOCKET\n')
   os.exit(2)
@@ -218,6 +219,24 @@ case('plugin renderer (0.10/0.11 path): shows, accepts, accepts a line, dismisse
   child:input('<C-]>')
   child:wait('the ghost text to go', EDIT_MS, 'return probe.ghost() == nil')
 end)
+
+-- What the streaming daemon writes (tests/fake_engine.py STREAMED_TEXT), a few characters a step.
+local STREAMED = 'x = 1\n    y = 2\n    z = x + y\n    return z'
+
+for _, renderer in ipairs({ 'plugin', 'native' }) do
+  case(renderer .. ': the ghost text shows the first line, then grows to the whole suggestion', function()
+    if not STREAM then
+      error('SPECD_TEST_STREAM_SOCKET is not set (tests/test_editor_plugins.py sets it)')
+    end
+    local child = session(options(STREAM, renderer, { settings = { maxTokens = 64 } }))
+    local first = type_at_row(child)
+    assert(vim.startswith(STREAMED, first) and #first < #STREAMED, 'the first ghost text is a first part: ' .. first)
+    child:wait('the ghost text to grow to the whole suggestion', SHOW_MS, 'return probe.ghost() == ...', STREAMED)
+    local status = child:lua("return vim.lsp.get_clients({ name = 'specd' })[1]:request_sync('specd/status', {}, 5000, 0).result")
+    assert_eq({ status.daemonRequests, status.streamed }, { 1, 1 }, 'one daemon complete, streamed')
+    assert(status.grew >= 1 and status.cacheHits >= 1, vim.inspect(status))
+  end, { native = renderer == 'native' })
+end
 
 case('statusline, :SpecdToggle and :Specd', function()
   local child = session(options(REAL, 'auto'))
