@@ -1,7 +1,7 @@
 """Completions run step by step (``Engine.complete_steps``) and interleaved, as the daemon's
 worker runs them: each output is the target's own greedy continuation and equals the same
 request run alone, whatever ran between its steps (other documents, the same document's
-stateless twin, a long prefill); time spent suspended is not charged to the time budget; the
+stateless twin); time spent suspended is not charged to the time budget; the
 text so far is always a prefix of the final text."""
 
 from __future__ import annotations
@@ -86,22 +86,6 @@ def test_a_document_keeps_its_cache_across_other_documents_steps(engine, sample_
     run_to_end(steps_a if steps is steps_b else steps_b)
     result = engine.complete(second)
     assert result.prefill_reused > 0.8 * len(result.prompt_ids)
-
-
-def test_a_long_prefill_runs_in_pieces(engine, sample_source):
-    engine.caches.clear()
-    request = CompletionRequest(text=sample_source * 3, offset=len(sample_source) * 2, max_tokens=4)
-    steps = engine.complete_steps(request)
-    pieces = 0
-    while True:
-        try:
-            step = next(steps)
-        except StopIteration as done:
-            result = done.value
-            break
-        if step.tokens == 0:
-            pieces += 1
-    assert result.prefill_computed > 256 and pieces >= result.prefill_computed // 256 - 1
 
 
 def test_time_suspended_is_not_charged_to_the_budget(engine, sample_source):

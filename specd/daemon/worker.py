@@ -5,7 +5,7 @@ period and reloads them for the next job. The event loop only submits jobs and a
 futures, so it never blocks on the model.
 
 Jobs run interleaved, step by step. A job with ``steps`` is a generator that yields between its
-steps (a completion: after each prefill piece and each decode step, ``Engine.complete_steps``);
+steps (a completion: after its prefill and each decode step, ``Engine.complete_steps``);
 the worker keeps every started one and, after each step, runs the next step of the job whose
 *lane* (the connection that asked) has had the least model time lately (an exponentially decayed
 sum, half-life ``LANE_HALF_LIFE_S``), interactive work before batch work. So a 32-token request

@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 PREFILL_SLICE = 64  # tokens per idle prefill forward: a new request waits for one slice at most
 WARM_PIECE_TOKENS = 256  # tokens prefilled per idle step while warming a new context chunk set
-REQUEST_PREFILL_PIECE = 256  # tokens per forward of a request's prefill; other requests may run in between
 MAX_OTHER_BUFFERS = 8  # open buffers searched by lookup, most recently edited first
 ANONYMOUS = "<anonymous>"
 SUGGESTION_LEAD = 8  # prompt tokens indexed before each remembered completion, so its start matches too
@@ -268,7 +267,7 @@ class Engine(Fronted):
 
     def complete_steps(self, req: CompletionRequest,
                        cancel: threading.Event | None = None) -> Generator[Progress, None, CompletionResult]:
-        """``complete`` step by step: yields a ``Progress`` after each prefill piece and each
+        """``complete`` step by step: yields a ``Progress`` after its prefill and each
         decode step, returns the result. Between steps the caller may run other requests' steps
         (each request works on its own document's state) or read the text so far."""
         self.ensure_loaded()
@@ -337,19 +336,18 @@ class Engine(Fronted):
         # logits for prompt tokens), a keystroke's few new tokens ride with the first step too:
         # one forward to the first token, as llama.cpp's server runs a prompt's new tail. The
         # draft model catches up only if the planner runs it.
-        # A long prefill runs in pieces, suspended in between like decode steps.
+        # The prefill runs in one go (a forward path may hand the whole prompt's K/V over at
+        # once); other requests' steps wait for it.
         reused = min(common_prefix(state.target.ids, prompt.ids), len(prompt.ids) - 1)
         suspended_s = 0.0
         if state.target.lazy_head and len(prompt.ids) - reused <= MERGED_PREFILL:
             state.target.rollback(reused)
         else:
-            while not state.target.prefill(prompt.ids[:-1], deadline=0, piece=REQUEST_PREFILL_PIECE):
-                away = time.monotonic()
-                yield Progress(0, str)
-                suspended_s += time.monotonic() - away
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled("completion cancelled")
-        prefill_s = time.monotonic() - started - suspended_s
+            state.target.prefill(prompt.ids[:-1])
+        prefill_s = time.monotonic() - started
+        away = time.monotonic()
+        yield Progress(0, str)
+        suspended_s += time.monotonic() - away
         if cancel is not None and cancel.is_set():
             raise Cancelled("completion cancelled")
 
