@@ -12,6 +12,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -19,6 +20,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from specd.engine.options import context_window
 from specd.engine.types import ModelLoadError, UnsupportedModel
 from specd.llamacpp.gguf import is_gguf_name
+
+if TYPE_CHECKING:
+    from specd.llamacpp.model import GgufModel
 
 log = logging.getLogger(__name__)
 
