@@ -43,7 +43,6 @@ def test_settled_lines_arrive_before_the_result_each_a_prefix_of_it(daemon):
 
 def test_a_plain_complete_gets_no_progress_and_others_see_none(daemon):
     with daemon.client() as streaming, daemon.client() as plain:
-        got: list[dict] = []
         done = threading.Event()
 
         def other() -> None:
