@@ -130,11 +130,17 @@ def test_incremental_line_index_matches_a_fresh_one(monkeypatch, lines_per_block
             new = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 5)))
             index = index.replace(start, end, new)
             text = text[:start] + new + text[end:]
-            assert index.text == text
+            # Read through pieces (the text is joined only at the end): an edited index keeps
+            # its text as one piece per block until then.
+            assert index.length == len(text)
             fresh = SharedTextIndex(text)
             assert index.line_starts == fresh.line_starts
             for offset in range(len(text) + 1):
                 assert index.position(offset, "utf-16") == fresh.position(offset, "utf-16")
+                assert index.slice(offset, min(len(text), offset + 3)) == text[offset:offset + 3]
+            assert [index.line_text(n) for n in range(index.line_count)] == \
+                [fresh.line_text(n) for n in range(fresh.line_count)]
+        assert index.text == text
 
 
 def _naive_apply(text: str, edits: list[dict]) -> str:

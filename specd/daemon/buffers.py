@@ -60,8 +60,8 @@ class TextIndex(SharedTextIndex):
         return len(data[:byte_offset].decode("utf-8", errors="ignore"))
 
     def char_offset(self, offset: int) -> int:
-        if offset < 0 or offset > len(self.text):
-            raise RpcError(ErrorCode.OUT_OF_RANGE, f"offset {offset} outside the document (0..{len(self.text)})")
+        if offset < 0 or offset > self.length:
+            raise RpcError(ErrorCode.OUT_OF_RANGE, f"offset {offset} outside the document (0..{self.length})")
         return offset
 
 
@@ -128,8 +128,8 @@ def apply_edit(index: TextIndex, edit: Edit, number: int = 0) -> TextIndex:
     else:
         start, end = edit.start, edit.end
         for value in (start, end):
-            if value < 0 or value > len(index.text):
-                raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: offset {value} outside the document (0..{len(index.text)})")
+            if value < 0 or value > index.length:
+                raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: offset {value} outside the document (0..{index.length})")
     if start > end:
         raise RpcError(ErrorCode.OUT_OF_RANGE, f"edits[{number}]: start {start} is after end {end}")
     return index.replace(start, end, edit.text)
@@ -155,7 +155,7 @@ def edit_end(index: TextIndex, edit: Edit) -> int | None:
         return None
     start = locate(index, edit.start) if isinstance(edit, RangeEdit) else edit.start
     end = start + len(edit.text)
-    return end if 0 <= end <= len(index.text) else None
+    return end if 0 <= end <= index.length else None
 
 
 def text_bytes(text: str) -> int:
