@@ -129,6 +129,30 @@ def test_a_buffer_dropped_from_the_searched_ones_is_indexed_again_when_it_comes_
     assert buffers.stats() == {"buffers": 2, "indexed": 2, "stale": 0, "indexed_tokens": len(texts["a"] + texts["b"])}
 
 
+def test_an_edited_buffer_is_reindexed_once_it_has_been_quiet():
+    """A buffer rewritten again and again waits for idle indexing until no edit has changed it
+    for ``quiet_s``; one only opened does not wait."""
+    buffers = OpenBuffers(searched=2, quiet_s=0.3)
+    text = "x = 1\n" * (2 * SLICE_CHARS // 6)
+    buffers.set("opened", text)
+    buffers.indexes("other", _char_encode)  # wanted by a request: worth its tokens
+    while buffers.index_pending(_char_encode, 0.05):
+        pass
+    assert buffers._buffers["opened"].index.tokens.tolist() == _char_encode(text)
+    encoded = []
+    counting = lambda piece: encoded.append(piece) or _char_encode(piece)  # noqa: E731
+    for number in range(3):
+        text = f"y = {number}\n" + text
+        buffers.set("opened", text)
+        assert not buffers.index_pending(counting, 0.05)
+    assert encoded == [] and buffers.stats()["stale"] == 1
+    time.sleep(0.35)
+    while buffers.index_pending(counting, 0.05):
+        pass
+    assert encoded and buffers._buffers["opened"].index.tokens.tolist() == _char_encode(text)
+    assert buffers.stats()["stale"] == 0
+
+
 def test_common_affixes():
     assert common_affixes("abcdef", "abXdef") == (2, 3)
     assert common_affixes("aaaa", "aaaaa") == (4, 0)

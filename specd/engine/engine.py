@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 PREFILL_SLICE = 64  # tokens per idle prefill forward: a new request waits for one slice at most
 WARM_PIECE_TOKENS = 256  # tokens prefilled per idle step while warming a new context chunk set
 MAX_OTHER_BUFFERS = 8  # open buffers searched by lookup, most recently edited first
+BUFFER_QUIET_S = 2.0  # an edited buffer is re-indexed for lookup once unchanged this long (OpenBuffers)
 ANONYMOUS = "<anonymous>"
 SUGGESTION_LEAD = 8  # prompt tokens indexed before each remembered completion, so its start matches too
 
@@ -55,7 +56,7 @@ class Engine(Fronted):
         self.options = options
         self._loader = loader or _load_from_options
         self.front = EngineFront(options)  # documents, workspace files, context chunks, prompts
-        self._buffers = OpenBuffers(MAX_OTHER_BUFFERS)  # open buffers' lookup indexes: idle time too
+        self._buffers = OpenBuffers(MAX_OTHER_BUFFERS, quiet_s=BUFFER_QUIET_S)  # open buffers' lookup indexes: idle time too
         self._lock = threading.Lock()  # the counters: stats() reads them from other threads
         self.caches = CacheStore(options.cache_budget_mb * 1024 * 1024)
         self.totals: dict[str, SourceStats] = {}

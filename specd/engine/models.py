@@ -4,6 +4,7 @@ own tokenizer (``load_gguf_pair``)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -77,6 +78,7 @@ class ModelPair:
     dtype: torch.dtype
     tokenizer_hash: str | None = None  # ``tokenizer_fingerprint`` of the target's files; None: unknown
     startup: StartupTimes = field(default_factory=StartupTimes)
+    _description: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def gguf(self) -> bool:
@@ -100,6 +102,13 @@ class ModelPair:
         return context_window(self.target_name, self.target.config)
 
     def describe(self) -> dict:
+        """Names, device, dtype and parameter counts (counted once: ``status`` asks often, and a
+        count walks every parameter); a fresh copy each time, for callers to add to."""
+        if self._description is None:
+            self._description = self._describe()
+        return copy.deepcopy(self._description)
+
+    def _describe(self) -> dict:
         def params(model):
             if model is None:
                 return 0

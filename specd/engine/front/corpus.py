@@ -234,6 +234,7 @@ class _Buffer:
     target_version: int = -1
     keep: int = 0  # tokens the index shares with ``target`` (found once per sync)
     touched: bool = False  # edited since it was opened, or wanted by a request: worth tokens
+    changed_at: float = float("-inf")  # when an edit last changed it (time.monotonic)
 
 
 class OpenBuffers:
@@ -254,7 +255,11 @@ class OpenBuffers:
       in a 1 MiB buffer re-tokenizes one piece, not the buffer.
     - ``index_pending(encode, budget_s)`` (the model worker, when idle) tokenizes the gaps a slice
       at a time, then brings the buffer's ``NgramIndex`` to the new tokens: truncate at the first
-      token that differs, extend with the rest, ``SLICE_TOKENS`` at a time.
+      token that differs, extend with the rest, ``SLICE_TOKENS`` at a time. A buffer waits until
+      no edit has changed it for ``quiet_s``: the buffer a person types in is the one being
+      completed (searched through its own prompt, not this index), and a client that rewrites a
+      large buffer every few hundred ms (a formatter, a script) would otherwise keep a core
+      re-tokenizing text that is replaced before its index is done.
     - ``indexes(exclude, encode)`` (a request) returns what is built. It finishes inline only
       buffers small enough to cost at most ``INLINE_CHARS`` characters of tokenizing in all, so a
       completion never waits on another buffer's re-tokenization beyond that.
@@ -266,9 +271,10 @@ class OpenBuffers:
     INLINE_CHARS = SLICE_CHARS  # per request, for buffers that can be finished at once
     MAX_INDEXED_CHARS = 8 * 1024 * 1024  # buffers holding tokens, together (one larger one alone is kept)
 
-    def __init__(self, searched: int, max_indexed_chars: int = MAX_INDEXED_CHARS):
+    def __init__(self, searched: int, max_indexed_chars: int = MAX_INDEXED_CHARS, quiet_s: float = 0.0):
         self.searched = searched
         self.max_indexed_chars = max_indexed_chars
+        self.quiet_s = quiet_s
         self._lock = threading.Lock()
         self._buffers: dict[str, _Buffer] = {}
         self._stamp = 0
@@ -303,6 +309,7 @@ class OpenBuffers:
             buffer.text, buffer.stamp, buffer.pieces = text, self._stamp, kept
             buffer.version += 1
             buffer.touched = True
+            buffer.changed_at = time.monotonic()
 
     def remove(self, uri: str) -> None:
         with self._lock:
@@ -349,7 +356,8 @@ class OpenBuffers:
 
     def index_pending(self, encode: Encode, budget_s: float) -> bool:
         """Tokenize and index the most recently edited buffers for about ``budget_s`` seconds;
-        True while work remains."""
+        True while work remains (False too while the only stale buffers are not quiet yet: the
+        worker's next idle poll comes back for them)."""
         deadline = time.monotonic() + budget_s
         while True:
             with self._lock:
@@ -360,7 +368,8 @@ class OpenBuffers:
                     if buffer.pieces or buffer.index is not None or buffer.indexed_version >= 0:  # no longer searched: free its tokens
                         buffer.pieces, buffer.index, buffer.target = [], None, None
                         buffer.indexed_version = buffer.target_version = -1
-                stale = [b for b in kept if b.touched and b.indexed_version != b.version]
+                settled = time.monotonic() - self.quiet_s
+                stale = [b for b in kept if b.touched and b.indexed_version != b.version and b.changed_at <= settled]
             if not stale:
                 return False
             self._step(stale[0], encode)
