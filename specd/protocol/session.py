@@ -14,7 +14,7 @@ import logging
 from typing import Any, Awaitable, Callable
 
 from specd.protocol.errors import ErrorCode, RpcError
-from specd.protocol.framing import READ_CHUNK, FrameDecoder, FrameError, pack
+from specd.protocol.framing import READ_CHUNK, WALK_SLICE, FrameDecoder, FrameError, pack
 from specd.protocol.messages import (
     MAX_MSGID,
     InvalidMessage,
@@ -222,7 +222,7 @@ class Session:
                     data = await self._read()
                     if not data:
                         break
-                    objects = self._decoder.feed(data)
+                    objects = await self._feed(data)
                     if objects:  # what is pending now belongs to a newer message: its own clock
                         self._partial_since = None
                 except (ConnectionError, OSError):
@@ -250,6 +250,19 @@ class Session:
             await self.close()
             self._decoder.close()
             self.release_callbacks()
+
+    async def _feed(self, data: bytes) -> list[Any]:
+        """The messages ``data`` completes, walked ``WALK_SLICE`` bytes at a time with a loop
+        turn for others between slices."""
+        if len(data) <= WALK_SLICE:
+            return self._decoder.feed(data)
+        objects: list[Any] = []
+        with memoryview(data) as view:
+            for at in range(0, len(data), WALK_SLICE):
+                if at:
+                    await asyncio.sleep(0)
+                objects += self._decoder.feed(view[at:at + WALK_SLICE])
+        return objects
 
     async def _settle(self, timeout: float) -> None:
         if not self._tasks:
