@@ -1,10 +1,11 @@
 """What the daemon needs of an engine: the contract ``specd.engine.Engine`` (and the tests'
-fake engines) fulfil. The daemon's loop calls none of it; the model worker and the document
-mirror do, on their threads.
+fake engines) fulfil. The model worker and the document mirror call it, on their threads; the
+daemon's loop calls only a ``StatsOnLoop`` engine's ``stats()``.
 
 ``CompletionEngine`` is required. The rest is optional, each a protocol of its own that an
 engine offers by defining its method: ``SteppedEngine`` (completions the worker can interleave
-and stream), ``CorpusEngine`` (workspace files for lookup) and the
+and stream), ``StatsOnLoop`` (figures cheap enough for the loop), ``CorpusEngine`` (workspace
+files for lookup) and the
 idle work the worker runs between jobs (``idle_work``, in priority order). An engine that
 defines none of them has no idle work; the worker checks with ``isinstance``."""
 
@@ -48,6 +49,16 @@ def completion_steps(engine: CompletionEngine, req: CompletionRequest,
     if isinstance(engine, SteppedEngine):
         return (yield from engine.complete_steps(req, cancel))
     return engine.complete(req, cancel)
+
+
+@runtime_checkable
+class StatsOnLoop(Protocol):
+    """An engine whose ``stats()`` is cheap (well under a millisecond) and never waits on the
+    model thread (its locks are held only briefly), so ``status`` calls it on the event loop:
+    there, a thread's round trip costs several milliseconds whenever the model thread and the
+    loop are busy. Engines without it (or with it False) are asked on a thread."""
+
+    stats_on_loop: bool
 
 
 @runtime_checkable

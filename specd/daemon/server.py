@@ -148,12 +148,12 @@ class Daemon:
                                             load_failure=self._load_failure, on_finished=self._engine_figures.invalidate,
                                             max_tokens_cap=cfg["daemon.max_tokens_cap"],
                                             default_max_tokens=cfg["engine.max_tokens"])
+        # A status fetching figures, or a completion's steps on the model thread: both need the
+        # GIL the loop would hold, so long edits and large messages go slower meanwhile.
+        self._waiting_on_thread = lambda: engine_stats.waiting > 0 or self.worker.current is not None
         self.documents = DocumentMethods(self.buffers, self._document_locks, self.mirror,
                                          on_closed=self.completion.document_closed,
-                                         # a status fetching figures, or a completion's steps on the
-                                         # model thread: both need the GIL the loop would hold
-                                         waiting_on_thread=lambda: engine_stats.waiting > 0
-                                         or self.worker.current is not None)
+                                         waiting_on_thread=self._waiting_on_thread)
         self.status = StatusMethods(cfg, socket_path=self.socket_path, worker=self.worker, buffers=self.buffers,
                                     completions=self.completions, completion=self.completion, workspace=self.workspace,
                                     connections=self.connections, engine=engine_stats, limits=self.limits)
@@ -378,6 +378,7 @@ class Daemon:
             on_eof=lambda: self.completion.disconnected(conn),
             name=f"conn{conn.id}",
             partial_message_timeout_s=self.partial_message_timeout_s,
+            yield_to_others=self._waiting_on_thread,
         )
         self.admission.admit(conn, self.hello_deadline_s, self.first_message_deadline_s)
         log.debug("conn%d: connected (%s, uid %s)", conn.id, conn.transport, conn.uid)

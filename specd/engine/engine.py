@@ -49,6 +49,10 @@ SUGGESTION_LEAD = 8  # prompt tokens indexed before each remembered completion, 
 
 
 class Engine(Fronted):
+    # stats() reads counters and sizes under short locks, never waiting on a completion: the
+    # daemon's status may call it on its event loop (engine_api.StatsOnLoop).
+    stats_on_loop = True
+
     def __init__(self, options: EngineOptions, pair: ModelPair | None = None,
                  loader: Callable[[EngineOptions], ModelPair] | None = None, paths: dict | None = None):
         """``paths``: forward paths to run ``pair`` on, built by another engine on the same pair

@@ -44,6 +44,12 @@ WRITE_LOW_WATER = 64 * 1024
 # How long the bytes of one message may take to arrive once its first byte has: a peer that
 # sends half a message and stalls is closed, not waited on forever.
 PARTIAL_MESSAGE_TIMEOUT_S = 30.0
+# While the owner says others need the interpreter (``yield_to_others``: a completion stepping
+# on the model thread), a message still arriving is read one chunk per this pause: a client
+# sending 64 MiB of documents otherwise keeps the loop copying bytes with the GIL held, and
+# every small torch op of the completion waits out a switch interval to get it back (a polite
+# completion's engine time went from ~80 to ~220 ms). 1 MiB then takes 16 pauses, ~16 ms more.
+LARGE_READ_PAUSE_S = 0.001
 
 # How long a peer may leave our answers unread (the write buffer over the high-water mark,
 # reading paused) before the connection is dropped: no slot is held past a deadline.
@@ -95,6 +101,7 @@ class Session:
         name: str = "session",
         on_eof: Callable[[], None] | None = None,
         partial_message_timeout_s: float | None = None,
+        yield_to_others: Callable[[], bool] | None = None,
     ):
         self.reader = reader
         self.writer = writer
@@ -104,6 +111,7 @@ class Session:
         self.name = name
         self._decoder = FrameDecoder(max_frame_bytes)
         self.partial_message_timeout_s = partial_message_timeout_s
+        self.yield_to_others = yield_to_others  # True: a large message in progress is read slowly (LARGE_READ_PAUSE_S)
         self._partial_since: float | None = None  # loop time the message in progress began
         transport = getattr(writer, "transport", None)
         if transport is not None and hasattr(transport, "set_write_buffer_limits"):
@@ -202,6 +210,8 @@ class Session:
                 log.info("%s: answers unread for %g s; closing", self.name, WRITE_STALL_TIMEOUT_S)
                 self.writer.transport.abort()
                 return b""
+        if self._decoder.pending_bytes and self.yield_to_others is not None and self.yield_to_others():
+            await asyncio.sleep(LARGE_READ_PAUSE_S)
         left = self._read_deadline()
         if left is None:
             return await self.reader.read(READ_CHUNK)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from specd import __version__
 from specd.daemon.admission import Connection
 from specd.daemon.buffers import BufferStore
+from specd.daemon.engine_api import StatsOnLoop
 from specd.daemon.handlers.completion import CompletionMethods
 from specd.daemon.metrics import EngineFigures, device_memory, process_memory
 from specd.daemon.params import HelloParams
@@ -33,7 +34,8 @@ ENGINE_STATS_TIMEOUT_S = 5.0
 
 
 class EngineStats:
-    """The engine's ``stats()``, fetched on a thread (they may walk caches and call torch)."""
+    """The engine's ``stats()``, fetched on a thread (they may walk caches and call torch),
+    or on the loop where the engine says they are cheap (``StatsOnLoop``)."""
 
     def __init__(self, worker: ModelWorker, figures: EngineFigures):
         self.worker = worker
@@ -52,7 +54,10 @@ class EngineStats:
             self.waiting += 1
             token = self.figures.begin()
             try:
-                stats = await asyncio.wait_for(asyncio.to_thread(engine.stats), timeout=ENGINE_STATS_TIMEOUT_S)
+                if isinstance(engine, StatsOnLoop) and engine.stats_on_loop:
+                    stats = engine.stats()  # a thread's round trip costs more than the call (see StatsOnLoop)
+                else:
+                    stats = await asyncio.wait_for(asyncio.to_thread(engine.stats), timeout=ENGINE_STATS_TIMEOUT_S)
                 figures = stats if isinstance(stats, dict) else {"stats": stats}
                 self.figures.keep(token, source, figures)
                 return figures
