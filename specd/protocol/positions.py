@@ -242,8 +242,21 @@ class TextIndex:
         out = type(self)("")
         out._text, out._length = None, size
         out._pieces = pieces[:low] + rebuilt_pieces + pieces[high + 1:]
-        out._set(self._blocks[:low] + rebuilt + self._blocks[high + 1:],
-                 self._shifts[:low] + [0] * len(rebuilt) + [shift + delta for shift in self._shifts[high + 1:]])
+        out._blocks = self._blocks[:low] + rebuilt + self._blocks[high + 1:]
+        out._shifts = self._shifts[:low] + [0] * len(rebuilt) + [shift + delta for shift in self._shifts[high + 1:]]
+        # Each block's first line and first start: those before the edit stay, the rebuilt ones
+        # are counted, the later ones move by the lines and characters the edit added.
+        first_lines, heads = self._first_lines[:low], self._heads[:low]
+        line = base
+        for block in rebuilt:
+            first_lines.append(line)
+            heads.append(block[0])
+            line += len(block)
+        old_end = self._first_lines[high + 1] if high + 1 < len(self._blocks) else self._count
+        lines_added = line - old_end
+        first_lines += [first + lines_added for first in self._first_lines[high + 1:]]
+        heads += [head + delta for head in self._heads[high + 1:]]
+        out._first_lines, out._heads, out._count = first_lines, heads, self._count + lines_added
         return out
 
     def line_end(self, line: int) -> int:
