@@ -92,6 +92,7 @@ def test_a_large_buffer_is_searched_once_idle_time_has_indexed_it(llama_pair, sa
     """A buffer too large to tokenize on a request's path is left out of lookup until idle time
     has indexed it; then it drafts (source lookup:open). Both outputs are the target's own."""
     engine = make_engine(*llama_pair)
+    engine._buffers.quiet_s = 0  # indexed as soon as idle time comes (the quiet period is tested below)
     request = dict(text=sample_source[:3000], offset=3000, max_tokens=24, stop_at_block_end=False,
                    use_draft_model=False)
     reference = engine.complete(CompletionRequest(**request, use_lookup=False))
@@ -130,12 +131,14 @@ def test_a_buffer_dropped_from_the_searched_ones_is_indexed_again_when_it_comes_
 
 
 def test_an_edited_buffer_is_reindexed_once_it_has_been_quiet():
-    """A buffer rewritten again and again waits for idle indexing until no edit has changed it
-    for ``quiet_s``; one only opened does not wait."""
+    """A buffer just opened, or rewritten again and again, waits for idle indexing until it has
+    been open and unchanged for ``quiet_s``."""
     buffers = OpenBuffers(searched=2, quiet_s=0.3)
     text = "x = 1\n" * (2 * SLICE_CHARS // 6)
     buffers.set("opened", text)
     buffers.indexes("other", _char_encode)  # wanted by a request: worth its tokens
+    assert not buffers.index_pending(_char_encode, 0.05) and buffers._buffers["opened"].index is None
+    time.sleep(0.35)
     while buffers.index_pending(_char_encode, 0.05):
         pass
     assert buffers._buffers["opened"].index.tokens.tolist() == _char_encode(text)

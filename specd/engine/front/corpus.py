@@ -234,7 +234,7 @@ class _Buffer:
     target_version: int = -1
     keep: int = 0  # tokens the index shares with ``target`` (found once per sync)
     touched: bool = False  # edited since it was opened, or wanted by a request: worth tokens
-    changed_at: float = float("-inf")  # when an edit last changed it (time.monotonic)
+    changed_at: float = float("-inf")  # when it was opened or an edit last changed it (time.monotonic)
 
 
 class OpenBuffers:
@@ -256,10 +256,12 @@ class OpenBuffers:
     - ``index_pending(encode, budget_s)`` (the model worker, when idle) tokenizes the gaps a slice
       at a time, then brings the buffer's ``NgramIndex`` to the new tokens: truncate at the first
       token that differs, extend with the rest, ``SLICE_TOKENS`` at a time. A buffer waits until
-      no edit has changed it for ``quiet_s``: the buffer a person types in is the one being
-      completed (searched through its own prompt, not this index), and a client that rewrites a
-      large buffer every few hundred ms (a formatter, a script) would otherwise keep a core
-      re-tokenizing text that is replaced before its index is done.
+      it has been open, and unchanged by edits, for ``quiet_s``: the buffer a person types in is
+      the one being completed (searched through its own prompt, not this index), and a client
+      that rewrites a large buffer every few hundred ms (a formatter, a script), or opens and
+      closes many large ones, would otherwise keep the model thread tokenizing and indexing
+      (pure Python, holding the GIL the event loop needs) text that is gone before its index
+      is done.
     - ``indexes(exclude, encode)`` (a request) returns what is built. It finishes inline only
       buffers small enough to cost at most ``INLINE_CHARS`` characters of tokenizing in all, so a
       completion never waits on another buffer's re-tokenization beyond that.
@@ -294,7 +296,7 @@ class OpenBuffers:
                 return
             self._stamp += 1
             if buffer is None:
-                self._buffers[uri] = _Buffer(text, self._stamp)
+                self._buffers[uri] = _Buffer(text, self._stamp, changed_at=time.monotonic())
                 return
             if buffer.text is not old:  # another set() came in between (callers are one thread: rare)
                 old, affixes = buffer.text, common_affixes(buffer.text, text)
