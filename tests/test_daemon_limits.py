@@ -212,6 +212,24 @@ def test_queue_serves_connections_in_turn():
     assert sorted(order) == sorted([f"a{n}" for n in range(40)] + ["b0"])
 
 
+def test_the_retry_hint_of_a_long_running_job_is_not_another_clients_service_time():
+    """A connection whose only job has run 3 s, with no finished job of its own yet, was told
+    to retry in 20 ms (a quarter of another client's 80 ms completes): 1,000 retries a second."""
+    async def main() -> tuple[int, int]:
+        queue = CompletionQueue(lambda job: None, max_queued_chars=MiB)
+        queue._service_all_s = 0.08  # the others' completes, as _served_in averages them
+        queue.put(1, _job("long"), 10)
+        queue.put(2, _job("fresh"), 10)
+        (long,) = [job for job in queue._in_worker if job.label == "long"]
+        (fresh,) = [job for job in queue._in_worker if job.label == "fresh"]
+        long.started_at, fresh.started_at = time.monotonic() - 3.0, time.monotonic() - 0.01
+        return queue.retry_after_ms(1), queue.retry_after_ms(2)
+
+    long_hint, fresh_hint = asyncio.run(main())
+    assert 700 <= long_hint <= 800, long_hint  # a quarter of what it has run so far
+    assert 60 <= fresh_hint <= 75, fresh_hint  # the usual service time, less what it has had
+
+
 def test_cancelled_jobs_leave_the_queue_with_what_they_hold():
     """150 superseded completes of 4 MiB grew RSS 428 -> 1,069 MiB: queued jobs kept their text."""
     class Payload:

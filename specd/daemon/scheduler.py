@@ -103,10 +103,12 @@ class CompletionQueue:
         if service_s is None:
             return RETRY_AFTER_DEFAULT_MS
         now = time.monotonic()
-        running = [now - job.started_at for job in self._in_worker if job.lane == lane and job.started_at is not None]
+        running = max((now - job.started_at for job in self._in_worker if job.lane == lane and job.started_at is not None),
+                      default=0.0)
         # A job past the usual service time may end any moment, or not for long: a quarter of
-        # it spaces the retries without leaving the room unused for long.
-        left_s = max(service_s - max(running, default=0.0), RETRY_AFTER_LATE_SHARE * service_s)
+        # the longer of the two (a job that has run 3 s is no 80 ms one, whatever other
+        # connections' completes take) spaces the retries without leaving the room unused long.
+        left_s = max(service_s - running, RETRY_AFTER_LATE_SHARE * max(service_s, running))
         return int(min(RETRY_AFTER_MAX_MS, max(RETRY_AFTER_MIN_MS, left_s * 1000)))
 
     def _served_in(self, job: Job) -> None:
