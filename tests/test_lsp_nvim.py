@@ -80,6 +80,33 @@ def _expected(daemon, uri: str, text: str, offset: int):
 
 @pytest.mark.slow
 def test_neovim_shows_and_accepts_the_daemons_suggestion(nvim, daemon, tmp_path):
+    _shows_and_accepts(nvim, daemon, tmp_path)
+
+
+@pytest.mark.slow
+def test_neovim_on_a_daemon_serving_gguf_files(nvim, tiny_root, tmp_path):
+    """The same, with the daemon's models Q8_0 GGUF files (llama.cpp's tokenizer and forward)."""
+    from conftest import SHARED_DAEMON_CONFIG
+    from daemon_helpers import DaemonProcess
+    from tiny import make_tiny_pair
+
+    from specd.llamacpp.export import export_gguf
+
+    target, draft = make_tiny_pair(tiny_root / "llama", "llama")
+    files = [export_gguf(model, tmp_path / f"{role}.q8_0.gguf", dtype="q8_0").path
+             for role, model in (("target", target), ("draft", draft))]
+    config = {**SHARED_DAEMON_CONFIG, "model.target": files[0], "model.draft": files[1]}
+    gguf_daemon = DaemonProcess(tmp_path / "daemon", engine="real", config=config).start(timeout=120)
+    try:
+        with gguf_daemon.client() as client:
+            status = client.status()
+        assert status["dtype"] == "gguf Q8_0" and status["models"]["forward"]["target"] == "llamacpp", status
+        _shows_and_accepts(nvim, gguf_daemon, tmp_path)
+    finally:
+        gguf_daemon.stop()
+
+
+def _shows_and_accepts(nvim, daemon, tmp_path):
     source = tmp_path / "greet.py"
     source.write_text(DOC, encoding="utf-8")
     uri = source.as_uri()
