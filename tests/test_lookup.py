@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -131,3 +134,32 @@ def test_indexing_leaves_nothing_for_the_garbage_collector_to_walk():
     index.truncate(21000)
     assert index.locate(tokens[100:110]) != (-1, 0)
     assert len(gc.get_objects()) - before < 50
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_slices_chained_at_once_equal_token_by_token(monkeypatch, seed):
+    """Idle indexing's large extends and truncates (numpy) leave exactly the index the
+    per-token loop builds: the same last positions and chains, after any mix of both."""
+    from specd.engine import lookup as lookup_module
+
+    rng = random.Random(seed)
+    vocab = rng.choice([3, 20, 5000])  # few bigrams (long chains) to many
+    at_once, one_by_one = NgramIndex(), NgramIndex()
+    for _ in range(12):
+        if len(at_once) and rng.random() < 0.4:
+            length = rng.randrange(len(at_once) + 1)
+            monkeypatch.setattr(lookup_module, "VECTORIZED_FROM", 1)
+            at_once.truncate(length)
+            monkeypatch.setattr(lookup_module, "VECTORIZED_FROM", 1 << 30)
+            one_by_one.truncate(length)
+        else:
+            new = [rng.randrange(vocab) for _ in range(rng.choice([1, 2, 700, 3000]))]
+            monkeypatch.setattr(lookup_module, "VECTORIZED_FROM", 1)
+            at_once.extend(new)
+            monkeypatch.setattr(lookup_module, "VECTORIZED_FROM", 1 << 30)
+            one_by_one.extend(new)
+        assert at_once.tokens == one_by_one.tokens
+        assert at_once._prev == one_by_one._prev
+        assert at_once._last == one_by_one._last
+    fresh = NgramIndex(one_by_one.tokens.tolist())
+    assert (fresh._prev, fresh._last) == (at_once._prev, at_once._last)
