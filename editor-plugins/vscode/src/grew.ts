@@ -19,11 +19,21 @@ function activeEditorAt(client: LanguageClient): EditorAt | undefined {
   };
 }
 
+// Asked again at the same place, VS Code keeps the item it shows: an automatic request there is
+// answered with the items it holds, and an explicit one puts the shown item back in front of the
+// new ones. So the shorter item is hidden first, then an automatic request (`explicit: false`)
+// goes to specd-lsp, which answers from its cache. (An explicit request would also be an invoked
+// one, answered with alternatives from the model.)
+async function showGrown(): Promise<void> {
+  await vscode.commands.executeCommand('editor.action.inlineSuggest.hide');
+  await vscode.commands.executeCommand('editor.action.inlineSuggest.trigger', { explicit: false });
+}
+
 /** Re-trigger the inline suggestion when the one shown grew. */
 export function followGrowth(client: LanguageClient): vscode.Disposable {
   return client.onNotification(GREW_METHOD, (note: SuggestionGrew) => {
     if (isAt(note, activeEditorAt(client))) {
-      void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
+      void showGrown();
     }
   });
 }
