@@ -27,6 +27,7 @@ import pytest
 from daemon_helpers import REPO
 from nvim_driver import Nvim, Screen
 from specd.client import Client, DaemonUnavailable
+from specd.protocol import RpcError
 from tools import BIN, find_tool
 
 pytestmark = pytest.mark.slow
@@ -35,6 +36,7 @@ READY_S = 240  # specd-lsp spawns the daemon, which loads the demo pair (seconds
 GHOST_S = 30  # a pause's suggestion, on a loaded 2-core machine
 EDIT_S = 10
 KEY_GAP_S = 0.06  # between keys inside a word: a quick typist
+QUIET_S = 0.3  # a pause ends once the daemon is idle and the ghost text stayed the same this long
 REPORT = os.environ.get("SPECD_TEST_TYPING_REPORT")  # read now: the autouse fixture clears SPECD_* for the tests
 SOURCE = '''class Stack:
     """A last-in, first-out stack."""
@@ -74,6 +76,34 @@ def _ghost(screen: Screen) -> str | None:
     return "\n" + below if below and below.strip() else None
 
 
+def _whole_ghost(screen: Screen) -> str | None:
+    """The whole ghost text on screen: its first line (``_ghost``) and the virtual lines drawn
+    below it (rows whose every non-blank cell is italic), or None."""
+    first = _ghost(screen)
+    if first is None:
+        return None
+    lines = [first]
+    row = screen.cursor[0] + (2 if first.startswith("\n") else 1)
+    while row < screen.height:
+        text = screen.text(row).rstrip()
+        if not text.strip() or not all(screen.highlights.get(hl, {}).get("italic")
+                                       for ch, hl in screen.cells[row][:len(text)] if ch.strip()):
+            break
+        lines.append(text)
+        row += 1
+    return "\n".join(lines)
+
+
+def _daemon_idle(socket_path: Path) -> bool:
+    """No completion waits, sits in the daemon's worker or runs, for any connection."""
+    try:
+        with Client.connect_unix(socket_path, timeout=2) as client:
+            queues = client.status().get("queues") or []
+    except (DaemonUnavailable, OSError, RpcError):
+        return False
+    return not any(q.get("waiting") or q.get("in_worker") or q.get("started") for q in queues)
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     """A user's home: XDG dirs, the plugin as a native package, specd-lsp on PATH."""
@@ -102,9 +132,12 @@ def home(tmp_path_factory):
 class Person:
     """Types into a Neovim and watches its screen."""
 
-    def __init__(self, nvim: Nvim):
+    def __init__(self, nvim: Nvim, socket_path: Path):
         self.nvim = nvim
+        self.socket_path = socket_path
         self.latencies_ms: list[float] = []
+        self.whole_ms: list[float] = []  # to the ghost text each pause ended with (a streamed suggestion grown)
+        self.grown = 0  # pauses whose ghost text changed after it first showed, with no key pressed
         self.cached_ms: list[float] = []  # pauses answered by specd-lsp's type-through cache
         self.overhead_ms: list[float] = []  # the others, less the daemon's own time (queue + engine)
         self._seen: dict = {}
@@ -121,8 +154,27 @@ class Person:
         at, ghost = self.nvim.wait_screen(_ghost, GHOST_S, what, since=sent)
         latency_ms = (at - sent) * 1000
         self.latencies_ms.append(latency_ms)
+        self._until_whole(sent, at)
         self._split(latency_ms)
         return ghost
+
+    def _until_whole(self, sent: float, first_at: float) -> None:
+        """Waits out the pause (the daemon idle, the ghost text unchanged for QUIET_S) and files the
+        time from the last key to the ghost text it ended with."""
+        deadline = time.monotonic() + GHOST_S
+        while not _daemon_idle(self.socket_path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while True:
+            changes: list[tuple[float, str | None]] = []
+            for at, screen in list(self.nvim.flushes):
+                if at >= sent and (text := _whole_ghost(screen)) != (changes[-1][1] if changes else None):
+                    changes.append((at, text))
+            if not changes or time.monotonic() - changes[-1][0] >= QUIET_S or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if changes and changes[-1][1]:
+            self.whole_ms.append((changes[-1][0] - sent) * 1000)
+            self.grown += changes[-1][0] > first_at
 
     def _split(self, latency_ms: float) -> None:
         """Files a pause's latency by what answered it, from specd-lsp's counters (read after the
@@ -163,7 +215,7 @@ def test_a_person_typing_in_neovim(home, renderer, tmp_path):
     (work / "stack.py").write_text(SOURCE)
     (work / "big.py").write_text("".join(f"value_{i} = {i}\n" for i in range(1, 301)))
     nvim = Nvim(find_tool("nvim"), ["stack.py"], work, env)
-    person = Person(nvim)
+    person = Person(nvim, root / "run" / "specd" / "specd.sock")
     try:
         ready = nvim.wait("local s = require('specd').status(); return s and s.state == 'ready' and s", READY_S,
                           "specd ready (specd-lsp spawning the daemon with the demo pair)")
@@ -250,6 +302,10 @@ def test_a_person_typing_in_neovim(home, renderer, tmp_path):
     p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
     figures = {"renderer": renderer, "pauses": len(latencies), "p50_ms": round(p50), "p95_ms": round(p95),
                "max_ms": round(latencies[-1]), "recovery_s": round(recovery_s, 1),
+               "whole_p50_ms": round(statistics.median(person.whole_ms)),
+               "whole_p95_ms": round(sorted(person.whole_ms)[min(len(person.whole_ms) - 1,
+                                                                 round(0.95 * (len(person.whole_ms) - 1)))]),
+               "pauses_grown": person.grown, "whole_ms": [round(x) for x in person.whole_ms],
                "latencies_ms": [round(x) for x in person.latencies_ms],
                "cached_ms": [round(x) for x in person.cached_ms],
                "overhead_ms": [round(x) for x in person.overhead_ms],
