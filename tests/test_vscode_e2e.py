@@ -321,7 +321,7 @@ def test_the_extension_in_code_server(tools, vsix, tmp_path):
     timings: dict[str, float] = {}
     started = time.monotonic()
     with _code_server(tools, vsix, tmp_path, {}) as bench:
-        page, workspace, socket_path, PlaywrightTimeout = bench.page, bench.workspace, bench.socket_path, bench.timeout_error
+        page, workspace, socket_path = bench.page, bench.workspace, bench.socket_path
         timings["ready_s"] = time.monotonic() - started
 
         def type_for_ghost(text: str, what: str) -> float:
