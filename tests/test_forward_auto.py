@@ -70,13 +70,13 @@ def test_the_prefill_stays_where_it_measured_faster(llama_pair, monkeypatch):
     engine = make_engine(*llama_pair, forward_backend="llamacpp", llamacpp_prefill="auto")
     for path, _ in engine.paths.values():
         assert path.torch_prefill is not None
-        assert path.prefill_note.endswith("measured faster: 256 tokens in 10.0 ms vs llama.cpp 30.0 ms")
+        assert path.prefill_note.endswith("measured faster: 512 tokens in 10.0 ms vs llama.cpp 30.0 ms")
     monkeypatch.setattr(measure, "measure_path", measured(30.0, 10.0))
     engine = make_engine(*llama_pair, forward_backend="llamacpp", llamacpp_prefill="auto")
     for path, _ in engine.paths.values():
         assert path.torch_prefill is None
         assert path.prefill_note == ("prefills on llama.cpp, measured faster than torch's with the K/V handed over: "
-                                     "256 tokens in 10.0 ms vs torch 30.0 ms")
+                                     "512 tokens in 10.0 ms vs torch 30.0 ms")
 
 
 def test_auto_chooses_a_valid_path_measured_once_and_stays_lossless(tiny_pairs, tiny_root, sample_source, monkeypatch):

@@ -6,7 +6,8 @@ What is timed (``measure.measure_path``) is what a request's decoding runs once 
 in the cache, which per-document KV reuse makes most of a keystroke's work: after
 ``CONTEXT`` tokens of context, a one-token step, and for the target a ``VERIFY_WIDTH``-token
 verify. On the lean path a verify computes only the rows of logits it reads (1 + accepted,
-``caches.LazyRows``): it is timed reading ``VERIFY_ROWS``. The faster sum (step + verify) wins;
+``caches.LazyRows``): it is timed reading ``VERIFY_ROWS``. Both paths are measured in turn,
+``ROUNDS`` times, each figure's least kept. The faster sum (step + verify) wins;
 a tie stays on torch, which also runs token trees. Where llama.cpp wins, the prompts that start
 a cache prefill where a second measurement says (``choose.faster_prefill``, unless
 ``engine.llamacpp_prefill`` names one).
@@ -40,6 +41,7 @@ CONTEXT = 512  # tokens in the cache behind the timed forwards: a keystroke's pr
 VERIFY_WIDTH = 4  # a few-row verify: a short draft and the token after it
 VERIFY_ROWS = 2  # rows of logits such a verify reads (1 + accepted: the bench's pairs run 1.5-1.8 tokens a forward)
 REPEATS = 3  # timed forwards per figure, after a warm-up; the median counts
+ROUNDS = 2  # both paths measured in turn this often, each figure's least kept (a busy machine's noise)
 FIGURE_BUDGET_MS = 250  # no more timed forwards of one figure once this much went into them
 MEASURE_WINDOW = 1024  # cells of the one-sequence llama.cpp context the measurement runs on
 CHOICE_VERSION = 1  # bump when what is measured or how it is decided changes: older choices are measured again
@@ -129,6 +131,12 @@ def choose_auto(model, source: str, pair: ModelPair, options: EngineOptions, rol
     return AutoChoice(path, figures["why"] + kept, figures)
 
 
+def _least(measured: list[DecodeCosts]) -> DecodeCosts:
+    """Each figure's smallest over the rounds: what another process's work added is noise."""
+    verify = [m.verify_ms for m in measured if m.verify_ms is not None]
+    return DecodeCosts(min(m.step_ms for m in measured), min(verify) if verify else None)
+
+
 def _on_torch(model, options: EngineOptions, reason: str, path=None, why: str | None = None) -> AutoChoice:
     """Torch's forward (``path`` when built already), because of ``reason``."""
     if path is None:
@@ -166,10 +174,10 @@ def _measure(model, source: str, pair: ModelPair, options: EngineOptions, torch_
         verify = None if last_only else rows.get(str(VERIFY_WIDTH), full[str(VERIFY_WIDTH)])
         return DecodeCosts(full["1"], verify)
 
-    torch_costs = costs(torch_path)
     probe = llamacpp_forward(model, source, pair, options, prefill="llamacpp", sequences=1, window=MEASURE_WINDOW)
-    llamacpp_costs = costs(probe)
+    rounds = [(costs(torch_path), costs(probe)) for _ in range(ROUNDS)]
     del probe
+    torch_costs, llamacpp_costs = (_least([r[i] for r in rounds]) for i in (0, 1))
     decision = decide(torch_costs, llamacpp_costs, torch_path.name)
     figures = {"chosen": decision.backend, "why": decision.why, "context": context,
                torch_path.name: asdict(torch_costs), "llamacpp": asdict(llamacpp_costs),

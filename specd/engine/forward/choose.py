@@ -94,25 +94,29 @@ def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions
         if reason is None:  # the loaded weights themselves: no copies ("off"), prefills are wide
             path.use_torch_prefill(LeanForward(model, transposed_weights="off"))
             if prefill == "auto" and path.torch_prefill is not None:
-                faster_prefill(model, path, vocab=pair.input_vocab(), window=window)
+                prompt = options.prefix_tokens + options.suffix_tokens + options.context_tokens
+                faster_prefill(model, path, vocab=pair.input_vocab(), tokens=min(PREFILL_TOKENS, prompt, window - 32))
         else:
             path.prefill_note = f"prefills on llama.cpp: no lean torch forward for this model ({reason})"
     return path
 
 
-PREFILL_TOKENS = 256  # a prompt that starts a document's cache: timed both ways by faster_prefill
-PREFILL_REPEATS = 3
-PREFILL_BUDGET_MS = 1000  # timed prefills beyond the first stop here (a large model on a slow CPU)
+# A prompt that starts a document's cache, timed both ways by faster_prefill. The default
+# budgets make 1.5-2k-token prompts, and torch's lead grows with length (llama.cpp's ms over
+# torch's: demo target 1.2x at 256 tokens, 1.7x at 512, 2.1x at 1,024; dev target 1.3x, 1.2x,
+# 1.5x): at 256 tokens a busy machine's noise picked llama.cpp.
+PREFILL_TOKENS = 512
+PREFILL_REPEATS = 2
+PREFILL_BUDGET_MS = 600  # timed prefills beyond the first stop here (a large model on a slow CPU)
 
 
-def faster_prefill(model, path, vocab: int, window: int | None = None) -> dict[str, float]:
+def faster_prefill(model, path, vocab: int, tokens: int = PREFILL_TOKENS) -> dict[str, float]:
     """Keep the prefill on torch (``path.torch_prefill``, K/V handed over) only where it is
-    faster than llama.cpp's own: one ``PREFILL_TOKENS`` prefill from empty timed each way
+    faster than llama.cpp's own: one ``tokens``-token prefill from empty timed each way
     (``measure.measure_path``). Says which and by how much in ``path.prefill_note``; returns
     ms per token each way ({"torch": .., "llamacpp": ..})."""
     from specd.engine.forward.measure import measure_path
 
-    tokens = min(PREFILL_TOKENS, window - 32) if window else PREFILL_TOKENS
     ids = torch.randint(0, vocab, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
     handoff, note = path.torch_prefill, path.prefill_note
     per_token = {}
