@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "generation (transformers' defaults: up to 20 draft tokens per step, constant "
                                    "schedule, drafting stops below 0.4 draft confidence), HF prompt lookup, "
                                    "llama.cpp on a GGUF of the same weights (llamacpp, llamacpp_lookup; with "
-                                   "llama-cpp-python installed) and specd (on torch, on llama.cpp's forward, and "
-                                   "ablations), side by side on the same models and prompts; print ratios.")
+                                   "llama-cpp-python installed) and specd (on the forward engine.forward_backend "
+                                   "chooses, auto by default; on llama.cpp's forward; and ablations), side by side on the same models and prompts; print ratios.")
     _model_flags(p)
     p.add_argument("--fim-layout", choices=("auto", "psm", "spm", "anchored"),
                    help="force the engine's FIM prompt layout (model.fim_layout); the report records the "

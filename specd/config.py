@@ -256,15 +256,18 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                         "one launch instead of hundreds a step; checked against the eager "
                                         "forward at load; auto = on where the models are on CUDA",
                            choices=("auto", "on", "off")),
-        "forward_backend": Key(str, "torch", "what runs the forwards: torch (the lean path or transformers'), or "
-                                             "llamacpp (llama.cpp's CPU kernels on a GGUF written from the same "
-                                             "weights; needs llama-cpp-python; Llama/Mistral/Qwen2, CPU only)",
-                               choices=("torch", "llamacpp")),
-        "llamacpp_prefill": Key(str, "torch", "with forward_backend llamacpp: where a prompt that starts a "
-                                              "document's cache from empty (64+ tokens) prefills: torch (the "
-                                              "lean forward, about twice llama.cpp's speed on a CPU; its K/V are "
-                                              "handed to llama.cpp, checked at load) or llamacpp",
-                                choices=("torch", "llamacpp")),
+        "forward_backend": Key(str, "auto", "what runs the forwards: auto (per model, whichever of torch and "
+                                            "llama.cpp a few forwards timed at load say decodes faster; the choice "
+                                            "is kept in $XDG_CACHE_HOME/specd/forward), torch (the lean path or "
+                                            "transformers'), or llamacpp (llama.cpp's CPU kernels on a GGUF "
+                                            "written from the same weights; needs llama-cpp-python; "
+                                            "Llama/Mistral/Qwen2, CPU only)",
+                               choices=("auto", "torch", "llamacpp")),
+        "llamacpp_prefill": Key(str, "auto", "on llama.cpp's forward: where a prompt that starts a document's "
+                                             "cache from empty (64+ tokens) prefills: torch (the lean forward, "
+                                             "its K/V handed to llama.cpp, checked at load), llamacpp, or auto "
+                                             "(whichever a few prefills timed at load say is faster)",
+                                choices=("auto", "torch", "llamacpp")),
         "draft_max": Key(int, 8, "most tokens the draft model proposes per step", _at_most(256)),
         "lookup_max": Key(int, 16, "most tokens prompt lookup proposes per step", _at_most(256)),
         "token_tree": Key(bool, True, "on the lean forward: verify other sources' drafts beside the chosen one "

@@ -94,7 +94,9 @@ def run_doctor(args, cfg) -> int:
           f"({engine.prompts.layout} layout), loaded in {time.monotonic() - started:.1f} s")
     for role, (path, why) in engine.paths.items():
         detail = path.description or ("transformers' forward" if path.name == "hf" else "")
-        print(f"  {role} forward: {path.name}" + (f" ({why})" if why else f" ({detail})" if detail else ""))
+        print(f"  {role} forward: {path.name}" + (f" ({detail})" if detail else ""))
+        if why:  # why this path (engine.forward_backend auto: the figures), or why not the one asked for
+            print(f"    {why}")
     costs = engine.planning.costs
     widths = ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(costs.target.items()))
     print(f"  target forward ms by width: {widths}")

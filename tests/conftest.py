@@ -25,14 +25,21 @@ ARCHS = ("llama", "qwen2", "gpt2", "qwen3", "gemma", "granite", "gpt_neox", "phi
 SAMPLE_SOURCE = Path(__file__).parent / "data" / "sample_module.py"
 
 
+# Engines built from the config (the CLI in this process or a child) have their forward paths
+# pinned: the auto choices time forwards at load, and no test's outcome may hang on the clock.
+PINNED_PATHS = {"SPECD_ENGINE_FORWARD_BACKEND": "torch", "SPECD_ENGINE_LLAMACPP_PREFILL": "torch"}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _session_xdg(tmp_path_factory):
     """Module- and session-scoped fixtures are set up before the per-test isolation below: they
     get session-wide private XDG dirs (they wrote GGUF files into the user's ~/.cache before)."""
-    saved = {var: os.environ.get(var) for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME")}
+    saved = {var: os.environ.get(var) for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME")
+             + tuple(PINNED_PATHS)}
     root = tmp_path_factory.mktemp("session-xdg")
-    for var in saved:
+    for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
         os.environ[var] = str(root / var.lower())
+    os.environ.update(PINNED_PATHS)  # module fixtures build engines too (the bench tests')
     yield
     for var, value in saved.items():
         if value is None:
@@ -53,6 +60,8 @@ def _isolated_xdg(tmp_path, monkeypatch):
     for name in list(os.environ):
         if name.startswith("SPECD_"):
             monkeypatch.delenv(name)
+    for name, value in PINNED_PATHS.items():
+        monkeypatch.setenv(name, value)
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,10 @@ def base_env(root: Path, engine: str = "fake", config: dict[str, Any] | None = N
     # OpenMP's spinning threads make every forward pass many times slower.
     env.setdefault("OMP_NUM_THREADS", "1")
     env["SPECD_TEST_ENGINE_FACTORY"] = f"fake_engine:{engine}"
+    # The forward paths pinned (``config`` may name others): the auto choices time forwards at
+    # load, and no test's outcome may hang on the clock.
+    env["SPECD_ENGINE_FORWARD_BACKEND"] = "torch"
+    env["SPECD_ENGINE_LLAMACPP_PREFILL"] = "torch"
     for dotted, value in (config or {}).items():
         env["SPECD_" + dotted.replace(".", "_").upper()] = str(value).lower() if isinstance(value, bool) else str(value)
     env.update(extra or {})

@@ -37,6 +37,9 @@ def make_engine(target: Path, draft: Path | None, free_drafting: bool = True, **
     turn it off or set their own costs.)"""
     # No wall-clock cut-off: on a loaded machine a time budget would make outputs load-dependent.
     options.setdefault("time_budget_ms", 600_000)
+    # The paths pinned: the auto choices time forwards at load, and no test may hang on the clock.
+    options.setdefault("forward_backend", "torch")
+    options.setdefault("llamacpp_prefill", "torch")
     opts = EngineOptions(target=str(target), draft=str(draft or ""), device="cpu", dtype="float32", **options)
     engine = Engine(opts, pair=load_pair(str(target), str(draft) if draft else None, "cpu", "float32"))
     if free_drafting:

@@ -224,7 +224,8 @@ def test_engine_start_up_reports_its_steps_and_reuses_the_healing_cache(llama_pa
     from specd.engine.options import EngineOptions
 
     target, draft = llama_pair
-    options = EngineOptions(target=str(target), draft=str(draft), device="cpu", dtype="float32")
+    options = EngineOptions(target=str(target), draft=str(draft), device="cpu", dtype="float32",
+                            forward_backend="torch")
     with caplog.at_level("INFO", logger="specd.engine.engine"):
         first = Engine(options)
         first.ensure_loaded()

@@ -106,7 +106,7 @@ def test_llama_starcoder_smoke_run_loads_in_the_engine(tmp_path, monkeypatch):
 
     engine = Engine(EngineOptions(target=str(target_dir), draft=str(draft_dir), device="cpu",
                                   dtype="float32", threads=1, max_tokens=COMPLETE_TOKENS,
-                                  time_budget_ms=600_000))
+                                  time_budget_ms=600_000, forward_backend="torch"))
     try:
         engine.ensure_loaded()
         assert engine.template.name == "starcoder"

@@ -16,15 +16,15 @@ Contexts stay ``WINDOW_MARGIN`` tokens inside the window the engine fits its pro
 target's ``context_window``, never beyond any model's ``max_position_embeddings``): a context
 beyond that is measured at the cap instead, as is a prefill longer than it.
 
-Every figure: a ``KVState`` on that path holds the context, one warm-up forward (first calls
-of a shape allocate), then the median of ``REPEATS`` timed forwards, each after a rollback to
-the context length (a length move or a crop; not timed). ``lean_over_hf`` divides lean ms by
+Every figure: a cache on that path holds the context, one warm-up forward (first calls of a
+shape allocate), then the median of ``REPEATS`` timed forwards, each after a crop back to the
+context length (not timed): ``specd.engine.forward.measure``, the same measuring the engine's
+``engine.forward_backend = auto`` runs at load. ``lean_over_hf`` divides lean ms by
 hf ms: below 1 the lean path is faster.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any, Callable, Sequence
 
@@ -86,52 +86,18 @@ def candidate_paths(model, engine_path, llamacpp: Callable[[], Any] | None = Non
     return {name: paths[name] for name in ("hf", "lean", "lean_eager", "llamacpp") if name in paths}, unavailable
 
 
-def _median_ms(run: Callable[[], object], reset: Callable[[], None], repeats: int,
-               synchronize: Callable[[], None]) -> float:
-    """One warm-up, then the median of ``repeats`` timed calls of ``run``, each after ``reset``."""
-    reset()
-    run()
-    synchronize()
-    times = []
-    for _ in range(repeats):
-        reset()
-        synchronize()
-        started = time.perf_counter()
-        run()
-        synchronize()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
-
-
 def measure_path(model, path, ids: Sequence[int], contexts: Sequence[int], widths: Sequence[int],
                  prefill_tokens: int, repeats: int, synchronize: Callable[[], None],
                  last_only: bool = False) -> dict[str, Any]:
-    """ms of forwards on one path: ``forward_ms[context][width]`` (``last_only``: logits of the
-    last token only, as a draft step asks) and a ``prefill_tokens`` prefill from empty."""
-    from specd.engine.caches import KVState
+    """ms of forwards on one path (``specd.engine.forward.measure.measure_path``, which the
+    engine's ``forward_backend = auto`` runs too): ``forward_ms[context][width]``, on a path
+    that computes rows on demand ``verify_one_row_ms`` (a verify whose first drafted token is
+    rejected), and a ``prefill_tokens`` prefill from empty."""
+    from specd.engine.forward.measure import measure_path as measure
 
-    state = KVState(model, path)
-    forward_ms: dict[str, dict[str, float]] = {}
-    lazy = not last_only and path.lazy_head
-    verify_ms: dict[str, dict[str, float]] = {}
-    for context in sorted(contexts):
-        state.prefill(list(ids[:context]))  # keeps the shorter context already held, runs the rest
-        row = forward_ms.setdefault(str(context), {})
-        for width in widths:
-            new = list(ids[context:context + width])
-            row[str(width)] = round(_median_ms(lambda: state.extend(new, last_only=last_only),
-                                               lambda: state.rollback(context), repeats, synchronize), 3)
-            if lazy:  # what verification pays when the first drafted token is rejected
-                verify_ms.setdefault(str(context), {})[str(width)] = round(_median_ms(
-                    lambda: state.extend_rows(new).row(0), lambda: state.rollback(context), repeats, synchronize), 3)
-    prompt = list(ids[:prefill_tokens])
-    prefill_ms = _median_ms(lambda: state.extend(prompt, last_only=True), lambda: state.rollback(0),
-                            repeats, synchronize)
-    state.reset()
-    out = {"forward_ms": forward_ms, "prefill_ms": round(prefill_ms, 3),
-           "prefill_ms_per_1k": round(prefill_ms * 1000 / prefill_tokens, 3)}
-    if verify_ms:
-        out["verify_one_row_ms"] = verify_ms
+    out = measure(model, path, ids, contexts, widths, prefill_tokens, repeats, synchronize, last_only=last_only)
+    if "verify_rows_ms" in out:
+        out["verify_one_row_ms"] = out.pop("verify_rows_ms")
     return out
 
 

@@ -28,7 +28,8 @@ building the prompt.
 - ``specd_llamacpp``: specd with ``engine.forward_backend = llamacpp`` (its decoding on llama.cpp's
   forward, same weights; a document's first prompt prefilled on torch and handed over, as
   ``engine.llamacpp_prefill`` says), a second engine on the same loaded pair; ``specd`` runs as
-  configured.
+  configured (``engine.forward_backend = auto`` by default: per model, whichever forward
+  measured faster at load; the report's ``forward`` says which).
 - ``specd`` and its ablations (``specd_no_draft``, ``specd_no_lookup``, ``specd_no_reuse``,
   ``specd_no_workspace``, ``specd_no_tree``): the engine with parts switched off
   (``specd_no_tree``: a second engine on the same loaded pair with ``engine.token_tree`` off,

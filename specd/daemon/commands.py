@@ -94,6 +94,19 @@ def _acceptance(value: Any) -> str:
     return ", ".join(parts)
 
 
+def _forward(engine: Any) -> str:
+    """Which forward runs each model, and why (engine.forward_backend auto: the measured figures)."""
+    forward = engine.get("forward") if isinstance(engine, dict) else None
+    if not isinstance(forward, dict) or not forward:
+        return "-"
+    parts = []
+    for role, about in forward.items():
+        if isinstance(about, dict):
+            why = about.get("why")
+            parts.append(f"{role} {about.get('path')}" + (f" ({why})" if why else ""))
+    return "; ".join(parts) or "-"
+
+
 def format_status(info: dict[str, Any]) -> str:
     models = info.get("models") or {}
     memory = info.get("memory") or {}
@@ -114,6 +127,7 @@ def format_status(info: dict[str, Any]) -> str:
         ("models", f"target {models.get('target') or '-'}, draft {models.get('draft') or '-'}"
          if isinstance(models, dict) and ("target" in models or "draft" in models) else _compact(models)),
         ("device", device),
+        ("forward", _forward(info.get("engine"))),
         ("memory", mem),
         ("cache", _compact(info.get("cache"))),
         ("acceptance", _acceptance(info.get("acceptance"))),

@@ -28,6 +28,7 @@ from specd.engine.speculation.healing import HealingConstraint
 from specd.engine.speculation.healing_cache import healing_vocabulary
 from specd.engine.caches import CacheStore, DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
+from specd.engine.forward.auto import choose_auto
 from specd.engine.forward.choose import choose_forward_path, llamacpp_forward
 from specd.engine.models import ModelPair, StartupTimes, load_pair
 from specd.engine.options import FORWARD_OPTIONS, EngineOptions
@@ -68,7 +69,8 @@ class Engine(Fronted):
         self.oom_retries = 0
         self.pair: ModelPair | None = None
         self.planning: PlannerMemory | None = None  # forward costs and acceptance of the loaded pair
-        self.paths: dict = {}  # role -> (forward path, why not lean)
+        self.paths: dict = {}  # role -> (forward path, why not lean / why this one)
+        self.auto_choices: dict = {}  # role -> what forward_backend = auto measured and chose
         self.startup = StartupTimes()  # what the last load spent where (``_install``)
         self.import_s: float | None = None  # importing the engine's modules, when the loader measured it
         self.healing_source = ""  # where the healing table's texts came from (``healing_vocabulary``)
@@ -91,9 +93,10 @@ class Engine(Fronted):
             self.front.install(pair.tokenizer, pair.target_name, pair.window(), healing=self.healing)
             self.stop_ids = self.prompts.stop_ids()
         sources = {"target": pair.target_name, "draft": pair.draft_name}
+        self.auto_choices = {}
         with times.step("forward paths"):
             self.paths = paths if paths is not None else {
-                role: self._forward_path(model, sources[role], pair)
+                role: self._forward_path(model, sources[role], pair, role)
                 for role, model in (("target", pair.target), ("draft", pair.draft)) if model is not None}
         for role, (path, why) in self.paths.items():
             detail = why or path.description
@@ -117,10 +120,17 @@ class Engine(Fronted):
         chain = max(self.options.lookup_max, self.options.draft_max) + 1
         return chain + (TREE_BRANCHES - 1) * self.options.lookup_max if self.options.token_tree else chain
 
-    def _forward_path(self, model, source: str, pair: ModelPair):
-        """(path, why): llama.cpp's forward when engine.forward_backend asks for it and it can
-        serve this model (else the torch choice, with why), else ``choose_forward_path``'s."""
-        if self.options.forward_backend != "llamacpp":
+    def _forward_path(self, model, source: str, pair: ModelPair, role: str):
+        """(path, why): as engine.forward_backend says: torch (``choose_forward_path``: the
+        lean path, else transformers' with why), llamacpp (llama.cpp's forward where it can
+        serve this model, else torch's with why), or auto (whichever a few forwards timed here
+        say is faster, ``auto.choose_auto``; why holds the figures)."""
+        backend = self.options.forward_backend
+        if backend == "auto":
+            choice = choose_auto(model, source, pair, self.options, role)
+            self.auto_choices[role] = choice.figures
+            return choice.path, choice.why
+        if backend != "llamacpp":
             return choose_forward_path(model, self.options)
         try:
             return llamacpp_forward(model, source, pair, self.options), None
@@ -137,7 +147,8 @@ class Engine(Fronted):
         and one measured choice of routes (``numpy_products``), so the two engines differ only
         in what their options change. llama.cpp's path holds its KV sequences: never shared."""
         same = all(getattr(options, name) == getattr(self.options, name) for name in FORWARD_OPTIONS)
-        return self.paths if same and self.paths and options.forward_backend == "torch" else None
+        torch_only = all(path.name != "llamacpp" for path, _ in self.paths.values())
+        return self.paths if same and self.paths and torch_only else None
 
     @property
     def loaded(self) -> bool:
@@ -443,7 +454,8 @@ class Engine(Fronted):
             "oom_retries": self.oom_retries,
             "acceptance": acceptance,
             "planner": self._planner_stats(),
-            "forward": {role: {"path": path.name, "why": why, "detail": path.description or None}
+            "forward": {role: {"path": path.name, "why": why, "detail": path.description or None,
+                               **({"auto": self.auto_choices[role]} if role in self.auto_choices else {})}
                         for role, (path, why) in self.paths.items()}
             if self.pair is not None else None,
             "threads": torch.get_num_threads(),

@@ -31,8 +31,8 @@ class EngineOptions:
     transposed_weights: str = "auto"  # auto | on | off (forward.lean.LeanForward)
     numpy_products: str = "auto"  # auto | on | off (forward.lean.LeanForward.host_products)
     cuda_graphs: str = "auto"  # auto | on | off (forward.lean.LeanForward.use_graphs)
-    forward_backend: str = "torch"  # torch | llamacpp (specd.engine.forward.llamacpp)
-    llamacpp_prefill: str = "torch"  # torch | llamacpp: where llama.cpp's prompts from empty prefill (handoff.py)
+    forward_backend: str = "auto"  # auto | torch | llamacpp (specd.engine.forward.auto, .llamacpp)
+    llamacpp_prefill: str = "auto"  # auto | torch | llamacpp: where llama.cpp's prompts from empty prefill (handoff.py)
     token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it
     draft_max: int = 8
     lookup_max: int = 16

@@ -38,16 +38,17 @@ def choose_forward_path(model, options: EngineOptions):
 INEXACT_ON_LLAMACPP = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
-def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions):
-    """A ``LlamaCppForward`` for ``model`` (loaded from ``source``), on its GGUF file in the
-    cache (written and checked the first time), its KV cells sized from the cache budget."""
-    from specd.llamacpp.export import cached_gguf
-    from specd.engine.forward.llamacpp import LlamaCppForward
+def llamacpp_obstacle(model, pair: ModelPair) -> str | None:
+    """Why llama.cpp's forward cannot serve ``model`` (a torch model of ``pair``) exactly, or
+    None; what building it may still find (an export that fails) is not known here."""
+    from specd.llamacpp.runtime import LlamaCppUnavailable, import_llama_cpp
 
-    if is_gguf(model):
-        return gguf_forward(model, options)
+    try:
+        import_llama_cpp()
+    except LlamaCppUnavailable as err:
+        return str(err)
     if pair.device.type != "cpu":
-        raise ValueError(f"the llama.cpp forward runs on the CPU, the models are on {pair.device}")
+        return f"the llama.cpp forward runs on the CPU, the models are on {pair.device}"
     model_type = getattr(model.config, "model_type", None)
     activation = getattr(model.config, "hidden_act", None) or getattr(model.config, "activation_function", None)
     if activation in INEXACT_ON_LLAMACPP:
@@ -55,23 +56,84 @@ def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions
         # starcoder, gemma, gptneox) read gelu from an f16 table, which moved a 7.9M GPT-2's
         # logits by up to 1.4 and flipped 14 of 1,100 argmaxes, and a random Gemma's greedy
         # output in 3 of 40 bench completions (docs/llamacpp.md); the bench's llama.cpp peers still run.
-        raise ValueError(f"llama.cpp computes {model_type}'s gelu from an f16 table, so its greedy output is "
-                         "not always the target's own; specd stays lossless on torch")
-    types = {torch.float32: "f32", torch.float16: "f16"}
-    if pair.dtype not in types:
-        raise ValueError(f"weights in {pair.dtype}; the llama.cpp forward takes float32 or float16")
-    window = context_window(pair.target_name, pair.target.config) or getattr(model.config, "max_position_embeddings", 4096)
-    path = LlamaCppForward(cached_gguf(source, types[pair.dtype]), budget_bytes=options.cache_budget_mb << 20,
-                           window=window, threads=torch.get_num_threads(), kv_bytes=pair.dtype.itemsize)
-    if options.llamacpp_prefill == "torch":
+        return (f"llama.cpp computes {model_type}'s gelu from an f16 table, so its greedy output is "
+                "not always the target's own; specd stays lossless on torch")
+    if pair.dtype not in LLAMACPP_TYPES:
+        return f"weights in {pair.dtype}; the llama.cpp forward takes float32 or float16"
+    return None
+
+
+LLAMACPP_TYPES = {torch.float32: "f32", torch.float16: "f16"}  # weights' dtype -> the GGUF written for them
+
+
+def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions, prefill: str | None = None,
+                     sequences: int | None = None, window: int | None = None):
+    """A ``LlamaCppForward`` for ``model`` (loaded from ``source``), on its GGUF file in the
+    cache (written and checked the first time), its KV cells sized from the cache budget
+    (``sequences``: at most that many; ``window``: cells per sequence, by default the model's). ``prefill`` (default ``engine.llamacpp_prefill``): where
+    a prompt from an empty cache prefills: torch (K/V handed over), llamacpp, or auto (whichever
+    a few prefills timed here say is faster, ``faster_prefill``)."""
+    from specd.llamacpp.export import cached_gguf
+    from specd.engine.forward.llamacpp import MAX_SEQUENCES, LlamaCppForward
+
+    if is_gguf(model):
+        return gguf_forward(model, options)
+    reason = llamacpp_obstacle(model, pair)
+    if reason is not None:
+        raise ValueError(reason)
+    window = window or context_window(pair.target_name, pair.target.config) \
+        or getattr(model.config, "max_position_embeddings", 4096)
+    path = LlamaCppForward(cached_gguf(source, LLAMACPP_TYPES[pair.dtype]), budget_bytes=options.cache_budget_mb << 20,
+                           window=window, threads=torch.get_num_threads(), kv_bytes=pair.dtype.itemsize,
+                           sequences=sequences or MAX_SEQUENCES)
+    prefill = prefill or options.llamacpp_prefill
+    if prefill in ("torch", "auto"):
         from specd.engine.forward.lean import LeanForward, unsupported_reason
 
         reason = unsupported_reason(model)
         if reason is None:  # the loaded weights themselves: no copies ("off"), prefills are wide
             path.use_torch_prefill(LeanForward(model, transposed_weights="off"))
+            if prefill == "auto" and path.torch_prefill is not None:
+                prompt = options.prefix_tokens + options.suffix_tokens + options.context_tokens
+                faster_prefill(model, path, vocab=pair.input_vocab(), tokens=min(PREFILL_TOKENS, prompt, window - 32))
         else:
             path.prefill_note = f"prefills on llama.cpp: no lean torch forward for this model ({reason})"
     return path
+
+
+# A prompt that starts a document's cache, timed both ways by faster_prefill. The default
+# budgets make 1.5-2k-token prompts, and torch's lead grows with length (llama.cpp's ms over
+# torch's: demo target 1.2x at 256 tokens, 1.7x at 512, 2.1x at 1,024; dev target 1.3x, 1.2x,
+# 1.5x): at 256 tokens a busy machine's noise picked llama.cpp.
+PREFILL_TOKENS = 512
+PREFILL_ROUNDS = 2  # both ways in turn this often, one timed prefill after a warm-up each, the least kept
+
+
+def faster_prefill(model, path, vocab: int, tokens: int = PREFILL_TOKENS) -> dict[str, float]:
+    """Keep the prefill on torch (``path.torch_prefill``, K/V handed over) only where it is
+    faster than llama.cpp's own: a ``tokens``-token prefill from empty timed each way, in turn,
+    ``PREFILL_ROUNDS`` times, the least kept (on a busy machine another process's work lands on
+    one way or the other; ``measure.measure_path``). Says which and by how much in ``path.prefill_note``; returns
+    ms per token each way ({"torch": .., "llamacpp": ..})."""
+    from specd.engine.forward.measure import measure_path
+
+    ids = torch.randint(0, vocab, (tokens,), generator=torch.Generator().manual_seed(0)).tolist()
+    handoff, note = path.torch_prefill, path.prefill_note
+    least: dict[str, float] = {}
+    for _ in range(PREFILL_ROUNDS):
+        for name, prefill in (("torch", handoff), ("llamacpp", None)):
+            path.torch_prefill = prefill
+            ms = measure_path(model, path, ids, (), (), tokens, 1, lambda: None)["prefill_ms"]
+            least[name] = min(ms, least.get(name, ms))
+    torch_ms, llamacpp_ms = least["torch"], least["llamacpp"]
+    per_token = {name: round(ms / tokens, 4) for name, ms in least.items()}
+    if torch_ms < llamacpp_ms:
+        path.torch_prefill = handoff
+        path.prefill_note = f"{note}; measured faster: {tokens} tokens in {torch_ms:.1f} ms vs llama.cpp {llamacpp_ms:.1f} ms"
+    else:
+        path.prefill_note = (f"prefills on llama.cpp, measured faster than torch's with the K/V handed over: "
+                             f"{tokens} tokens in {llamacpp_ms:.1f} ms vs torch {torch_ms:.1f} ms")
+    return per_token
 
 
 def gguf_forward(model, options: EngineOptions):
