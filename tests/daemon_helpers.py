@@ -15,6 +15,7 @@ from typing import Any
 from specd.client import Client, DaemonUnavailable
 from specd.daemon import buffers
 from specd.daemon.params import parse_cursor, parse_edits
+from specd.protocol import RpcError
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -57,6 +58,16 @@ def base_env(root: Path, engine: str = "fake", config: dict[str, Any] | None = N
         env["SPECD_" + dotted.replace(".", "_").upper()] = str(value).lower() if isinstance(value, bool) else str(value)
     env.update(extra or {})
     return env
+
+
+def daemon_idle(socket_path: Path) -> bool:
+    """No completion waits, sits in the daemon's worker or runs, for any connection."""
+    try:
+        with Client.connect_unix(socket_path, timeout=2) as client:
+            queues = client.status().get("queues") or []
+    except (DaemonUnavailable, OSError, RpcError):
+        return False
+    return not any(q.get("waiting") or q.get("in_worker") or q.get("started") for q in queues)
 
 
 def wait_for(condition, timeout: float = 10.0, interval: float = 0.02, message: str = "condition"):

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon_helpers import REPO
+from daemon_helpers import REPO, daemon_idle
 from nvim_driver import Nvim, Screen
 from specd.client import Client, DaemonUnavailable
-from specd.protocol import RpcError
 from tools import BIN, find_tool
 
 pytestmark = pytest.mark.slow
@@ -94,16 +93,6 @@ def _whole_ghost(screen: Screen) -> str | None:
     return "\n".join(lines)
 
 
-def _daemon_idle(socket_path: Path) -> bool:
-    """No completion waits, sits in the daemon's worker or runs, for any connection."""
-    try:
-        with Client.connect_unix(socket_path, timeout=2) as client:
-            queues = client.status().get("queues") or []
-    except (DaemonUnavailable, OSError, RpcError):
-        return False
-    return not any(q.get("waiting") or q.get("in_worker") or q.get("started") for q in queues)
-
-
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     """A user's home: XDG dirs, the plugin as a native package, specd-lsp on PATH."""
@@ -162,7 +151,7 @@ class Person:
         """Waits out the pause (the daemon idle, the ghost text unchanged for QUIET_S) and files the
         time from the last key to the ghost text it ended with."""
         deadline = time.monotonic() + GHOST_S
-        while not _daemon_idle(self.socket_path) and time.monotonic() < deadline:
+        while not daemon_idle(self.socket_path) and time.monotonic() < deadline:
             time.sleep(0.05)
         while True:
             changes: list[tuple[float, str | None]] = []

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import pytest
 
 from conftest import SHARED_DAEMON_CONFIG
-from daemon_helpers import REPO, DaemonProcess, free_port
+from daemon_helpers import REPO, DaemonProcess, daemon_idle, free_port
 from fake_engine import STREAMED_TEXT
 from specd.client import Client, DaemonUnavailable
 from specd.protocol import RpcError
@@ -142,16 +142,6 @@ def _serving(socket_path: Path) -> bool:
     return status.get("state") == "ready" and (status.get("documents") or {}).get("open", 0) >= 1
 
 
-def _daemon_idle(socket_path: Path) -> bool:
-    """No completion waits, sits in the daemon's worker or runs, for any connection."""
-    try:
-        with Client.connect_unix(socket_path, timeout=2) as client:
-            queues = client.status().get("queues") or []
-    except (DaemonUnavailable, OSError, RpcError):
-        return False
-    return not any(q.get("waiting") or q.get("in_worker") or q.get("started") for q in queues)
-
-
 def _typing_pause(bench: Workbench, piece: str) -> tuple[float, float | None, bool] | None:
     """Types ``piece`` and waits out the pause after it: (ms from its last key to the first ghost
     text, ms to the ghost text the pause ends with or None when that is none, whether it grew with
@@ -165,7 +155,7 @@ def _typing_pause(bench: Workbench, piece: str) -> tuple[float, float | None, bo
         page.wait_for_function(shown_since_key, timeout=PAUSE_S * 1000)
     except bench.timeout_error:
         return None  # nothing to suggest here (or not yet): the next piece goes on
-    _wait(lambda: _daemon_idle(bench.socket_path), PAUSE_S, "the daemon done writing")
+    _wait(lambda: daemon_idle(bench.socket_path), PAUSE_S, "the daemon done writing")
     page.wait_for_function(f"() => {{ const c = window.specdGhostLog.changes;"
                            f" return performance.now() - c[c.length - 1][0] >= {QUIET_MS}; }}", polling=50,
                            timeout=PAUSE_S * 1000)
