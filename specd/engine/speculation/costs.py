@@ -21,11 +21,13 @@ Expected tokens of a step that verifies k drafted tokens: 1 + first (1 + then (1
 from __future__ import annotations
 
 import bisect
-import time
+import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+
+from specd.engine.forward.measure import median_ms
 
 EMA = 0.2  # weight of a new timing in the moving averages
 DECAY = 0.97  # per-record decay of acceptance counts: about the last 30 drafts of a kind matter
@@ -169,16 +171,6 @@ class ForwardCosts:
                 "draft_catch_up_ms_per_token": None if self.draft_per_token is None else round(self.draft_per_token, 4)}
 
 
-def _median_ms(run: Callable[[], object], repeats: int, synchronize: Callable[[], None]) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        synchronize()
-        times.append((time.perf_counter() - started) * 1000)
-    return sorted(times)[len(times) // 2]
-
-
 def calibrate(target_state_factory: Callable[[], object], draft_state_factory: Callable[[], object] | None,
               vocab_size: int, max_width: int, device: torch.device) -> ForwardCosts:
     """Seed the costs: forwards of each width after ``CALIBRATION_CONTEXT`` tokens of context,
@@ -200,10 +192,9 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
             head_ms.append(rows.head_ms)
             state.rollback(len(context))
 
-        verify_step()  # warm-up: first calls of a shape allocate
-        del head_ms[:]
-        step = _median_ms(verify_step, CALIBRATION_REPEATS, synchronize)
-        costs.head_row = sorted(head_ms)[len(head_ms) // 2]
+        head_ms.clear()
+        step = median_ms(verify_step, _nothing, CALIBRATION_REPEATS, synchronize)
+        costs.head_row = statistics.median(head_ms[1:])  # (the first was median_ms's warm-up)
         costs.target[width] = max(step - costs.head_row, 1e-3)
     if draft_state_factory is not None:
         draft = draft_state_factory()
@@ -213,15 +204,17 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
             draft.extend(context[:1], last_only=True)
             draft.rollback(len(context))
 
-        one_step()
-        costs.draft_step = _median_ms(one_step, CALIBRATION_REPEATS, synchronize)
+        costs.draft_step = median_ms(one_step, _nothing, CALIBRATION_REPEATS, synchronize)
         catch_up = 32
 
         def catch_up_step():
             draft.extend(context[:catch_up], last_only=True)
             draft.rollback(len(context))
 
-        catch_up_step()
-        costs.draft_per_token = max(0.0, _median_ms(catch_up_step, CALIBRATION_REPEATS, synchronize)
+        costs.draft_per_token = max(0.0, median_ms(catch_up_step, _nothing, CALIBRATION_REPEATS, synchronize)
                                     - costs.draft_step) / (catch_up - 1)
     return costs
+
+
+def _nothing() -> None:
+    """No reset between timed calls: each rolls its own state back."""
