@@ -84,15 +84,17 @@ function probe.hint()
   return nil
 end
 
---- Records the inline-completion requests the specd client sends: probe.requested[uri] = count.
+--- Records the inline-completion requests the specd client sends: probe.requested[uri] = count,
+--- probe.requested_at = the hrtime (ns) of each, in order.
 function probe.record_requests()
-  probe.requested = {}
+  probe.requested, probe.requested_at = {}, {}
   local client = vim.lsp.get_clients({ name = 'specd' })[1]
   local request = client.request
   client.request = function(self, method, params, ...)
     if method == 'textDocument/inlineCompletion' then
       local uri = params.textDocument.uri
       probe.requested[uri] = (probe.requested[uri] or 0) + 1
+      probe.requested_at[#probe.requested_at + 1] = vim.uv.hrtime()
     end
     return request(self, method, params, ...)
   end

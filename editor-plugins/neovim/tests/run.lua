@@ -113,10 +113,10 @@ case('units: next line/word, status text, options', function()
   assert_eq(vim.json.encode(config.init_options({})), '{}', 'empty settings go out as an object')
   assert_eq(vim.json.decode(vim.json.encode(config.init_options(resolved.settings))), { maxTokens = 32 }, 'settings as given')
   assert_eq(resolved.debounce_ms, 0, 'the plugin renderer asks at each keystroke; specd-lsp debounces')
-  assert_eq(config.init_options({ maxTokens = 32 }, 'plugin'), { maxTokens = 32 }, 'plugin renderer: specd-lsp debounces')
-  assert_eq(config.init_options({ maxTokens = 32 }, 'native'), { maxTokens = 32, debounceMs = 0 },
-    "native renderer: Neovim's typing pause is the debounce")
-  assert_eq(config.init_options({ debounceMs = 50 }, 'native'), { debounceMs = 50 }, 'a debounceMs set by the user stays')
+  assert_eq(config.init_options({ maxTokens = 32 }, false), { maxTokens = 32 }, 'asking at each keystroke: specd-lsp debounces')
+  assert_eq(config.init_options({ maxTokens = 32 }, true), { maxTokens = 32, debounceMs = 0 },
+    "Neovim's own typing pause (not taken over) is the debounce")
+  assert_eq(config.init_options({ debounceMs = 50 }, true), { debounceMs = 50 }, 'a debounceMs set by the user stays')
   assert_eq(resolved.settings, { maxTokens = 32 }, 'the settings themselves untouched')
 end)
 
@@ -195,6 +195,37 @@ case('native: <M-l> accepts one line, <M-w> one word, <C-]> dismisses', function
   child:input('<C-]>')
   child:wait('the ghost text to go', EDIT_MS, 'return probe.ghost() == nil')
   assert_eq(child:lua('return probe.buffer()'), table.concat(dofile(here .. '/probe.lua').SOURCE, '\n'), 'dismiss leaves the buffer')
+end, { native = true })
+
+case('native: asks at each keystroke; keeps an item typed through, fitted, and drops one typed away from', function()
+  local child = session(options(FAKE, 'native', { debounce_ms = 0 }))
+  local ghost = type_at_row(child)
+  local first = ghost:sub(1, 1)
+  assert(#ghost > 1 and first:match('%S'), 'the fake daemon\'s suggestion here: ' .. vim.inspect(ghost))
+  local row = dofile(here .. '/probe.lua').ROW
+  local source = dofile(here .. '/probe.lua').SOURCE
+
+  -- Its first character and <Tab> at once (no cursor event between): the item, once.
+  child:input(first .. '<Tab>')
+  local expected = vim.deepcopy(source)
+  local lines = vim.split(ghost, '\n', { plain = true })
+  lines[1] = source[row] .. lines[1]
+  expected = vim.list_extend(vim.list_extend(vim.list_slice(expected, 1, row - 1), lines), vim.list_slice(expected, row + 1))
+  child:wait('the accept applied', EDIT_MS, 'return probe.buffer() == ...', table.concat(expected, '\n'))
+
+  -- A character the item does not start with: the item goes at once and <Tab> is a <Tab>.
+  assert_eq(type_at_row(child), ghost, 'the same suggestion again')
+  child:input('Q<Tab>')
+  local line = child:wait('the keys typed', EDIT_MS, 'local l = vim.api.nvim_buf_get_lines(0, probe.ROW - 1, probe.ROW, false)[1]; return l ~= "    " and l:find("Q") and l')
+  assert(not line:find(vim.pesc(ghost:match('^[^\n]*')), 1, false), 'the dropped item was inserted: ' .. line)
+  assert(vim.startswith(line, '    Q'), line)
+
+  -- Asked at once after a keystroke, not after Neovim's 200 ms typing pause.
+  child:lua('probe.record_requests(); probe.typed_at = vim.uv.hrtime()')
+  child:input('x')
+  local waited = child:wait('a request after the keystroke', EDIT_MS,
+    'return probe.requested_at[1] and (probe.requested_at[1] - probe.typed_at) / 1e6')
+  assert(waited < 150, ('asked %.0f ms after the key'):format(waited))
 end, { native = true })
 
 case('plugin renderer (0.10/0.11 path): shows, accepts, accepts a line, dismisses', function()

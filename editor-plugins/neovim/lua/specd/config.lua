@@ -18,7 +18,7 @@ local M = {}
 ---@field root_markers string[] Files that mark a project root (one specd-lsp per root; cwd otherwise)
 ---@field settings table<string, any> specd-lsp settings, sent once as init_options (see docs/lsp.md)
 ---@field renderer 'auto'|'native'|'plugin' Ghost text by Neovim 0.12's vim.lsp.inline_completion ('native') or by this plugin ('plugin'); 'auto' picks native where available
----@field debounce_ms integer Plugin renderer: typing pause before asking; 0: ask at each keystroke and let specd-lsp's debounce (`debounceMs`, after its type-through cache) decide
+---@field debounce_ms integer Typing pause before asking; 0: ask at each keystroke and let specd-lsp's debounce (`debounceMs`, after its type-through cache) decide. The native renderer too, where it can take Neovim's requests over (else Neovim's 200 ms pause)
 ---@field keymaps specd.Keymaps
 ---@field health_timeout_ms integer Longest `:checkhealth specd` waits for an answer
 
@@ -121,15 +121,15 @@ function M.resolve(opts)
 end
 
 --- init_options as JSON wants them: an empty table must go out as {} (an object), not [].
---- Neovim's own inline completion waits for a 200 ms typing pause before it asks, so specd-lsp's
---- debounce (which only drops a request that a newer one follows within `debounceMs`) could
---- never drop one there and would only add its 75 ms: with the native renderer it is 0 unless
---- the user set it.
+--- A renderer that already waits for a typing pause of its own before it asks (Neovim's inline
+--- completion, 200 ms, where specd.native cannot take its requests over) would gain nothing from
+--- specd-lsp's debounce, which only drops a request that a newer one follows within
+--- `debounceMs`, and would only add its 75 ms: there it is 0 unless the user set it.
 ---@param settings table
----@param renderer_name? 'native'|'plugin'
+---@param own_pause? boolean the renderer waits for its own typing pause
 ---@return table
-function M.init_options(settings, renderer_name)
-  if renderer_name == 'native' and settings.debounceMs == nil then
+function M.init_options(settings, own_pause)
+  if own_pause and settings.debounceMs == nil then
     settings = vim.tbl_extend('force', settings, { debounceMs = 0 })
   end
   return next(settings) == nil and vim.empty_dict() or settings

@@ -1,9 +1,11 @@
 --- The 'native' renderer: Neovim 0.12's vim.lsp.inline_completion shows and accepts suggestions;
 --- this module adds partial accepts, alternatives on demand and per-buffer enabling on top.
 ---
---- Two things its public API does not offer are reached through vim.lsp._capability, always
---- under pcall with the public call as the fallback: the probe below, and asking for
---- alternatives when only one item was received.
+--- What its public API does not offer is reached through vim.lsp._capability (its per-buffer
+--- Completor), always checked first, with Neovim's own behaviour as the fallback: the probe
+--- below, asking for alternatives when only one item was received, asking again when a
+--- suggestion grew, and `take_over_typing`: asking at each keystroke instead of after Neovim's
+--- 200 ms typing pause, and keeping the item shown only where the typing went through it.
 
 local accept = require('specd.accept')
 local util = require('specd.util')
@@ -13,6 +15,11 @@ local M = {}
 M.namespace = 'nvim.lsp.inline_completion'
 
 local TRIGGER_INVOKED = 1
+local TRIGGER_AUTOMATIC = 2
+local METHOD = 'textDocument/inlineCompletion'
+
+local debounce_ms = 0 -- typing pause before asking; setup() sets it from the config
+local refits = {} ---@type table<integer, fun()> per buffer: fit the item shown to what was typed
 
 ---@param bufnr integer
 ---@return table? completor vim.lsp.inline_completion's per-buffer state (private)
@@ -79,6 +86,111 @@ local function stop_pending_on_leave(bufnr)
   })
 end
 
+--- The Completor methods `take_over_typing` replaces or calls.
+local TAKEN_OVER = { 'automatic_request', 'handler', 'request', 'show', 'hide', 'reset_timer' }
+
+--- Whether this Neovim's inline completion has what `take_over_typing` needs; without it the
+--- buffer keeps Neovim's own typing pause (and specd-lsp is told not to debounce on top).
+---@return boolean
+function M.can_take_over()
+  local ok, result = pcall(function()
+    assert(vim.lsp.inline_completion)
+    local Completor = require('vim.lsp._capability').all.inline_completion
+    for _, name in ipairs(TAKEN_OVER) do
+      if type(Completor[name]) ~= 'function' then
+        return false
+      end
+    end
+    return type(vim.lsp.util._cancel_requests) == 'function' and type(vim.range) == 'table'
+  end)
+  return ok and result == true
+end
+
+--- The item shown, followed through what was typed since it came: specd-lsp's items start at
+--- the cursor they were asked for, so when the text from there to the cursor (same line) is
+--- the start of the item, the item stays, replacing what was typed too (its replaced span moves
+--- right by as much); otherwise it no longer fits and is dropped (nil). Neovim alone keeps drawing
+--- the old item past whatever was typed, and <Tab> would insert it at its old range.
+---@param item vim.lsp.inline_completion.Item
+---@param ends table<table, integer> each item's replaced span's end as it came (by item)
+---@param bufnr integer
+---@return vim.lsp.inline_completion.Item?
+local function follow(item, ends, bufnr)
+  local range, text = item.range, item.insert_text
+  local winid = vim.fn.bufwinid(bufnr)
+  if not range or type(text) ~= 'string' or range.start.row ~= range.end_.row or winid == -1 then
+    return nil
+  end
+  local cursor = vim.api.nvim_win_get_cursor(winid)
+  local row, col = cursor[1] - 1, cursor[2]
+  if row ~= range.start.row or col < range.start.col then
+    return nil
+  end
+  local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
+  local typed = line:sub(range.start.col + 1, col)
+  if #typed >= #text or text:sub(1, #typed) ~= typed then
+    return nil -- typed past its end, or away from it
+  end
+  local came_end = ends[item] or range.end_.col
+  if range.end_.col ~= came_end + #typed then
+    item = vim.tbl_extend('force', item, {
+      range = vim.range(row, range.start.col, row, came_end + #typed, { buf = range.start.buf }),
+    })
+  end
+  ends[item] = came_end
+  return item
+end
+
+--- Makes this buffer's Completor ask at each keystroke (after `debounce_ms`, 0 by default:
+--- specd-lsp's `debounceMs` then decides, after its type-through cache, as with the plugin
+--- renderer) instead of after Neovim's fixed 200 ms pause, cancelling the request before; and
+--- keeps its item only where the typing went through it (`follow`), also for an answer that
+--- comes after more was typed.
+---@param bufnr integer
+local function take_over_typing(bufnr)
+  local state = completor(bufnr)
+  if not state or rawget(state, 'automatic_request') or not M.can_take_over() then
+    return
+  end
+  local ends = setmetatable({}, { __mode = 'k' })
+  local function refit(self)
+    local item = self.current and follow(self.current, ends, bufnr)
+    if item then
+      self.current = item
+      self:show()
+    elseif self.current then
+      self.current = nil
+      self:hide()
+    end
+  end
+  refits[bufnr] = function()
+    if completor(bufnr) == state then
+      refit(state)
+    end
+  end
+  local answered = state.handler
+  state.handler = function(self, err, result, ctx)
+    answered(self, err, result, ctx)
+    if self.current then
+      ends[self.current] = self.current.range and self.current.range.end_.col
+      refit(self)
+    end
+  end
+  state.automatic_request = function(self)
+    refit(self)
+    self:reset_timer()
+    pcall(vim.lsp.util._cancel_requests, { bufnr = bufnr, method = METHOD, type = 'pending' })
+    if debounce_ms <= 0 then
+      self:request(TRIGGER_AUTOMATIC)
+      return
+    end
+    self.timer = vim.defer_fn(function()
+      self.timer = nil
+      self:request(TRIGGER_AUTOMATIC)
+    end, debounce_ms)
+  end
+end
+
 ---@param bufnr integer
 ---@param enabled boolean
 function M.set_enabled(bufnr, enabled)
@@ -86,9 +198,15 @@ function M.set_enabled(bufnr, enabled)
   if enabled and require('specd.renderer').native_support() == 'all-buffers' then
     localize_triggers(bufnr)
   end
+  if enabled then
+    take_over_typing(bufnr)
+  end
 end
 
-function M.setup(_config) end
+---@param config specd.Config
+function M.setup(config)
+  debounce_ms = config.debounce_ms
+end
 
 ---@param _client vim.lsp.Client
 ---@param bufnr integer
@@ -101,6 +219,7 @@ end
 ---@param bufnr integer
 function M.detach(bufnr)
   pcall(vim.api.nvim_del_augroup_by_name, 'specd.native.' .. bufnr)
+  refits[bufnr] = nil
 end
 
 ---@param bufnr integer
@@ -134,6 +253,9 @@ end
 ---@param kind 'all'|'line'|'word'
 ---@return boolean taken whether a suggestion was shown
 function M.accept(bufnr, kind)
+  if refits[bufnr] then
+    refits[bufnr]() -- keys typed just before, with no cursor event in between yet
+  end
   if kind == 'all' then
     return vim.lsp.inline_completion.get({ bufnr = bufnr })
   end

@@ -25,7 +25,8 @@ local function client_config(config, renderer_name)
   local server = {
     cmd = config.cmd,
     filetypes = config.filetypes,
-    init_options = require('specd.config').init_options(config.settings, renderer_name),
+    init_options = require('specd.config').init_options(config.settings,
+      renderer_name == 'native' and not require('specd.native').can_take_over()),
     handlers = {
       [status.METHOD] = status.on_notification,
       [require('specd.grew').METHOD] = require('specd.grew').handler(renderer_name),
