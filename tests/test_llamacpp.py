@@ -229,6 +229,9 @@ def test_greedy_equals_hf_and_the_slot_reuses_its_prefix(demo_pair, gguf_dir):
         assert second.tokens == hf(later) == LlamaSlot(path, n_ctx=1024).generate(later, 24, {0}).tokens
         again = slot.generate(later, 24, {0})  # the whole prompt held: one token still runs
         assert again.prefill_reused == len(later) - 1 and again.tokens == second.tokens
+        slot.forget()  # the bench's peer, when the document it holds closes
+        cold = slot.generate(later, 24, {0})
+        assert cold.prefill_reused == 0 and cold.prefill_computed == len(later) and cold.tokens == second.tokens
         if lookup:
             assert first.drafted > 0
 
@@ -269,6 +272,26 @@ def test_bench_states_specd_against_llama_cpp(monkeypatch, demo_pair):
     assert methods["specd"]["speedup_vs"]["llamacpp"] > 0
     assert any(g["goal"] == "specd speedup vs llamacpp" for g in report["goals"])
     assert report["skipped_methods"] == {}
+
+
+def test_the_bench_peer_forgets_a_closed_documents_prompt():
+    """The bench warms each method up on the first completion's own text, then closes that
+    document: llama.cpp's one slot must not keep it, or the first measured completion alone
+    would find its whole prompt cached there (and cold everywhere else)."""
+    from specd.bench.peers import LlamaCppMethod
+
+    class Slot:
+        forgotten = 0
+
+        def forget(self):
+            self.forgotten += 1
+
+    method = object.__new__(LlamaCppMethod)
+    method.slot, method._held_doc = Slot(), "warmup"
+    method.close_document("other")
+    assert method.slot.forgotten == 0  # another document's close leaves the slot alone
+    method.close_document("warmup")
+    assert method.slot.forgotten == 1 and method._held_doc is None
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "gpt_bigcode-mqa", "gpt_bigcode-mha"])

@@ -229,6 +229,7 @@ class LlamaCppMethod:
         # logits enough to flip near-ties, and the bench compares outputs token for token.
         self.slot = LlamaSlot(gguf_path, n_ctx=window + max_tokens + LOOKUP_TOKENS + 64, threads=threads,
                               lookup=lookup, kv_f32=engine.pair.dtype == torch.float32)
+        self._held_doc: str | None = None  # the document whose prompt the slot's cache holds
 
     def _constraint(self, healed: str, newline: str):
         """Token healing's constraint on the first tokens, as every other method gets it."""
@@ -243,6 +244,7 @@ class LlamaCppMethod:
         return allowed
 
     def run(self, item: Completion, prompt_ids: list[int]) -> Run:
+        self._held_doc = item.doc
         text = self.engine.pair.tokenizer.decode(list(prompt_ids), skip_special_tokens=False).encode()
         started = time.perf_counter()
         # llama-server receives text (llama.vim's input_prefix/input_suffix/input_extra) and
@@ -262,7 +264,12 @@ class LlamaCppMethod:
                    gen.prefill_reused, sources)
 
     def close_document(self, doc: str) -> None:
-        pass  # one slot for every document, as one llama-server slot per client
+        # One slot for every document, as one llama-server slot per client; a closed document's
+        # prompt goes with it, as every other method's cache does. (Else the warm-up, which runs
+        # the first completion's own text, would leave that completion a warm cache here alone.)
+        if doc == self._held_doc:
+            self.slot.forget()
+            self._held_doc = None
 
 
 class SpecdMethod:

@@ -95,6 +95,10 @@ class LlamaSlot:
     def held(self) -> list[int]:
         return self.llama.input_ids[: self.llama.n_tokens].tolist()
 
+    def forget(self) -> None:
+        """Start the next request from an empty cache (its cells are dropped then, in ``_decode``)."""
+        self.llama.n_tokens = 0
+
     def _decode(self, tokens: list[int], outputs: int) -> np.ndarray:
         """Run ``tokens`` after the cache; logits of the last ``outputs`` of them (rows)."""
         llama = self.llama
