@@ -10,8 +10,14 @@ being stripped as a text's implicit first space.
 
 from __future__ import annotations
 
+import weakref
+
 from specd.engine.front.boundaries import BoundaryRules, Surroundings, boundary
 from specd.engine.speculation.healing import foreign_break
+
+# Per tokenizer, whether each token's own text holds a line break, as decoded once: a decode
+# call costs tens of microseconds, and the rules ask it of every token of every completion.
+_BREAKS: "weakref.WeakKeyDictionary[object, dict[int, bool]]" = weakref.WeakKeyDictionary()
 
 
 class StopRules:
@@ -48,8 +54,7 @@ class StopRules:
             return "eos"
         self.ids.append(token)
         text = None
-        piece = self._piece(token)
-        if self.newline is not None and ("\r" in piece or "\n" in piece):
+        if self.newline is not None and self._breaks(token):
             text = self._after_cursor()
             cut = foreign_break(text, self.newline)
             if cut >= 0:
@@ -81,9 +86,17 @@ class StopRules:
         self._cut, rule = found
         return rule
 
-    def _piece(self, token: int) -> str:
-        """The new token's own text."""
-        return self.tokenizer.decode([token], skip_special_tokens=False)
+    def _breaks(self, token: int) -> bool:
+        """Whether the token's own text holds a line break."""
+        try:
+            known = _BREAKS.setdefault(self.tokenizer, {})
+        except TypeError:  # a tokenizer that takes no weak reference: decode every time
+            known = {}
+        found = known.get(token)
+        if found is None:
+            piece = self.tokenizer.decode([token], skip_special_tokens=False)
+            found = known[token] = "\r" in piece or "\n" in piece
+        return found
 
     def _after_cursor(self) -> str:
         text = self.tokenizer.decode(self._anchor + self.ids, skip_special_tokens=False)

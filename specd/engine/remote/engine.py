@@ -74,8 +74,8 @@ class TextStops(StopRules):
                 return "eos"
         return self(-1)  # the rules read the text through _after_cursor, not the token
 
-    def _piece(self, token: int) -> str:
-        return self._delta  # the text streams in deltas, not tokens
+    def _breaks(self, token: int) -> bool:
+        return "\r" in self._delta or "\n" in self._delta  # the text streams in deltas, not tokens
 
     def _after_cursor(self) -> str:
         return self.streamed

@@ -183,3 +183,8 @@ class HealingConstraint:
 
     def row(self, logits: torch.Tensor, before: Sequence[int]) -> torch.Tensor:
         return self.vocabulary.mask_row(logits, self.healed, before, self.newline)
+
+    def settled(self, generated: Sequence[int]) -> bool:
+        """Whether ``generated`` re-typed the cut text (nothing is masked after it): the decode
+        loop then drops the constraint."""
+        return self.vocabulary.remaining(self.healed, generated) == ""

@@ -121,6 +121,8 @@ def decode_steps(
             first_token_s = time.monotonic() - start
         seq.extend(new)
         held = len(seq) - 1
+        if constraint is not None and constraint.settled([*out, *new]):
+            constraint = None  # the cut text is re-typed: no row is masked from here on
         for token in new:
             reason = stop(token)
             if reason is not None:

@@ -11,7 +11,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from specd.engine.caches import Rows
+from specd.engine.caches import Rows, row_argmax
 from specd.engine.speculation.drafters import Draft, DraftTree
 from specd.engine.speculation.sampling import SamplingParams, probabilities
 
@@ -22,6 +22,7 @@ class Constraint(Protocol):
 
     def rows(self, logits: torch.Tensor, before: Sequence[int], draft: Sequence[int]) -> torch.Tensor: ...
     def row(self, logits: torch.Tensor, before: Sequence[int]) -> torch.Tensor: ...
+    def settled(self, generated: Sequence[int]) -> bool: ...  # binds nothing after ``generated``
 
 
 def _row(rows: Rows, i: int, constraint: Constraint | None, before: Sequence[int]) -> torch.Tensor:
@@ -34,7 +35,7 @@ def _choice(rows: Rows, i: int, constraint: Constraint | None, before: Sequence[
     """The target's greedy token at row i (under the constraint after ``before``)."""
     if constraint is None:
         return rows.argmax(i)
-    return int(constraint.row(rows.row(i), before).argmax())
+    return row_argmax(constraint.row(rows.row(i), before))
 
 
 def _stands(p: torch.Tensor, token: int, q: torch.Tensor | None, generator: torch.Generator | None) -> bool:
