@@ -110,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "schedule, drafting stops below 0.4 draft confidence), HF prompt lookup, "
                                    "llama.cpp on a GGUF of the same weights (llamacpp, llamacpp_lookup; with "
                                    "llama-cpp-python installed) and specd (on the forward engine.forward_backend "
-                                   "chooses, auto by default; on llama.cpp's forward; and ablations), side by side on the same models and prompts; print ratios.")
+                                   "chooses, auto by default; on llama.cpp's forward; and ablations), side by side on the same models and prompts; print ratios. "
+                                   "With a GGUF target (--model x.gguf) the reference is llama.cpp's own greedy of "
+                                   "that file and the methods are the llama.cpp peers and specd.")
     _model_flags(p)
     p.add_argument("--fim-layout", choices=("auto", "psm", "spm", "anchored"),
                    help="force the engine's FIM prompt layout (model.fim_layout); the report records the "
@@ -121,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", metavar="DIR", help="source files to build workloads from (default: held-out stdlib modules)")
     p.add_argument("--workloads", default="line,edit_replay,cold,multi_file",
                    help="comma-separated: line, edit_replay, cold, multi_file")
-    p.add_argument("--methods", help="comma-separated subset of methods to run (hf_greedy always runs)")
+    p.add_argument("--methods", help="comma-separated subset of methods to run (the reference always runs: "
+                                     "hf_greedy, or llamacpp on a GGUF target, where no hf_* method can run)")
     p.add_argument("--limit", type=int, default=12,
                    help="completions per workload; edit_replay makes max(2N, 24) requests, at most 6 per "
                         "edited function, so at least 4 functions (default: 12)")

@@ -5,7 +5,9 @@ architecture can take, ``lean.LeanForward`` for the lean families, or
 ``specd.engine.forward.llamacpp.LlamaCppForward`` with ``engine.forward_backend = llamacpp``). This
 measures each one that serves the model (llama.cpp's where llama-cpp-python is installed; and
 ``lean_eager``, the lean forward without CUDA graphs, where the engine's lean path replays them),
-so a report says what each path buys on this machine and what a forward of each width costs:
+so a report says what each path buys on this machine and what a forward of each width costs.
+A GGUF model has llama.cpp's path only (no torch weights): that one is measured, the others
+are reported unavailable.
 
 - target: median ms of a forward of 1, 2, 4, 8 and 16 new tokens (a decode step up to a long
   verify) after 512 and 2048 tokens of context, and of a 1024-token prefill from empty
@@ -13,8 +15,9 @@ so a report says what each path buys on this machine and what a forward of each 
 - draft: median ms of one step (a 1-token forward) after 512 tokens, and of the same prefill.
 
 Contexts stay ``WINDOW_MARGIN`` tokens inside the window the engine fits its prompts to (the
-target's ``context_window``, never beyond any model's ``max_position_embeddings``): a context
-beyond that is measured at the cap instead, as is a prefill longer than it.
+target's ``context_window``, never beyond any model's ``max_position_embeddings``; on a GGUF
+model never beyond the cells llama.cpp's path gives one sequence): a context beyond that is
+measured at the cap instead, as is a prefill longer than it.
 
 Every figure: a cache on that path holds the context, one warm-up forward (first calls of a
 shape allocate), then the median of ``REPEATS`` timed forwards, each after a crop back to the
@@ -36,6 +39,7 @@ PREFILL_TOKENS = 1024  # a prefill from empty; its cost is reported per 1k token
 REPEATS = 5  # timed forwards per figure, after one warm-up; the median counts
 WINDOW_MARGIN = 32  # contexts stay this far inside the window: room for the widest forward
 SEED = 0  # the random token ids the forwards run on
+NO_TORCH_WEIGHTS = "a GGUF file: no torch weights"
 
 
 def window_cap(window: int | None, *position_limits: int | None) -> int | None:
@@ -53,6 +57,12 @@ def capped(sizes: Sequence[int], cap: int | None) -> list[int]:
 
 
 def _position_limit(model) -> int | None:
+    """Positions ``model`` was made for: its ``max_position_embeddings``, a GGUF file's trained
+    context."""
+    from specd.engine.models import is_gguf
+
+    if is_gguf(model):
+        return model.context_length
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     return limit if isinstance(limit, int) and limit > 0 else None
 
@@ -65,9 +75,13 @@ def candidate_paths(model, engine_path, llamacpp: Callable[[], Any] | None = Non
     forward on the model's GGUF file, when llama-cpp-python is installed)."""
     from specd.engine.forward.transformers import HFForward
     from specd.engine.forward.lean import LeanForward, unsupported_reason
+    from specd.engine.models import is_gguf
 
     paths = {engine_path.name: engine_path}
     unavailable: dict[str, str] = {}
+    if is_gguf(model):  # llama.cpp's path on the file itself is the only one
+        unavailable.update({name: NO_TORCH_WEIGHTS for name in ("hf", "lean")})
+        return paths, unavailable
     if "hf" not in paths:
         paths["hf"] = HFForward(model)
     if "lean" not in paths:
@@ -142,12 +156,12 @@ def measure_forward_costs(engine, repeats: int = REPEATS,
     progress line before the work starts."""
     import torch
 
-    from specd.engine.options import context_window
-
     pair = engine.pair
     target_path, _ = engine.paths["target"]
     draft_path = engine.paths["draft"][0] if pair.draft is not None else None
-    window = context_window(pair.target_name, pair.target.config)
+    # A GGUF pair's window is what llama.cpp's path gives one document's cache (sized to the
+    # prompt budgets, not the file's 32k-128k trained positions); otherwise the target's.
+    window = target_path.window if pair.gguf else pair.window()
     cap = window_cap(window, _position_limit(pair.target))
     draft_cap = window_cap(window, _position_limit(pair.target), _position_limit(pair.draft)) if pair.draft else None
     target_contexts = capped(TARGET_CONTEXTS, cap)
@@ -163,8 +177,7 @@ def measure_forward_costs(engine, repeats: int = REPEATS,
                  f"{'/'.join(map(str, TARGET_WIDTHS))} after {' and '.join(map(str, target_contexts))} tokens, "
                  f"a {target_prefill}-token prefill; median of {repeats}")
 
-    models = [m for m in (pair.target, pair.draft) if m is not None]
-    vocab = min(m.get_input_embeddings().weight.shape[0] for m in models)
+    vocab = pair.input_vocab()
     longest = max(max(target_contexts) + max(TARGET_WIDTHS), target_prefill, draft_prefill,
                   max(draft_contexts, default=0) + max(DRAFT_WIDTHS))
     generator = torch.Generator().manual_seed(SEED)
@@ -191,9 +204,10 @@ def measure_forward_costs(engine, repeats: int = REPEATS,
 def _llamacpp_factory(engine, role: str) -> Callable[[], Any] | None:
     """Builds llama.cpp's forward of ``role`` (engine.forward_backend = llamacpp), or None when
     llama-cpp-python is not installed."""
+    from specd.engine.models import is_gguf
     from specd.llamacpp.runtime import available
 
-    if not available():
+    if not available() or is_gguf(engine.pair.target):  # a GGUF pair's engine paths are llama.cpp's
         return None
     from specd.engine.forward.choose import llamacpp_forward
 
@@ -204,8 +218,11 @@ def _llamacpp_factory(engine, role: str) -> Callable[[], Any] | None:
 
 def _path_names(model, engine_path) -> str:
     from specd.engine.forward.lean import unsupported_reason
+    from specd.engine.models import is_gguf
     from specd.llamacpp.runtime import available
 
+    if is_gguf(model):
+        return f"{engine_path.name} path"
     names = ["hf"]
     if engine_path.name == "lean" or unsupported_reason(model) is None:
         names.append("lean")

@@ -5,7 +5,8 @@ peers get specd's own prompt ids (so all methods see identical inputs); specd va
 through ``Engine.complete`` with the document text and cursor, so their wall time includes
 building the prompt.
 
-- ``hf_greedy``: ``generate(do_sample=False)`` of the target alone, cold every time. The reference.
+- ``hf_greedy``: ``generate(do_sample=False)`` of the target alone, cold every time. The reference
+  on a transformers target (``reference.py``; on a GGUF target ``llamacpp`` is).
 - ``hf_prefix_cache``: the same, but each document keeps its last ``DynamicCache`` and the ids it
   holds; the next request of that document crops it to the common token prefix and hands it to
   ``generate()``, which prefills only the rest (what llama.cpp's server does with
@@ -18,7 +19,8 @@ building the prompt.
 - ``hf_lookup``: ``generate(prompt_lookup_num_tokens=10)``: HF's prompt-lookup decoding (n-grams
   of up to ``max_matching_ngram_size=2`` tokens matched in the prompt and output so far).
 - ``llamacpp``: llama.cpp (llama-cpp-python) on a GGUF file written from the same weights
-  (f32 weights and K/V on CPU; :mod:`specd.llamacpp.export`), greedy, with one slot whose KV cache persists
+  (f32 weights and K/V on CPU; :mod:`specd.llamacpp.export`), or on the GGUF target itself (its
+  own tensor types, K/V in f32), greedy, with one slot whose KV cache persists
   between requests and is re-used up to the longest common token prefix, as llama-server's
   ``cache_prompt`` does for a client: what a llama.vim / llama.vscode user runs.
 - ``llamacpp_lookup``: the same with llama-cpp-python's prompt-lookup drafter
@@ -61,7 +63,6 @@ from specd.engine.caches import common_prefix
 from specd.engine.front.boundaries import NO_BOUNDARIES
 from specd.engine.types import CompletionRequest, SourceStats
 
-REFERENCE = "hf_greedy"
 HF_PEERS = ("hf_greedy", "hf_prefix_cache", "hf_assisted", "hf_lookup")
 LLAMACPP_PEERS = ("llamacpp", "llamacpp_lookup")
 PEERS = HF_PEERS + LLAMACPP_PEERS  # what every method's speed is stated against
@@ -73,6 +74,8 @@ ALL_METHODS = PEERS + SPECD_METHODS
 NEEDS_DRAFT = frozenset({"hf_assisted", "specd_no_lookup"})
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented example value for prompt_lookup_num_tokens
 PROMPT_LOOKUP_MAX_NGRAM = 2  # transformers' default max_matching_ngram_size (left unset)
+DEFAULT_WINDOW = 4096  # a target whose files state no window
+PROMPT_MARKUP_TOKENS = 64  # a prompt's tokens beyond its text budgets: FIM and file-separator tokens
 NO_TIME_BUDGET_MS = 10**9  # the bench compares full outputs; the engine's wall-clock stop stays out
 
 
@@ -224,11 +227,11 @@ class LlamaCppMethod:
         self.engine = engine
         self.max_tokens = max_tokens
         self.stop_ids = set(engine.stop_ids)
-        window = context_window(engine.pair.target_name, engine.pair.target.config) or 4096
-        # K/V in the weights' precision, as specd_llamacpp keeps them: llama-server's f16 K/V moves
-        # logits enough to flip near-ties, and the bench compares outputs token for token.
-        self.slot = LlamaSlot(gguf_path, n_ctx=window + max_tokens + LOOKUP_TOKENS + 64, threads=threads,
-                              lookup=lookup, kv_f32=engine.pair.dtype == torch.float32)
+        # K/V in the weights' precision, as specd_llamacpp keeps them (f32 on a GGUF target, as
+        # the engine keeps them there): llama-server's f16 K/V moves logits enough to flip
+        # near-ties, and the bench compares outputs token for token.
+        self.slot = LlamaSlot(gguf_path, n_ctx=slot_window(engine) + max_tokens + LOOKUP_TOKENS + 64,
+                              threads=threads, lookup=lookup, kv_f32=engine.pair.dtype == torch.float32)
         self._held_doc: str | None = None  # the document whose prompt the slot's cache holds
 
     def _constraint(self, healed: str, newline: str):
@@ -270,6 +273,18 @@ class LlamaCppMethod:
         if doc == self._held_doc:
             self.slot.forget()
             self._held_doc = None
+
+
+def slot_window(engine: Engine) -> int:
+    """Prompt positions the llama.cpp peers' slot holds: the target's window; on a GGUF target
+    at most the engine's prompt budgets (a real file declares 32k-128k trained positions, and a
+    slot allocates its cells up front), with room for the FIM and file-separator tokens."""
+    pair = engine.pair
+    if not pair.gguf:
+        return context_window(pair.target_name, pair.target.config) or DEFAULT_WINDOW
+    opts = engine.options
+    budget = opts.prefix_tokens + opts.suffix_tokens + opts.context_tokens + PROMPT_MARKUP_TOKENS
+    return min(pair.window() or budget, budget)
 
 
 class SpecdMethod:

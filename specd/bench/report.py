@@ -8,7 +8,9 @@ median decode times (the time after the first token), the part drafting can shor
 ``vs_ablations`` (``specd`` only) is the paired ratio the other way round, per ablation:
 ``ablation ms / specd ms``, geometric mean (above 1: specd is faster).
 
-A completion whose reference output (``hf_greedy``) is empty proves nothing about identity:
+The reference every output is compared with is the report's ``reference``: ``hf_greedy`` on a
+transformers target, ``llamacpp`` on a GGUF one (``reference.py``).
+A completion whose reference output is empty proves nothing about identity:
 every method that also writes nothing "matches" it. Such completions are counted per workload
 (``empty_references``); ``matched_nonempty`` counts the matches that are evidence, and the
 goals are met only with some.
@@ -22,7 +24,8 @@ import statistics
 from typing import Any, Iterable
 
 from specd.bench.costs import format_forward_costs
-from specd.bench.peers import ABLATIONS, HF_PEERS, LLAMACPP_PEERS, PEERS, REFERENCE, Run
+from specd.bench.peers import ABLATIONS, HF_PEERS, LLAMACPP_PEERS, PEERS, Run
+from specd.bench.reference import REFERENCE_MEANING, TORCH_REFERENCE
 
 SPECULATIVE_PEERS = ("hf_assisted", "hf_lookup")
 # The engine's speed goals, on the CPU where the bench runs: against HF's peers on edit replay.
@@ -31,7 +34,7 @@ GOAL_TOKENS_PER_FORWARD = 2.5
 GOAL_VS_GREEDY = 2.0
 GOAL_VS_BEST_SPECULATIVE_PEER = 1.3
 # Against llama.cpp on the same weights (greedy, prompt cache on).
-LLAMACPP_REFERENCE = "llamacpp"
+LLAMACPP_GOAL_PEER = "llamacpp"
 GOAL_VS_LLAMACPP_EDIT = 1.5
 GOAL_VS_LLAMACPP = 1.0
 # specd within 5% of, or faster than, each of its ablations (paired: see vs_ablations).
@@ -121,9 +124,10 @@ def _geomean(values: Iterable[float]) -> float:
 
 
 def summarize_workload(runs: dict[str, list[Run]], prompt_lengths: list[int],
-                       labels: list[str]) -> dict[str, Any]:
-    """``runs[method][i]`` answers completion i; every method ran every completion."""
-    reference = [r.tokens for r in runs[REFERENCE]]
+                       labels: list[str], reference_method: str = TORCH_REFERENCE) -> dict[str, Any]:
+    """``runs[method][i]`` answers completion i; every method ran every completion; outputs are
+    compared with ``reference_method``'s."""
+    reference = [r.tokens for r in runs[reference_method]]
     empty = [i for i, tokens in enumerate(reference) if not tokens]
     documents = [label.rsplit(":", 1)[0] for label in labels]
     methods = {name: summarize_method(method_runs, reference, documents) for name, method_runs in runs.items()}
@@ -149,7 +153,7 @@ def summarize_workload(runs: dict[str, list[Run]], prompt_lengths: list[int],
         "completions": len(prompt_lengths),
         "prompt_tokens_median": int(statistics.median(prompt_lengths)) if prompt_lengths else 0,
         "documents": len({label.rsplit(":", 1)[0] for label in labels}),
-        # hf_greedy wrote nothing here: identity on these completions is vacuous.
+        # the reference wrote nothing here: identity on these completions is vacuous.
         "empty_references": len(empty),
         "empty_reference_at": empty,
         "labels": labels,  # document:line of each completion, in run order
@@ -204,16 +208,17 @@ def goals(workloads: dict[str, Any]) -> list[dict[str, Any]]:
         if name == GOAL_WORKLOAD:
             out.append(goal("specd tokens per target forward", specd["mean_tokens_per_forward"],
                             GOAL_TOKENS_PER_FORWARD))
-            if REFERENCE in specd["speedup_vs"]:
-                out.append(goal("specd speedup vs hf_greedy", specd["speedup_vs"][REFERENCE], GOAL_VS_GREEDY))
+            if TORCH_REFERENCE in specd["speedup_vs"]:
+                out.append(goal(f"specd speedup vs {TORCH_REFERENCE}", specd["speedup_vs"][TORCH_REFERENCE],
+                                GOAL_VS_GREEDY))
             speculative = [p for p in SPECULATIVE_PEERS if p in specd["speedup_vs"]]
             if speculative:
                 best = min(speculative, key=lambda p: methods[p]["median_ms"])
                 out.append(goal(f"specd speedup vs the faster HF speculative peer ({best})",
                                 specd["speedup_vs"][best], GOAL_VS_BEST_SPECULATIVE_PEER))
-        if LLAMACPP_REFERENCE in specd["speedup_vs"]:
+        if LLAMACPP_GOAL_PEER in specd["speedup_vs"]:
             target = GOAL_VS_LLAMACPP_EDIT if name == GOAL_WORKLOAD else GOAL_VS_LLAMACPP
-            out.append(goal(f"specd speedup vs {LLAMACPP_REFERENCE}", specd["speedup_vs"][LLAMACPP_REFERENCE], target))
+            out.append(goal(f"specd speedup vs {LLAMACPP_GOAL_PEER}", specd["speedup_vs"][LLAMACPP_GOAL_PEER], target))
         for ablation, ratio in specd.get("vs_ablations", {}).items():
             out.append(goal(f"specd vs {ablation} (paired)", ratio, GOAL_VS_ABLATION))
     return out
@@ -234,8 +239,8 @@ def all_references_empty(report: dict[str, Any]) -> bool:
     return completions > 0 and report.get("empty_references", 0) == completions
 
 
-def _identical_cell(method: str, s: dict[str, Any]) -> str:
-    if method == REFERENCE:
+def _identical_cell(method: str, s: dict[str, Any], reference: str) -> str:
+    if method == reference:
         return "ref"
     if not s["identical"]:
         return f"NO ({s['mismatches']})"
@@ -244,11 +249,14 @@ def _identical_cell(method: str, s: dict[str, Any]) -> str:
 
 def format_table(report: dict[str, Any]) -> str:
     settings = report["settings"]
+    reference = report.get("reference", TORCH_REFERENCE)
     lines = [
         f"specd bench: {_header(report)}",
         f"up to {settings['max_tokens']} tokens per completion, seed {settings['seed']}, corpus "
         f"{settings['corpus']}, FIM layout {report.get('fim_layout', '?')}; ratios are peer median / method "
         "median (>1 = faster than that peer); decode = the time after the first token",
+        f"identical = token for token the output of the reference, {reference} "
+        f"({REFERENCE_MEANING.get(reference, '?')})",
     ]
     if settings.get("idle_ms"):
         lines.append(f"specd methods hear each edit and get {settings['idle_ms']:g} ms of untimed idle time before "
@@ -262,18 +270,18 @@ def format_table(report: dict[str, Any]) -> str:
                       + f", prompts ~{workload['prompt_tokens_median']} tokens"]
         empty = workload.get("empty_references", 0)
         if empty:
-            lines.append(f"  ({empty} of {workload['completions']} {REFERENCE} outputs are empty: "
+            lines.append(f"  ({empty} of {workload['completions']} {reference} outputs are empty: "
                          "'identical' there compares nothing)")
         lines.append(f"  {'method':<20}{'median ms':>10}{'p95 ms':>9}{'1st tok ms':>12}{'decode ms':>11}"
                      f"{'tok/fwd':>9}{'prompt reused':>15}{'identical':>11}")
         for method, s in methods.items():
             lines.append(f"  {method:<20}{s['median_ms']:>10.1f}{s['p95_ms']:>9.1f}{s['first_token_median_ms']:>12.1f}"
                          f"{s['decode_median_ms']:>11.1f}{s['mean_tokens_per_forward']:>9.2f}"
-                         f"{_pct(s['prefill_reused_fraction']):>15}{_identical_cell(method, s):>11}")
-        # Ratios: end to end vs every HF peer, and the decode-time ratio vs the reference beside it.
+                         f"{_pct(s['prefill_reused_fraction']):>15}{_identical_cell(method, s, reference):>11}")
+        # Ratios: end to end vs every peer, and the decode-time ratio vs the reference beside it.
         columns = [(f"vs {p}", "speedup_vs", p) for p in peers]
-        if REFERENCE in peers:
-            columns.insert(1, (f"decode vs {REFERENCE}", "decode_speedup_vs", REFERENCE))
+        if reference in peers:
+            columns.insert(peers.index(reference) + 1, (f"decode vs {reference}", "decode_speedup_vs", reference))
         widths = [len(title) + 2 for title, _, _ in columns]
         lines.append(f"  {'speedup':<20}" + "".join(f"{title:>{w}}" for (title, _, _), w in zip(columns, widths)))
         for method, s in methods.items():
@@ -288,9 +296,9 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"  quality of the cursor's line vs the deleted text ({q['scored']} scored): exact match "
                          f"{_pct(q['next_line_exact'])}, edit similarity {q['edit_similarity']:.2f}, "
                          f"stray leading whitespace {_pct(q.get('stray_whitespace', 0.0))}")
-        if REFERENCE in methods and methods[REFERENCE]["median_ms"]:
-            ref = methods[REFERENCE]
-            lines.append(f"  ({REFERENCE} spends {_pct(ref['first_token_median_ms'] / ref['median_ms'])} of its median "
+        if reference in methods and methods[reference]["median_ms"]:
+            ref = methods[reference]
+            lines.append(f"  ({reference} spends {_pct(ref['first_token_median_ms'] / ref['median_ms'])} of its median "
                          "time before the first token: prompt prefill, which drafting cannot shorten)")
         accepted = []
         for method, s in methods.items():
@@ -309,9 +317,9 @@ def format_table(report: dict[str, Any]) -> str:
             note = "" if g.get("evidence", 1) else " (no non-empty reference output matched: nothing proven)"
             lines.append(f"  [{mark}] {g['workload']}: {g['goal']} {g['measured']:.2f} (goal >= {g['target']}){note}")
     if not report["identical"]:
-        lines += ["", "WARNING: some outputs differ from hf_greedy (see 'identical' above)"]
+        lines += ["", f"WARNING: some outputs differ from {reference} (see 'identical' above)"]
     elif all_references_empty(report):
-        lines += ["", f"WARNING: every {REFERENCE} output was empty: 'identical' proves nothing"]
+        lines += ["", f"WARNING: every {reference} output was empty: 'identical' proves nothing"]
     if report.get("forward_costs"):
         lines += ["", format_forward_costs(report["forward_costs"])]
     lines += ["", f"command: {report['command']}  ({report['wall_s']:.0f} s)"]
@@ -336,13 +344,14 @@ def format_forward_costs_report(report: dict[str, Any]) -> str:
 # -- plot ----------------------------------------------------------------------------------
 
 def write_plot(report: dict[str, Any], path: str) -> None:
-    """Per workload: latency CDF per method (left), speedup vs hf_greedy per method (right)."""
+    """Per workload: latency CDF per method (left), speedup vs the reference per method (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     workloads = report["workloads"]
+    reference = report.get("reference", TORCH_REFERENCE)
     fig, axes = plt.subplots(len(workloads), 2, figsize=(12, 3.6 * len(workloads)), squeeze=False)
     for row, (name, workload) in enumerate(workloads.items()):
         cdf, bars = axes[row]
@@ -358,8 +367,8 @@ def write_plot(report: dict[str, Any], path: str) -> None:
         cdf.set_title(f"{name}: latency CDF")
         cdf.grid(True, which="both", alpha=0.3)
         cdf.legend(fontsize=7, loc="lower right")
-        names = [m for m in methods if m != REFERENCE]
-        ratios = [methods[m]["speedup_vs"].get(REFERENCE, 0.0) for m in names]
+        names = [m for m in methods if m != reference]
+        ratios = [methods[m]["speedup_vs"].get(reference, 0.0) for m in names]
         colors = ["tab:gray" if m in HF_PEERS else "tab:orange" if m in LLAMACPP_PEERS else "tab:blue"
                   for m in names]
         bars.barh(names, ratios, color=colors)
@@ -367,7 +376,7 @@ def write_plot(report: dict[str, Any], path: str) -> None:
             bars.text(value, y, f" {value:.2f}x", va="center", fontsize=8)
         bars.axvline(1.0, color="black", linewidth=0.8)
         bars.invert_yaxis()
-        bars.set_xlabel("speedup vs hf_greedy (median ms ratio)")
+        bars.set_xlabel(f"speedup vs {reference} (median ms ratio)")
         bars.set_title(f"{name}: speedup")
     fig.suptitle(f"specd bench: {report['models']['target']} on {report['device']}", fontsize=10)
     fig.tight_layout()

@@ -5,6 +5,8 @@ Order of work: load the pair once, measure what one forward costs on each forwar
 workloads, warm every method up once (first-call overheads stay out of the numbers), then
 for each completion run all methods back to back, rotating which goes first, so a slow stretch
 of a shared machine hits every method alike.
+What "identical" is measured against follows the target (``reference.py``): ``hf_greedy`` on
+a transformers model, ``llamacpp`` (llama.cpp's greedy of the same file) on a GGUF file.
 Results go to stdout (table, or JSON with ``--json``); logs and the progress bar to stderr.
 """
 
@@ -22,7 +24,8 @@ from typing import Any
 from specd.bench import report as reporting
 from specd.bench.costs import measure_forward_costs
 from specd.bench.peers import (ALL_METHODS, NEEDS_DRAFT, NEEDS_LLAMACPP, PROMPT_LOOKUP_MAX_NGRAM,
-                               PROMPT_LOOKUP_TOKENS, REFERENCE, Method, PromptIds, Run, make_method)
+                               PROMPT_LOOKUP_TOKENS, Method, PromptIds, Run, make_method)
+from specd.bench.reference import REFERENCE_MEANING, baseline
 from specd.bench.workloads import WORKLOADS, Completion, build_workloads, edit_replay_requests, load_corpus
 
 log = logging.getLogger(__name__)
@@ -31,10 +34,11 @@ EXIT_USAGE = 2
 EXIT_MODEL = 1
 WARMUP_DOC = "warmup"
 PROMPT_KEY = "bench/prompts/{doc}"  # the engine document key the HF peers' prompts are built under
-WORKLOAD_METADATA = ("settings", "hf_settings", "reference")  # left out of a --forward-costs-only report
+WORKLOAD_METADATA = ("settings", "hf_settings", "reference", "reference_is")  # left out of a --forward-costs-only report
 
 
 def names_of(value: str | None, known: tuple[str, ...], what: str) -> list[str]:
+    """The comma-separated names in ``value`` (all of ``known`` when none); ValueError for others."""
     if not value:
         return list(known)
     names = [n.strip() for n in value.split(",") if n.strip()]
@@ -89,6 +93,8 @@ def llamacpp_target(engine, names: list[str], skipped: dict[str, str]) -> str | 
     from specd.llamacpp.export import ExportError, cached_gguf
     from specd.llamacpp.runtime import LlamaCppUnavailable, available
 
+    if engine.pair.gguf:  # the target is a GGUF file: the peers run on that file itself
+        return str(engine.pair.target.path)
     reason = None
     gguf_types = _gguf_dtypes()
     if engine.pair.dtype not in gguf_types:
@@ -115,10 +121,9 @@ def _gguf_dtypes() -> dict:
 
 def _methods(names: list[str], engine, max_tokens: int, skipped: dict[str, str] | None = None,
              idle_ms: float = 0) -> list[Method]:
+    """The methods ``names`` (the reference among them, ``Baseline.methods``) on ``engine``; those that
+    cannot run here go into ``skipped`` with the reason."""
     skipped = {} if skipped is None else skipped
-    if REFERENCE not in names:
-        log.info("also running %s: every method's output is compared with it", REFERENCE)
-        names = [REFERENCE, *names]
     if engine.pair.draft is None:
         needs_draft = [n for n in names if n in NEEDS_DRAFT]
         if needs_draft:
@@ -226,9 +231,12 @@ def prompt_layout(engine) -> str:
     return getattr(engine.options, "fim_layout", "auto")
 
 
-def hf_settings(engine) -> dict[str, Any]:
+def hf_settings(engine) -> dict[str, Any] | None:
     """What HF's speculative peers run with: transformers' assistant defaults as the installed
-    version fills them in (the draft's generation config first), and the prompt-lookup settings."""
+    version fills them in (the draft's generation config first), and the prompt-lookup settings;
+    None on a GGUF pair (no HF peer runs)."""
+    if engine.pair.gguf:
+        return None
     from transformers import GenerationConfig
     from transformers.utils import is_sklearn_available
 
@@ -246,19 +254,20 @@ def hf_settings(engine) -> dict[str, Any]:
     }
 
 
-def _metadata(args: argparse.Namespace, engine, wall_s: float) -> dict[str, Any]:
+def _metadata(args: argparse.Namespace, engine, wall_s: float, reference: str) -> dict[str, Any]:
     import torch
     import transformers
 
     from specd import __version__
 
     opts = engine.options
+    models = engine.pair.describe()
     return {
         "specd": __version__,
         "command": command_line(args),
-        "models": engine.pair.describe(),
+        "models": models,
         "device": str(engine.pair.device),
-        "dtype": str(engine.pair.dtype).removeprefix("torch."),
+        "dtype": models["dtype"],  # torch's dtype, or "gguf Q8_0" (the file's type) on a GGUF pair
         "fim_family": engine.template.name,
         "fim_layout": prompt_layout(engine),
         "forward": engine.stats()["forward"],  # the specd engine's paths, and what the lean one measured
@@ -281,7 +290,8 @@ def _metadata(args: argparse.Namespace, engine, wall_s: float) -> dict[str, Any]
             "edit_replay_requests": edit_replay_requests(args.limit),
         },
         "hf_settings": hf_settings(engine),
-        "reference": REFERENCE,
+        "reference": reference,  # the method every output is compared with
+        "reference_is": REFERENCE_MEANING[reference],
         "wall_s": round(wall_s, 1),
     }
 
@@ -290,9 +300,10 @@ def _announce(line: str) -> None:
     print(f"specd bench: {line}", file=sys.stderr, flush=True)
 
 
-def _report_forward_costs(args: argparse.Namespace, engine, costs: dict[str, Any], started: float) -> int:
+def _report_forward_costs(args: argparse.Namespace, engine, costs: dict[str, Any], started: float,
+                          reference: str) -> int:
     """``--forward-costs-only``: the forward costs and what they ran on; no workloads."""
-    report = {key: value for key, value in _metadata(args, engine, time.monotonic() - started).items()
+    report = {key: value for key, value in _metadata(args, engine, time.monotonic() - started, reference).items()
               if key not in WORKLOAD_METADATA}
     report["forward_costs"] = costs
     if args.json:
@@ -311,7 +322,12 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
         if costs_only and getattr(args, "no_forward_costs", False):
             raise ValueError("--forward-costs-only and --no-forward-costs exclude each other")
         workload_names = names_of(args.workloads, WORKLOADS, "workload")
-        method_names = names_of(args.methods, ALL_METHODS, "method")
+        target, draft = cfg["model.target"], cfg["model.draft"]
+        chosen = baseline(target, draft)
+        requested = names_of(args.methods, ALL_METHODS, "method") if args.methods else None
+        method_names = chosen.methods(requested, target or draft)
+        if requested and chosen.reference not in requested:
+            log.info("also running %s: every method's output is compared with it", chosen.reference)
         if args.limit < 1 or args.max_tokens < 1:
             raise ValueError("--limit and --max-tokens must be at least 1")
         files = [] if costs_only else load_corpus(args.corpus)
@@ -331,13 +347,13 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
 
     previous_threads = torch.get_num_threads()
     try:
-        return _bench(args, cfg, files, workload_names, method_names, started)
+        return _bench(args, cfg, files, workload_names, method_names, chosen.reference, started)
     finally:
         torch.set_num_threads(previous_threads)  # in-process callers (tests) get theirs back
 
 
 def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], method_names: list[str],
-           started: float) -> int:
+           reference: str, started: float) -> int:
     from specd.engine.types import EngineError, ModelLoadError
 
     try:
@@ -357,29 +373,32 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
     if not getattr(args, "no_forward_costs", False):
         forward_costs = measure_forward_costs(engine, announce=_announce)
     if getattr(args, "forward_costs_only", False):
-        return _report_forward_costs(args, engine, forward_costs, started)
+        return _report_forward_costs(args, engine, forward_costs, started, reference)
     workloads = build_workloads(workload_names, files, args.limit, args.seed)
     skipped: dict[str, str] = {}
     methods = _methods(method_names, engine, args.max_tokens, skipped, idle_ms=getattr(args, "idle_ms", 0) or 0)
+    if reference in skipped:  # nothing to compare outputs with: no report worth printing
+        print(f"specd bench: the reference {reference} cannot run: {skipped[reference]}", file=sys.stderr)
+        return EXIT_MODEL
     log.info("bench: %s; methods %s; %d source files",
              ", ".join(f"{n} {len(c)}" for n, c in workloads.items()), ", ".join(m.name for m in methods), len(files))
 
     results = measure(engine, methods, workloads)
-    report = _metadata(args, engine, time.monotonic() - started)
+    report = _metadata(args, engine, time.monotonic() - started, reference)
     decode = engine.pair.tokenizer.decode
     report["workloads"] = {}
     for name, (runs, lengths, labels, expected, healed) in results.items():
         if lengths:
-            summary = reporting.summarize_workload(runs, lengths, labels)
+            summary = reporting.summarize_workload(runs, lengths, labels, reference)
             # What the editor would show: the output after the re-typed (healed) text.
-            shown = [decode(r.tokens)[len(cut):] for r, cut in zip(runs[REFERENCE], healed)]
+            shown = [decode(r.tokens)[len(cut):] for r, cut in zip(runs[reference], healed)]
             summary["quality"] = reporting.quality(shown, expected)
             report["workloads"][name] = summary
     report["goals"] = reporting.goals(report["workloads"])
     report["identical"] = all(s["identical"] for w in report["workloads"].values() for s in w["methods"].values())
     # Evidence behind "identical": matches of a non-empty reference (empty-vs-empty proves nothing).
     report["identical_evidence"] = sum(s["matched_nonempty"] for w in report["workloads"].values()
-                                       for name, s in w["methods"].items() if name != REFERENCE)
+                                       for name, s in w["methods"].items() if name != reference)
     report["empty_references"] = sum(w["empty_references"] for w in report["workloads"].values())
     report["forward_costs"] = forward_costs  # None with --no-forward-costs
     report["skipped_methods"] = skipped  # {method: why it did not run}
@@ -393,9 +412,9 @@ def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], meth
     else:
         print(reporting.format_table(report))
     if not report["identical"]:
-        log.warning("some methods' outputs differ from %s; see 'identical' / 'mismatches'", REFERENCE)
+        log.warning("some methods' outputs differ from %s; see 'identical' / 'mismatches'", reference)
     elif reporting.all_references_empty(report):
-        log.warning("every %s output was empty: 'identical' proves nothing", REFERENCE)
+        log.warning("every %s output was empty: 'identical' proves nothing", reference)
     elif report["empty_references"]:
-        log.info("%d %s outputs were empty; 'identical' is vacuous on those", report["empty_references"], REFERENCE)
+        log.info("%d %s outputs were empty; 'identical' is vacuous on those", report["empty_references"], reference)
     return 0

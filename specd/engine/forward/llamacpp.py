@@ -96,6 +96,7 @@ class LlamaCppForward(BasicPath):
         self._batch = internals.LlamaBatch(n_tokens=BATCH, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
         self.cells = cells
+        self.window = window  # positions one sequence (one document's cache) holds
         self.path = str(gguf_path)
         self.about = about
         self.sequences = sequences
