@@ -302,3 +302,29 @@ def test_a_branch_that_leaves_the_chosen_draft_later_shares_its_start():
     tree = planner.propose([0], 16)
     assert isinstance(tree, DraftTree)
     assert tree.tokens == [1, 2, 3, 4, 5, 5] and tree.parents == [-1, 0, 1, 2, 1, 4]
+
+
+def test_the_lookup_drafter_syncs_a_growing_context_as_a_full_sync_would():
+    """The decode loop's context list grows between steps and is appended without a full
+    compare; any other change (another list, the index touched elsewhere, a list edited in the
+    middle) falls back to ``NgramIndex.sync``. Each step's index equals one synced from scratch."""
+    import random
+
+    rng = random.Random(7)
+    index = NgramIndex()
+    drafter = LookupDrafter(index, [])
+    seq = [rng.randrange(50) for _ in range(300)]
+    for step in range(200):
+        action = rng.random()
+        if action < 0.6:
+            seq.extend(rng.randrange(50) for _ in range(rng.randrange(1, 5)))  # the loop's growth
+        elif action < 0.7:
+            seq = seq[: rng.randrange(1, len(seq))] + [rng.randrange(50)]  # a new request's prompt
+        elif action < 0.8:
+            seq[rng.randrange(len(seq))] = rng.randrange(50)  # edited in place: the tail check or a new list
+            seq = list(seq)
+        elif action < 0.9:
+            index.truncate(rng.randrange(len(index) + 1))  # someone else touched the index
+        drafter.propose(seq, 8)
+        fresh = NgramIndex(seq)
+        assert index.tokens == fresh.tokens and index._last == fresh._last and index._prev == fresh._prev, step

@@ -42,6 +42,7 @@ class NgramIndex:
         self.tokens = array("i")  # token ids fit 32 bits; compared by memcmp (corpus.common_prefix_length)
         self._last: dict[int, int] = {}  # bigram (a, b), keyed a << 32 | b -> the last position after it
         self._prev = array("i", (0,))  # position -> the previous position after the same bigram (0: none); positions fit 32 bits
+        self.changes = 0  # counts every extend and truncate: who synced it can tell nobody else has since
         self.extend(tokens)
 
     def __len__(self) -> int:
@@ -49,6 +50,7 @@ class NgramIndex:
 
     def extend(self, new: Iterable[int]) -> None:
         tokens, prev, last = self.tokens, self._prev, self._last
+        self.changes += 1
         start = len(tokens)
         tokens.extend(new)
         if len(tokens) - start >= VECTORIZED_FROM:
@@ -92,6 +94,7 @@ class NgramIndex:
         """Drop tokens from ``length`` on. Positions are chained in order, so each dropped one is
         its bigram's last: the one before it becomes the last again."""
         tokens, prev, last = self.tokens, self._prev, self._last
+        self.changes += 1
         if len(tokens) - length >= VECTORIZED_FROM:
             self._truncate_many(length)
         else:
