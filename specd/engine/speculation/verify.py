@@ -66,7 +66,7 @@ def verify_greedy(rows: Rows, draft: Draft, out: Sequence[int],
     never computed (``LazyRows``)."""
     n, k = 0, len(draft)
     while True:
-        choice = _choice(rows, n, constraint, [*out, *draft.tokens[:n]])
+        choice = rows.argmax(n) if constraint is None else _choice(rows, n, constraint, [*out, *draft.tokens[:n]])
         if n == k or choice != draft.tokens[n]:
             return n, choice
         n += 1
@@ -81,7 +81,7 @@ def verify_tree_greedy(rows: Rows, tree: DraftTree, out: Sequence[int],
     children = tree.children()
     node, path, stood = -1, [], []
     while True:
-        choice = _choice(rows, node + 1, constraint, [*out, *stood])
+        choice = rows.argmax(node + 1) if constraint is None else _choice(rows, node + 1, constraint, [*out, *stood])
         child = children.get(node, {}).get(choice)
         if child is None:
             return path, choice
