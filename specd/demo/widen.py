@@ -26,7 +26,7 @@ A layout with a real model's proportions, e.g. Qwen2.5-Coder-0.5B's per-layer sh
 development target (hidden 896, 14 heads of 64, 2 KV heads, 4864 MLP units)::
 
     python -m specd.demo.widen dev-pairs/llama-starcoder/target /tmp/qwen-shaped \
-        --hidden 896 --heads 14 --kv-heads 2 --intermediate 4864 --layers 12
+        --hidden 896 --heads 14 --kv-heads 2 --intermediate 4864 --layers 10
 
 The logits equal the original's up to float rounding, and greedy outputs are identical; this
 module checks both on a few inputs before it writes anything. Only Llama-style decoders
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-heads", type=int, help="KV heads (the original heads keep theirs)")
     parser.add_argument("--layers", type=int, help="decoder layers in all (new ones are identity on the stream)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--seed", type=int, default=0, help="for the new units' input weights")
+    parser.add_argument("--seed", type=int, default=0, help="for the new units', heads' and layers' random weights")
     args = parser.parse_args(argv)
     try:
         summary = widen_dir(args.source, args.out, args.intermediate, args.hidden, args.dtype, args.seed,
