@@ -328,3 +328,38 @@ def test_the_lookup_drafter_syncs_a_growing_context_as_a_full_sync_would():
         drafter.propose(seq, 8)
         fresh = NgramIndex(seq)
         assert index.tokens == fresh.tokens and index._last == fresh._last and index._prev == fresh._prev, step
+
+
+def test_calibration_survives_a_busy_moment_of_the_machine():
+    """A burst of load during calibration slows a run of consecutive forwards. Timed in rounds
+    over every width, it lands on one round, and each width's median stays its own; timed width
+    by width, it would make one width cost several times what it does (and price its drafts out)."""
+    import time as clock
+
+    from specd.engine.speculation.costs import CALIBRATION_WIDTHS, calibrate
+
+    calls = []
+
+    class Rows:
+        head_ms = 0.0
+
+        def row(self, i):
+            return None
+
+    class State:
+        def extend(self, tokens, last_only=False):
+            pass
+
+        def extend_rows(self, tokens):
+            calls.append(len(tokens))
+            burst = 4 <= len(calls) < 10  # six forwards in a row, soon after the warm-up round
+            clock.sleep(0.002 * (1 + len(tokens) / 32) + (0.03 if burst else 0.0))
+            return Rows()
+
+        def rollback(self, length):
+            pass
+
+    costs = calibrate(State, None, vocab_size=100, max_width=32, device=torch.device("cpu"))
+    assert sorted(costs.target) == sorted(w for w in CALIBRATION_WIDTHS if w <= 32)
+    for width, ms in costs.target.items():
+        assert ms < 2.0 * 1000 * 0.002 * (1 + width / 32) + 5, (width, ms, costs.target)

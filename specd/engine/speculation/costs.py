@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -182,20 +183,35 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
     costs = ForwardCosts()
     state = target_state_factory()
     state.extend(context, last_only=True)
+    widths = [w for w in CALIBRATION_WIDTHS if w <= max_width]
     head_ms: list[float] = []
-    for width in (w for w in CALIBRATION_WIDTHS if w <= max_width):
+
+    def verify_ms(width: int) -> float:
         tokens = context[:width]
+        synchronize()
+        started = time.perf_counter()
+        rows = state.extend_rows(tokens)
+        rows.row(0)  # at least one row is always read (on demand: timed apart, head_ms)
+        synchronize()
+        ms = (time.perf_counter() - started) * 1000
+        head_ms.append(rows.head_ms)
+        state.rollback(len(context))
+        return ms - rows.head_ms
 
-        def verify_step():
-            rows = state.extend_rows(tokens)
-            rows.row(0)  # at least one row is always read (on demand: timed apart, head_ms)
-            head_ms.append(rows.head_ms)
-            state.rollback(len(context))
-
-        head_ms.clear()
-        step = median_ms(verify_step, _nothing, CALIBRATION_REPEATS, synchronize)
-        costs.head_row = statistics.median(head_ms[1:])  # (the first was median_ms's warm-up)
-        costs.target[width] = max(step - costs.head_row, 1e-3)
+    # Rounds over every width, not every width's repeats in a row: a busy moment of a shared
+    # machine then slows one round of all widths rather than all of one width's forwards (a
+    # 2-token verify timed at twice its cost kept the draft model priced out for good).
+    for width in widths:  # the warm-up round: first calls of a shape allocate
+        verify_ms(width)
+    head_ms.clear()
+    times: dict[int, list[float]] = {width: [] for width in widths}
+    for _ in range(CALIBRATION_REPEATS):
+        for width in widths:
+            times[width].append(verify_ms(width))
+    for width in widths:
+        costs.target[width] = max(statistics.median(times[width]), 1e-3)
+    if head_ms:
+        costs.head_row = statistics.median(head_ms)
     if draft_state_factory is not None:
         draft = draft_state_factory()
         draft.extend(context, last_only=True)
