@@ -363,3 +363,18 @@ def test_calibration_survives_a_busy_moment_of_the_machine():
     assert sorted(costs.target) == sorted(w for w in CALIBRATION_WIDTHS if w <= 32)
     for width, ms in costs.target.items():
         assert ms < 2.0 * 1000 * 0.002 * (1 + width / 32) + 5, (width, ms, costs.target)
+
+
+def test_a_draft_model_that_never_ran_is_probed_where_catching_up_costs_a_step_or_two():
+    """A draft cache that never ran lags by the whole prompt; on a model whose target step is
+    dear and whose draft prefills cheaply, that catch-up costs about a step, so the probe tries it
+    (once caught up, the draft is priced without it). Where catching up costs many steps, not."""
+    seq = list(range(1000))
+    for step_ms, probes in ((60.0, [2]), (2.0, [])):
+        mem = memory({1: step_ms, 2: step_ms * 2.2, 4: step_ms * 3}, draft_step=0.5, alphas={"draft": 0.05})
+        mem.costs.draft_per_token = 0.05  # 1,000 tokens: 50 ms
+        model = CountingModel(synced=False)
+        planner = DraftPlanner(mem, [model])
+        for _ in range(PROBE_EVERY + 1):
+            planner.propose(seq, 40)
+        assert model.calls == probes, step_ms

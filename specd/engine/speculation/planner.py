@@ -18,6 +18,7 @@ from specd.engine.types import SourceStats
 
 PROBE_EVERY = 24  # steps without a priced drafter (the draft model) after which it is tried once, so its estimate can recover
 PROBE_CATCH_UP = 64  # ... if catching it up costs at most this many tokens
+PROBE_CATCH_UP_STEPS = 2.0  # ... or at most this many target steps' time (a draft that never ran lags the whole prompt)
 PROBE_LENGTH = 4  # tokens of an offered draft (a lookup match) tried after PROBE_EVERY steps of passing such drafts over
 TREE_BRANCHES = 3  # most drafts a token tree verifies side by side
 TREE = "tree"  # SourceStats of token trees: steps, branches beyond the first (proposed), and won (accepted)
@@ -229,7 +230,10 @@ class DraftPlanner:
         k, rate = self._best_length(kind, available, drafting_ms)
         if rate > rate_to_beat:
             return k
-        if self.memory.steps_unpriced.get(kind, 0) >= PROBE_EVERY and catch_up <= PROBE_CATCH_UP:
+        if self.memory.steps_unpriced.get(kind, 0) >= PROBE_EVERY and (
+                catch_up <= PROBE_CATCH_UP or costs.draft_ms(catch_up, 0) <= PROBE_CATCH_UP_STEPS * costs.target_ms(1)):
+            # Catching a draft cache up on a document is paid once: with KV reuse it then stays
+            # with the document, so the next steps price the draft without it.
             return min(2, room)
         return 0
 
