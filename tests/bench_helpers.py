@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+from pathlib import Path
+from typing import Iterator
+
+import pytest
 
 from specd.cli import main
 
@@ -22,3 +26,18 @@ def bench_cli(*argv: str, pair=None, corpus=None) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = main([*args, *argv])
     return code, stdout.getvalue(), stderr.getvalue()
+
+
+@contextlib.contextmanager
+def module_bench_env(home: Path) -> Iterator[None]:
+    """Short prompts and XDG dirs under ``home`` for a module-scoped bench run: it is set up
+    before conftest's per-test XDG isolation, so it isolates itself."""
+    monkeypatch = pytest.MonkeyPatch()
+    for var, value in SHORT_PROMPTS.items():
+        monkeypatch.setenv(var, value)
+    for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.setenv(var, str(home / var.lower()))
+    try:
+        yield
+    finally:
+        monkeypatch.undo()

@@ -22,7 +22,7 @@ from specd.bench.workloads import (
     typing_stops,
     workload_size,
 )
-from bench_helpers import SHORT_PROMPTS, bench_cli
+from bench_helpers import SHORT_PROMPTS, bench_cli, module_bench_env
 from specd.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -138,18 +138,9 @@ def bench_run(llama_pair, corpus_dir, tmp_path_factory):
     target, draft = llama_pair
     out = tmp_path_factory.mktemp("bench-out")
     plot = out / "bench.png"
-    monkeypatch = pytest.MonkeyPatch()
-    # Short prompts keep the run to seconds; the code path is the one real models take.
-    for var, value in SHORT_PROMPTS.items():
-        monkeypatch.setenv(var, value)
-    # Module-scoped, so set up before conftest's per-test XDG isolation: isolate here too.
-    for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"):
-        monkeypatch.setenv(var, str(out / var.lower()))
-    try:
+    with module_bench_env(out):  # short prompts: seconds, on the code path real models take
         code, stdout, _ = bench_cli("--limit", "3", "--max-tokens", "10", "--seed", "3", "--json",
                                     "--plot", str(plot), pair=(target, draft), corpus=corpus_dir)
-    finally:
-        monkeypatch.undo()
     return code, stdout, plot
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench_helpers import SHORT_PROMPTS, bench_cli
+from bench_helpers import bench_cli, module_bench_env
 from engine_helpers import make_near_draft
 from tiny import make_tiny_pair
 from specd.bench.reference import GGUF_DEFAULT_METHODS, GGUF_REFERENCE, TORCH_REFERENCE, baseline
@@ -43,15 +43,8 @@ def corpus_dir(tmp_path_factory):
 def gguf_report(q8_pair, corpus_dir, tmp_path_factory):
     """One bench run on the Q8_0 pair with the default methods and forward costs."""
     out = tmp_path_factory.mktemp("bench-gguf-out")
-    monkeypatch = pytest.MonkeyPatch()
-    for var, value in SHORT_PROMPTS.items():
-        monkeypatch.setenv(var, value)
-    for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"):
-        monkeypatch.setenv(var, str(out / var.lower()))
-    try:
+    with module_bench_env(out):
         code, stdout, stderr = bench_cli("--limit", "1", "--max-tokens", "8", "--json", pair=q8_pair, corpus=corpus_dir)
-    finally:
-        monkeypatch.undo()
     assert code == 0, stderr
     return json.loads(stdout)
 

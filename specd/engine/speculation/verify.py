@@ -31,10 +31,9 @@ def _row(rows: Rows, i: int, constraint: Constraint | None, before: Sequence[int
     return logits if constraint is None else constraint.row(logits, before)
 
 
-def _choice(rows: Rows, i: int, constraint: Constraint | None, before: Sequence[int]) -> int:
-    """The target's greedy token at row i (under the constraint after ``before``)."""
-    if constraint is None:
-        return rows.argmax(i)
+def _choice(rows: Rows, i: int, constraint: Constraint, before: Sequence[int]) -> int:
+    """The target's greedy token at row i under the constraint after ``before`` (unconstrained:
+    ``rows.argmax(i)``, with no ``before`` to build)."""
     return row_argmax(constraint.row(rows.row(i), before))
 
 
