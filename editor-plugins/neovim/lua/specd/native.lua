@@ -286,7 +286,7 @@ function M.select(bufnr, count)
   local tick = vim.api.nvim_buf_get_changedtick(bufnr)
   local params = vim.lsp.util.make_position_params(win, client.offset_encoding)
   params.context = { triggerKind = TRIGGER_INVOKED }
-  util.request(client, 'textDocument/inlineCompletion', params, function(err, result, ctx)
+  util.request(client, METHOD, params, function(err, result, ctx)
     if err or vim.api.nvim_buf_get_changedtick(bufnr) ~= tick or completor(bufnr) ~= state then
       return
     end
@@ -305,7 +305,7 @@ end
 function M.regrow(bufnr)
   local instance = completor(bufnr)
   if instance and type(instance.request) == 'function' then
-    pcall(instance.request, instance, 2)
+    pcall(instance.request, instance, TRIGGER_AUTOMATIC)
   end
 end
 
