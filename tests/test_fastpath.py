@@ -548,8 +548,10 @@ def test_every_forward_path_declares_every_capability():
     lean, hf = LeanForward(model), HFForward(model)
     assert isinstance(lean, ForwardPath) and isinstance(hf, ForwardPath)
     assert not isinstance(lean, BasicPath) and issubclass(LlamaCppForward, BasicPath)
-    assert (lean.lazy_head, lean.trees, lean.replays, lean.recordings) == (True, True, False, 0)
-    assert (hf.lazy_head, hf.trees, hf.replays, hf.recordings, hf.description) == (False, False, False, 0, "")
+    assert (lean.lazy_head, lean.rows_from, lean.trees, lean.replays, lean.recordings) == (True, False, True, False, 0)
+    assert (hf.lazy_head, hf.rows_from, hf.trees, hf.replays, hf.recordings, hf.description) == \
+        (False, False, False, False, 0, "")
+    assert (LlamaCppForward.lazy_head, LlamaCppForward.rows_from, LlamaCppForward.trees) == (False, True, False)
     assert hf.prepare(hf.new_cache(), 16) == 0
     with pytest.raises(TypeError, match="no token trees"):
         hf.keep(hf.new_cache(), 0, [])

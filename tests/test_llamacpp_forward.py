@@ -16,6 +16,7 @@ import pytest
 
 from engine_helpers import assert_lossless, make_engine, make_near_draft
 from specd.engine import CompletionRequest
+from specd.engine.speculation.loop import MERGED_PREFILL
 from test_llamacpp import make_gpt2_family_pair, pair_of  # noqa: F401 (pair_of: a fixture)
 
 MAX_TOKENS = 24
@@ -67,6 +68,17 @@ def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engine_for
                                               stop_at_block_end=False))
     check(engine, typed, MAX_TOKENS)
     assert typed.prefill_reused > 0
+    # Near the end of the file a keystroke's few new prompt tokens (the rest of the line and the
+    # short suffix) run with the first step, their rows of logits not asked for: every target
+    # forward of that request is a decode step.
+    near_end = text.index("    print(report(demo))")
+    for offset in (near_end, near_end + 1):
+        forwards = engine.caches.get(uri).target.forwards
+        again = engine.complete(CompletionRequest(uri=uri, text=text, offset=offset, max_tokens=MAX_TOKENS,
+                                                  stop_at_block_end=False))
+        check(engine, again, MAX_TOKENS)
+    assert len(again.prompt_ids) - again.prefill_reused <= MERGED_PREFILL
+    assert engine.caches.get(uri).target.forwards - forwards == again.target_forwards
     assert len(handed) == 2 and min(handed) > 300  # target and draft, the first request's whole prompt
     drafted = [r.sources["draft"] for r in results + [typed] if "draft" in r.sources]
     assert sum(s.accepted for s in drafted) > 0  # the near draft is accepted ...

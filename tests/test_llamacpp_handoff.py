@@ -124,3 +124,28 @@ def test_the_setting_keeps_every_prefill_on_llama_cpp(tiny_pairs):
     engine = make_engine(target, draft, forward_backend="llamacpp", llamacpp_prefill="llamacpp")
     for path, _ in engine.paths.values():
         assert path.name == "llamacpp" and path.torch_prefill is None and "torch" not in path.description
+
+
+@pytest.mark.parametrize("first", [0, 5, HANDOFF_TOKENS + 2])
+def test_rows_from_computes_only_the_rows_asked_for(first, paths_for):
+    """``forward(..., rows_from=i)``: the rows of logits from i on, as a whole forward gives them,
+    and the same cache after, also where the forward runs in pieces (``BATCH``) or prefills an
+    empty cache on torch; i out of range is refused."""
+    from specd.engine.forward import llamacpp as forward_module
+
+    handing, plain, _ = paths_for("llama")
+    ids = prompt(HANDOFF_TOKENS + 12, seed=3)
+    for path in (handing, plain):
+        whole, asked = path.new_cache(), path.new_cache()
+        expected = path.forward(ids, whole)
+        batch, forward_module.BATCH = forward_module.BATCH, 16  # in pieces of 16 tokens
+        try:
+            got = path.forward(ids, asked, rows_from=first)
+        finally:
+            forward_module.BATCH = batch
+        assert got.shape == (ids.shape[1] - first, path.n_vocab)
+        assert torch.allclose(got, expected[first:], atol=1e-4)
+        assert asked.length == whole.length == ids.shape[1]
+        with pytest.raises(ValueError, match="rows from"):
+            path.forward(ids[:, :3], asked, rows_from=3)
+        assert asked.length == ids.shape[1]

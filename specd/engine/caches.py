@@ -155,14 +155,22 @@ class KVState:
         """Whether this state's forward path computes rows of logits on demand (``LazyRows``)."""
         return self.path.lazy_head
 
+    @property
+    def merges_prompt(self) -> bool:
+        """Whether prompt tokens can ride with a decode step at no cost in logits: their rows
+        are never computed (a lazy head, or a path that computes only the rows asked for)."""
+        return self.path.lazy_head or self.path.rows_from
+
     def extend_rows(self, new_ids: Sequence[int], skip: int = 0) -> Rows:
         """``extend`` for verification: the logits as ``Rows``, computed on demand where the
         forward path can (``lazy_head``: the lean path on CPU), else all at once. ``skip``: the
         first new tokens' rows are not wanted (prompt tokens run with a step): row 0 is then the
         one after ``new_ids[skip]``."""
-        if not self.lazy_head:
-            return DenseRows(self.extend(new_ids)[skip:])
-        return LazyRows(self._forward(new_ids, head=False)[skip:], self.path.head)
+        if self.lazy_head:
+            return LazyRows(self._forward(new_ids, head=False)[skip:], self.path.head)
+        if self.path.rows_from:
+            return DenseRows(self._forward(new_ids, rows_from=skip))
+        return DenseRows(self.extend(new_ids)[skip:])
 
     @property
     def recordings(self) -> int:

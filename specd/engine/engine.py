@@ -348,15 +348,15 @@ class Engine(Fronted):
         state = (self.caches.get(key) if settings.kv_reuse else None) or self._new_state()
 
         # Prefill: the target holds prompt[:-1] (the last token rides with the first step),
-        # reusing the longest common prefix; or, where rows of logits are computed on demand (no
-        # logits for prompt tokens), a keystroke's few new tokens ride with the first step too:
-        # one forward to the first token, as llama.cpp's server runs a prompt's new tail. The
+        # reusing the longest common prefix; or, where prompt tokens cost no logits (computed on
+        # demand, or only those asked for), a keystroke's few new tokens ride with the first step
+        # too: one forward to the first token, as llama.cpp's server runs a prompt's new tail. The
         # draft model catches up only if the planner runs it.
         # The prefill runs in one go (a forward path may hand the whole prompt's K/V over at
         # once); other requests' steps wait for it.
         reused = min(common_prefix(state.target.ids, prompt.ids), len(prompt.ids) - 1)
         suspended_s = 0.0
-        if state.target.lazy_head and len(prompt.ids) - reused <= MERGED_PREFILL:
+        if state.target.merges_prompt and len(prompt.ids) - reused <= MERGED_PREFILL:
             state.target.rollback(reused)
         else:
             state.target.prefill(prompt.ids[:-1])

@@ -58,10 +58,12 @@ class SequenceCache:
 
 class LlamaCppForward(BasicPath):
     """The forward path of one model (target or draft) on llama.cpp, for every document. Of the
-    optional capabilities (``path.ForwardPath``) it has none: logits come with the forward, no
+    optional capabilities (``path.ForwardPath``) it has one: ``rows_from`` (llama.cpp computes
+    logits for the positions a batch flags, and no others). Logits come with the forward, no
     token trees, nothing recorded."""
 
     name = "llamacpp"
+    rows_from = True
 
     def __init__(self, gguf_path: str | Path, *, budget_bytes: int, window: int, threads: int = 1,
                  sequences: int = MAX_SEQUENCES, kv_bytes: int = 4, about: str = ""):
@@ -162,16 +164,19 @@ class LlamaCppForward(BasicPath):
         with self._lock:
             self._free.append(seq)
 
-    def forward(self, input_ids: torch.Tensor, cache: SequenceCache, last_only: bool = False) -> torch.Tensor:
-        """Run ``input_ids`` [1, T] after the cache's positions; float32 logits [T, V] ([1, V]
-        when last_only). On failure the sequence is cut back to where it was and the error raised."""
+    def forward(self, input_ids: torch.Tensor, cache: SequenceCache, last_only: bool = False,
+                rows_from: int = 0) -> torch.Tensor:
+        """Run ``input_ids`` [1, T] after the cache's positions; float32 logits [T - rows_from, V]
+        of rows ``rows_from``.. ([1, V] when last_only). On failure the sequence is cut back to
+        where it was and the error raised."""
         ids = input_ids[0].tolist()
-        if input_ids.shape[0] != 1 or not ids:
-            raise ValueError(f"input_ids must be [1, T] with T >= 1, not {list(input_ids.shape)}")
+        if input_ids.shape[0] != 1 or not ids or not 0 <= rows_from < len(ids):
+            raise ValueError(f"input_ids must be [1, T] with T >= 1 (rows from {rows_from}), not {list(input_ids.shape)}")
         start = cache.length
         if self.torch_prefill is not None and start == 0 and len(ids) >= HANDOFF_TOKENS:
             try:
-                return self.torch_prefill.prefill(input_ids, cache, last_only)
+                logits = self.torch_prefill.prefill(input_ids, cache, last_only)
+                return logits if last_only else logits[rows_from:]
             except BaseException:
                 self._ctx.kv_cache_seq_rm(cache.seq, -1, -1)
                 cache.length = 0
@@ -181,7 +186,8 @@ class LlamaCppForward(BasicPath):
             for offset in range(0, len(ids), BATCH):
                 chunk = ids[offset:offset + BATCH]
                 last_chunk = offset + BATCH >= len(ids)
-                outputs = self._fill(chunk, start + offset, cache.seq, last_only, last_chunk)
+                skipped = len(chunk) if last_only else min(len(chunk), max(0, rows_from - offset))
+                outputs = self._fill(chunk, start + offset, cache.seq, skipped, last_chunk)
                 code = self._llama_cpp.llama_decode(self._ctx.ctx, self._batch.batch)
                 if code != 0:  # 1: no KV cell free for the batch; <0: an error
                     what = "out of memory: no free KV cells" if code == 1 else f"llama_decode returned {code}"
@@ -196,20 +202,21 @@ class LlamaCppForward(BasicPath):
         cache.length = start + len(ids)
         return torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows))
 
-    def _fill(self, chunk: list[int], position: int, seq: int, last_only: bool, last_chunk: bool) -> int:
-        """Load the batch; returns how many of its tokens ask for logits."""
+    def _fill(self, chunk: list[int], position: int, seq: int, skipped: int, last_chunk: bool) -> int:
+        """Load the batch, asking for the logits of its tokens past the first ``skipped`` (and of
+        the last chunk's last token); returns how many of its tokens ask for logits."""
         batch = self._batch.batch
         batch.n_tokens = len(chunk)
-        want_all = not last_only
         for i, token in enumerate(chunk):
             batch.token[i] = token
             batch.pos[i] = position + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = seq
-            batch.logits[i] = want_all
-        if last_chunk:
+            batch.logits[i] = i >= skipped
+        if last_chunk and skipped >= len(chunk):
             batch.logits[len(chunk) - 1] = True
-        return len(chunk) if want_all else int(last_chunk)
+            return 1
+        return len(chunk) - skipped
 
     def crop(self, cache: SequenceCache, length: int) -> None:
         if not 0 <= length <= cache.length:

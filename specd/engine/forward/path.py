@@ -26,6 +26,9 @@ class ForwardPath(Protocol):
     # forward(..., head=False) returns the final hidden states [T, D] and head() turns rows of
     # them into logits, so verification computes only the rows it reads (caches.LazyRows)
     lazy_head: bool
+    # forward(..., rows_from=i) computes logits only for rows i.. (prompt tokens that ride with a
+    # decode step need none), so a keystroke's new tokens run with the first step in one forward
+    rows_from: bool
     trees: bool  # forward(..., parents=...) runs a token tree; keep() keeps one root-to-leaf path of it
     recordings: int  # forwards recorded for replay so far (such a forward is no measure of its width)
     replays: bool  # narrow forwards replay recorded graphs (CUDA graphs, see forward/graphs.py)
@@ -64,6 +67,7 @@ class BasicPath:
     name: str
     description = ""
     lazy_head = False
+    rows_from = False
     trees = False
     recordings = 0
     replays = False

@@ -44,6 +44,7 @@ class LeanForward:
 
     name = "lean"
     trees = True  # forward(parents=...) runs a token tree; keep() keeps one path of it
+    rows_from = False  # prompt tokens ride with a step through the lazy head instead (on a CPU)
 
     def __init__(self, model: PreTrainedModel, transposed_weights: str = "auto"):
         """``transposed_weights``: hold every weight matrix a second time, transposed, so that
