@@ -19,9 +19,12 @@ decoder does.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 from pathlib import Path
 from typing import Iterable, Sequence
+
+import numpy as np
 
 from specd.llamacpp.runtime import import_llama_cpp
 
@@ -101,14 +104,19 @@ class LlamaCppTokenizer:
             self._read_vocabulary()
         return dict(self._ids)
 
-    @property
+    @functools.cached_property
     def unk_token_id(self) -> int | None:
+        # cached: the front asks for it per token of a prompt's cut (a scan of the whole vocabulary)
         return next((i for i, attr in enumerate(self.attrs) if attr & ATTR_UNKNOWN), None)
 
     @property
     def all_special_ids(self) -> list[int]:
         """Control and unknown tokens (BOS, EOS, FIM markers ...): never text of a completion."""
-        return [i for i, attr in enumerate(self.attrs) if attr & (ATTR_CONTROL | ATTR_UNKNOWN)]
+        return list(self._special_ids)
+
+    @functools.cached_property
+    def _special_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, attr in enumerate(self.attrs) if attr & (ATTR_CONTROL | ATTR_UNKNOWN))
 
     @property
     def added_tokens_decoder(self) -> dict[int, SpecialToken]:
@@ -159,16 +167,28 @@ class LlamaCppTokenizer:
         ids = self.encode(text, add_special_tokens)
         out: dict = {"input_ids": ids}
         if return_offsets_mapping:
+            # The front asks for offsets of every prompt window it fits (thousands of tokens):
+            # piece lengths come from a per-token memo and the spans are computed as arrays.
             char_at = _byte_to_char(text)
             last = len(char_at) - 1
-            pieces = [len(self._piece(i)) for i in ids]
-            at = min(0, last - sum(pieces))  # minus the added leading space, if any
-            spans = []
-            for size in pieces:
-                spans.append((char_at[min(max(at, 0), last)], char_at[min(max(at + size, 0), last)]))
-                at += size
-            out["offset_mapping"] = spans
+            sizes = self._piece_sizes(ids)
+            ends = np.cumsum(sizes) + min(0, last - int(sizes.sum()))  # less the added leading space, if any
+            starts = ends - sizes
+            spans = np.stack([char_at[np.clip(starts, 0, last)], char_at[np.clip(ends, 0, last)]], axis=1)
+            out["offset_mapping"] = list(map(tuple, spans.tolist()))
         return out
+
+    def _piece_sizes(self, ids: list[int]) -> np.ndarray:
+        """Bytes of each token's piece as the offsets count them, each token's read once."""
+        held = np.asarray(ids, dtype=np.int64)
+        sizes = self._piece_bytes[held]
+        for at in np.flatnonzero(sizes < 0).tolist():
+            sizes[at] = self._piece_bytes[held[at]] = len(self._piece(ids[at]))
+        return sizes
+
+    @functools.cached_property
+    def _piece_bytes(self) -> np.ndarray:
+        return np.full(self.n_tokens, -1, dtype=np.int64)  # per token id; -1 until read
 
     def _piece(self, token: int) -> bytes:
         buffer = ctypes.create_string_buffer(64)
@@ -200,10 +220,11 @@ class LlamaCppTokenizer:
         return [self.decode(ids, skip_special_tokens) for ids in sequences]
 
 
-def _byte_to_char(text: str) -> list[int]:
-    """For each byte offset of ``text``'s UTF-8 form (and its end), the character it falls in."""
-    out: list[int] = []
-    for index, char in enumerate(text):
-        out.extend([index] * len(char.encode("utf-8")))
-    out.append(len(text))
+def _byte_to_char(text: str) -> np.ndarray:
+    """For each byte offset of ``text``'s UTF-8 form (and its end), the character it falls in:
+    a character starts at every byte that is not a continuation byte (0b10xxxxxx)."""
+    data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    out = np.empty(len(data) + 1, dtype=np.int64)
+    out[:-1] = np.cumsum((data & 0xC0) != 0x80) - 1
+    out[-1] = len(text)
     return out
