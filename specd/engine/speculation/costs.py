@@ -106,6 +106,8 @@ class ForwardCosts:
     head_row: float = 0.0  # ms per row of logits computed on demand (0: rows come with the forward)
     draft_step: float | None = None  # one draft token after a synced cache
     draft_per_token: float | None = None  # draft catch-up (prefill) per token, beyond one step
+    _table: list[float] = field(default_factory=list, repr=False, compare=False)  # target_table's
+    _table_key: tuple = field(default=(), repr=False, compare=False)  # the measured widths it was made of
 
     def target_ms(self, width: int) -> float:
         """Interpolated between measured widths; beyond the widest, extended along the last slope."""
@@ -126,12 +128,45 @@ class ForwardCosts:
         slope = (self.target[hi] - self.target[lo]) / (hi - lo)
         return max(self.target[lo] + slope * (width - lo), 1e-3)
 
+    def target_table(self, widest: int) -> list[float]:
+        """``target_ms(w)`` for every width w up to at least ``widest`` (index 0 unused). The
+        planner prices up to 17 widths a step, and a step of a small model on llama.cpp takes
+        0.3-0.5 ms: the table is made in one pass and kept while the measured widths stay as
+        they are (every step records one timing, so it is made again once a step)."""
+        key = tuple(self.target.items())
+        if key != self._table_key or len(self._table) <= widest:
+            self._table_key = key
+            self._table = self._interpolated(max(widest, len(self._table) - 1))
+        return self._table
+
+    def _interpolated(self, widest: int) -> list[float]:
+        """``target_ms`` of widths 0..widest, walking the measured widths once."""
+        if not self.target:
+            return [0.0, *(self.target_ms(width) for width in range(1, widest + 1))]
+        known = sorted(self.target.items())
+        table = [0.0] * (widest + 1)
+        i = 0  # known[i]: the first measured width at or above the width at hand
+        for width in range(1, widest + 1):
+            while i < len(known) and known[i][0] < width:
+                i += 1
+            if i < len(known) and known[i][0] == width or i == 0 or len(known) == 1:
+                table[width] = known[min(i, len(known) - 1)][1]
+                continue
+            (lo, low_ms), (hi, high_ms) = known[-2:] if i == len(known) else known[i - 1:i + 1]
+            table[width] = max(low_ms + (high_ms - low_ms) / (hi - lo) * (width - lo), 1e-3)
+        return table
+
     def draft_ms(self, catch_up: int, steps: int) -> float:
         """A draft chain of ``steps`` tokens whose first forward also runs ``catch_up`` tokens
         the draft cache has not seen."""
-        step = self.draft_step if self.draft_step is not None else self.target_ms(1) / 3
-        per_token = self.draft_per_token if self.draft_per_token is not None else step / 8
+        step, per_token = self.draft_rates()
         return steps * step + max(0, catch_up - 1) * per_token
+
+    def draft_rates(self) -> tuple[float, float]:
+        """(ms of a draft step, ms per catch-up token beyond one), guessed from a target step
+        until measured."""
+        step = self.draft_step if self.draft_step is not None else self.target_ms(1) / 3
+        return step, self.draft_per_token if self.draft_per_token is not None else step / 8
 
     def record_target(self, width: int, ms: float) -> None:
         old = self.target.get(width)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 from specd.engine.caches import common_prefix
 from specd.engine.speculation.costs import Acceptance, ForwardCosts
@@ -76,14 +76,20 @@ class DraftPlanner:
             for kind, prior in drafter.priors.items():
                 self.memory.priors.setdefault(kind, prior)
 
-    def _best_length(self, kind: str, available: int, extra_ms: Callable[[int], float]) -> tuple[int, float]:
+    def _best_length(self, kind: str, available: int, draft_step_ms: float = 0.0, catch_up_ms: float = 0.0,
+                     room: int = 1) -> tuple[int, float]:
+        """The draft length of ``kind`` with the most expected tokens per ms, and that rate. A
+        priced drafter's k tokens cost ``draft_step_ms`` each, plus its catch-up ``catch_up_ms``
+        spread over the steps the rest of the completion (``room`` tokens) should take."""
         acceptance, costs = self.memory.of(kind), self.memory.costs
         first, then = acceptance.first, min(acceptance.then, 0.999)
+        step_ms, head_row = costs.target_table(available + 1), costs.head_row
         best_k, best_rate = 0, 0.0
         later, power = 0.0, 1.0  # acceptance.expected_after_first(k), summed as k grows
         for k in range(1, available + 1):
             tokens = 1.0 + first * (1.0 + later)  # 1 + acceptance.expected(k): also the rows read
-            rate = tokens / (costs.step_ms(k + 1, tokens) + extra_ms(k))
+            drafting = k * draft_step_ms + catch_up_ms * min(1.0, tokens / room)
+            rate = tokens / (step_ms[k + 1] + head_row * tokens + drafting)
             if rate > best_rate:
                 best_k, best_rate = k, rate
             power *= then
@@ -100,7 +106,7 @@ class DraftPlanner:
         probe = None
         for draft in (drafts[0] if drafts else EMPTY for drafts in offers):
             if draft.tokens:
-                k, rate = self._best_length(draft.kind, len(draft), lambda k: 0.0)
+                k, rate = self._best_length(draft.kind, len(draft))
                 unchosen.append(draft.kind)
                 if rate > best_rate:
                     best, best_rate = dataclasses.replace(draft, tokens=draft.tokens[:k]), rate
@@ -219,15 +225,11 @@ class DraftPlanner:
 
     def _priced_length(self, drafter: Drafter, catch_up: int, room: int, rate_to_beat: float) -> int:
         """Chain length worth drafting with ``drafter`` (its cache lacks ``catch_up`` tokens), or 0."""
-        kind = drafter.cost.kind
-        acceptance, costs = self.memory.of(kind), self.memory.costs
-
-        def drafting_ms(k: int) -> float:
-            steps_left = max(1.0, room / (1.0 + acceptance.expected(k)))
-            return costs.draft_ms(1, k) + costs.draft_ms(catch_up, 0) / steps_left
-
+        kind, costs = drafter.cost.kind, self.memory.costs
+        step, per_token = costs.draft_rates()
         available = room if drafter.longest is None else min(room, drafter.longest)
-        k, rate = self._best_length(kind, available, drafting_ms)
+        # drafting k tokens: k draft steps, and the catch-up spread over the steps left
+        k, rate = self._best_length(kind, available, step, max(0, catch_up - 1) * per_token, room)
         if rate > rate_to_beat:
             return k
         if self.memory.steps_unpriced.get(kind, 0) >= PROBE_EVERY and (

@@ -120,15 +120,28 @@ class DraftingCost(Protocol):
         ...
 
 
-@dataclass(frozen=True)
 class KVCost:
     """``DraftingCost`` of a drafter that runs forwards on a ``KVState``."""
 
-    kind: str
-    state: KVState
+    def __init__(self, kind: str, state: KVState):
+        self.kind = kind
+        self.state = state
+        self._known: tuple | None = None  # (seq, its length, the state's forwards and length, shared prefix) last asked
 
     def catch_up(self, seq: Sequence[int]) -> int:
-        return len(seq) - common_prefix(self.state.ids, seq)
+        """Asked every step with the decode loop's one growing list: while the state has not
+        moved since, and what they shared ended before the list's old end or at the state's, it
+        is what they share now, and the thousands of tokens before it are not compared again."""
+        state = self.state
+        known = self._known
+        if known is not None and known[0] is seq and len(seq) >= known[1] \
+                and known[2] == (state.forwards, len(state.ids)) and (known[1] == 0 or seq[known[1] - 1] == known[4]) \
+                and (known[3] < known[1] or known[3] == len(state.ids)):
+            shared = known[3]
+        else:
+            shared = common_prefix(state.ids, seq)
+        self._known = (seq, len(seq), (state.forwards, len(state.ids)), shared, seq[-1] if seq else None)
+        return len(seq) - shared
 
     @property
     def forwards(self) -> int:
