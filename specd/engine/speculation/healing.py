@@ -20,6 +20,7 @@ a CRLF one), the same rule by which the stop rules end a completion.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -72,11 +73,18 @@ class HealingVocabulary:
         self.texts: list[str] = token_texts(tokenizer, vocab_size) if texts is None else list(texts)
         if len(self.texts) != vocab_size:
             raise ValueError(f"{len(self.texts)} token texts for a vocabulary of {vocab_size}")
-        self._by_first: dict[str, list[int]] = defaultdict(list)  # ids in increasing order
+        # Every non-empty text in sorted order (the texts that start with a given one are a run of
+        # it), and the ids of each text: what ``allowed`` looks a cut text up in. A look-up by
+        # first character walked a third of the vocabulary for a cut that starts with a space
+        # (0.5 ms on 8k tokens; ~10 ms on 150k), once per keystroke, each cut being new.
+        pairs = sorted((text, i) for i, text in enumerate(self.texts) if text)
+        self._sorted_texts = [text for text, _ in pairs]
+        self._sorted_ids = [i for _, i in pairs]
+        self._ids_of: dict[str, list[int]] = defaultdict(list)  # ids in increasing order
         for i, text in enumerate(self.texts):
             if text:
-                self._by_first[text[0]].append(i)
-        self._allowed: dict[str, torch.Tensor] = {}
+                self._ids_of[text].append(i)
+        self._allowed: dict[tuple[str, str], torch.Tensor] = {}
 
     def decode_tail(self, tokenizer, ids: Sequence[int]) -> str:
         """The text the last of ``ids`` adds after the ones before it."""
@@ -103,11 +111,21 @@ class HealingVocabulary:
                 return text.startswith(rest) and not (exact_indent and text[size:size + 1] in (" ", "\t")) \
                     and foreign_break(text, newline, size) < 0
 
-            ids = torch.tensor([i for i in self._by_first.get(rest[0], ()) if ok(self.texts[i])], dtype=torch.long)
+            ids = torch.tensor(sorted(i for i in self._candidates(rest) if ok(self.texts[i])), dtype=torch.long)
             if len(self._allowed) > 4096:
                 self._allowed.clear()
             self._allowed[(rest, newline)] = ids
         return ids
+
+    def _candidates(self, rest: str) -> list[int]:
+        """Ids whose text starts with ``rest`` (a run of the sorted texts) or is a shorter
+        non-empty prefix of it (looked up by text)."""
+        texts = self._sorted_texts
+        end = start = bisect.bisect_left(texts, rest)
+        while end < len(texts) and texts[end].startswith(rest):
+            end += 1
+        shorter = [i for size in range(1, len(rest)) for i in self._ids_of.get(rest[:size], ())]
+        return [*self._sorted_ids[start:end], *shorter]
 
     def remaining(self, healed: str, tokens: Sequence[int]) -> str | None:
         """What is still to re-type after ``tokens`` ("" once done); None if a token broke it."""
