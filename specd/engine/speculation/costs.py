@@ -136,7 +136,7 @@ class ForwardCosts:
         key = tuple(self.target.items())
         if key != self._table_key or len(self._table) <= widest:
             self._table_key = key
-            self._table = self._interpolated(max(widest, len(self._table) - 1))
+            self._table = self._interpolated(widest)
         return self._table
 
     def _interpolated(self, widest: int) -> list[float]:
@@ -144,15 +144,16 @@ class ForwardCosts:
         if not self.target:
             return [0.0, *(self.target_ms(width) for width in range(1, widest + 1))]
         known = sorted(self.target.items())
+        count = len(known)
         table = [0.0] * (widest + 1)
         i = 0  # known[i]: the first measured width at or above the width at hand
         for width in range(1, widest + 1):
-            while i < len(known) and known[i][0] < width:
+            while i < count and known[i][0] < width:
                 i += 1
-            if i < len(known) and known[i][0] == width or i == 0 or len(known) == 1:
-                table[width] = known[min(i, len(known) - 1)][1]
+            if i < count and known[i][0] == width or i == 0 or count == 1:
+                table[width] = known[min(i, count - 1)][1]
                 continue
-            (lo, low_ms), (hi, high_ms) = known[-2:] if i == len(known) else known[i - 1:i + 1]
+            (lo, low_ms), (hi, high_ms) = known[-2:] if i == count else known[i - 1:i + 1]
             table[width] = max(low_ms + (high_ms - low_ms) / (hi - lo) * (width - lo), 1e-3)
         return table
 
