@@ -314,3 +314,17 @@ def test_a_completion_is_remembered_and_drafts_the_next_request(spm_engine, samp
     for extra in range(SUGGESTIONS_KEPT + 1):
         spm_engine.complete(request(text[:cursor] + "x" * extra, cursor + extra, uri=uri, use_draft_model=False))
     assert len(spm_engine.caches.get(uri).suggestions) == SUGGESTIONS_KEPT
+
+
+def test_common_prefix_of_token_sequences_of_any_kind():
+    """Lists, tuples and arrays in any mix; the first difference anywhere, found by halving."""
+    import random
+    from array import array
+
+    rng = random.Random(0)
+    for _ in range(500):
+        a = [rng.randrange(3) for _ in range(rng.randint(0, 300))]
+        b = a[:rng.randint(0, len(a))] + [rng.randrange(3) for _ in range(rng.randint(0, 40))]
+        expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        for x, y in ((a, b), (b, a), (tuple(a), b), (array("i", a), b), (a, array("i", b))):
+            assert common_prefix(x, y) == expected

@@ -378,3 +378,52 @@ def test_a_draft_model_that_never_ran_is_probed_where_catching_up_costs_a_step_o
         for _ in range(PROBE_EVERY + 1):
             planner.propose(seq, 40)
         assert model.calls == probes, step_ms
+
+
+def test_the_step_table_is_target_ms_at_every_width():
+    """The planner prices widths from ``target_table``, made again whenever a timing moves: it
+    must say what ``target_ms`` says, measured widths, between them and past the widest."""
+    import random
+
+    for trial in range(300):
+        rng = random.Random(trial)
+        costs = ForwardCosts(target={w: rng.uniform(0.01, 10.0) for w in rng.sample(range(1, 40), rng.randint(0, 8))})
+        for widest in (rng.randint(1, 50), rng.randint(1, 50)):
+            table = costs.target_table(widest)
+            assert len(table) > widest
+            assert table[1:] == [costs.target_ms(w) for w in range(1, len(table))]
+        if costs.target:
+            costs.record_target(rng.choice([1, *costs.target]), rng.uniform(0.01, 10.0))
+            assert costs.target_table(8)[1:9] == [costs.target_ms(w) for w in range(1, 9)]
+
+
+def test_a_draft_models_catch_up_is_what_a_full_compare_says_while_the_context_grows():
+    """``KVCost.catch_up`` skips the compare while neither the draft's cache nor the decode loop's
+    growing list moved in a way that could change it; over random growth, drafting, rollbacks and
+    new lists it answers as the full compare does."""
+    import random
+
+    from specd.engine.caches import common_prefix
+    from specd.engine.speculation.drafters import KVCost
+
+    class State:
+        def __init__(self):
+            self.ids, self.forwards = [], 0
+
+    for trial in range(300):
+        rng = random.Random(trial)
+        state = State()
+        cost = KVCost("draft", state)
+        seq = [rng.randrange(4) for _ in range(rng.randint(0, 30))]
+        for _ in range(60):
+            move = rng.random()
+            if move < 0.35:  # the loop's tokens
+                seq.extend(rng.randrange(4) for _ in range(rng.randint(1, 3)))
+            elif move < 0.5:  # the draft model ran: it holds part of seq and drafts beyond
+                state.ids = seq[:rng.randint(0, len(seq))] + [rng.randrange(4) for _ in range(rng.randint(0, 4))]
+                state.forwards += 1
+            elif move < 0.6:  # a rollback
+                del state.ids[rng.randint(0, len(state.ids)):]
+            elif move < 0.65:  # another request's list
+                seq = list(seq)
+            assert cost.catch_up(seq) == len(seq) - common_prefix(state.ids, seq)

@@ -237,3 +237,32 @@ def test_stop_rules_keep_a_sentencepiece_completions_leading_space(real_vocab):
     plain = StopRules(tok, set(), False, None)
     plain(tok.convert_tokens_to_ids("▁cons"))
     assert plain.text() == " cons"
+
+
+@pytest.mark.parametrize("base", ["qwen2", "llama-spm", "deepseek-coder"])
+def test_healing_allows_exactly_the_tokens_that_retype_the_cut(real_vocab, base):
+    """``allowed`` looks cuts up in the sorted token texts; on real vocabularies it gives what the
+    constraint says, token by token over the whole vocabulary: a token whose text starts with the
+    cut (not going on with more of a cut indentation, nor with a foreign line break) or is a
+    non-empty prefix of it, in increasing order."""
+    import random
+
+    from specd.engine.speculation.healing import HealingVocabulary, foreign_break, token_texts
+    from specd.llamacpp.model import open_gguf
+
+    _, tok = open_gguf(str(real_vocab.folder / f"ggml-vocab-{base}.gguf"))
+    texts = token_texts(tok, tok.n_tokens)
+    vocabulary = HealingVocabulary(tok, len(texts), texts)
+
+    def expected(rest: str, newline: str) -> list[int]:
+        exact_indent = not rest.strip() and rest[-1] in " \t"
+        return [i for i, text in enumerate(texts) if text and (rest.startswith(text) or (
+            text.startswith(rest) and not (exact_indent and text[len(rest):len(rest) + 1] in (" ", "\t"))
+            and foreign_break(text, newline, len(rest)) < 0))]
+
+    rng = random.Random(0)
+    cuts = [" ", "    ", "\t", "\n  ", "\r\n    ", " self", " retu", "(", "é", "漢", "\U0010ffff"]
+    cuts += [text[:rng.randint(1, len(text))] for text in rng.sample([t for t in texts if t], 40)]
+    for rest in cuts:
+        for newline in ("\n", "\r\n"):
+            assert vocabulary.allowed(rest, newline).tolist() == expected(rest, newline), (rest, newline)
