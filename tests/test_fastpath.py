@@ -551,7 +551,11 @@ def test_every_forward_path_declares_every_capability():
     assert (lean.lazy_head, lean.rows_from, lean.trees, lean.replays, lean.recordings) == (True, False, True, False, 0)
     assert (hf.lazy_head, hf.rows_from, hf.trees, hf.replays, hf.recordings, hf.description) == \
         (False, False, False, False, 0, "")
-    assert (LlamaCppForward.lazy_head, LlamaCppForward.rows_from, LlamaCppForward.trees) == (False, True, False)
+    assert (LlamaCppForward.lazy_head, LlamaCppForward.rows_from, LlamaCppForward.trees, LlamaCppForward.host_ids) \
+        == (False, True, False, True)
+    assert not lean.host_ids and not hf.host_ids
+    with pytest.raises(TypeError, match="no host ids"):
+        hf.forward_ids([1], hf.new_cache())
     assert hf.prepare(hf.new_cache(), 16) == 0
     with pytest.raises(TypeError, match="no token trees"):
         hf.keep(hf.new_cache(), 0, [])

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
@@ -105,6 +106,30 @@ class DenseRows:
         return self.logits
 
 
+class HostRows:
+    """Rows that came with a forward as a float32 numpy array [T, V] (``ForwardPath.host_ids``:
+    llama.cpp's path), read without torch; a row or all of them as a tensor on demand (sampling,
+    the healing constraint)."""
+
+    head_ms = 0.0
+    computed = 0
+
+    def __init__(self, logits: np.ndarray):
+        self.logits = logits
+
+    def __len__(self) -> int:
+        return self.logits.shape[0]
+
+    def row(self, i: int) -> torch.Tensor:
+        return torch.from_numpy(self.logits[i])
+
+    def argmax(self, i: int) -> int:
+        return int(self.logits[i].argmax())
+
+    def dense(self) -> torch.Tensor:
+        return torch.from_numpy(self.logits)
+
+
 class LazyRows:
     """Rows computed when first read, from the final hidden states and the LM head.
 
@@ -188,6 +213,8 @@ class KVState:
         one after ``new_ids[skip]``."""
         if self.lazy_head:
             return LazyRows(self._forward(new_ids, head=False)[skip:], self.path.head)
+        if self.path.host_ids:
+            return HostRows(self._forward_ids(list(new_ids), skip))
         if self.path.rows_from:
             return DenseRows(self._forward(new_ids, rows_from=skip))
         return DenseRows(self.extend(new_ids)[skip:])
@@ -236,6 +263,17 @@ class KVState:
         input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
         try:
             out = self.path.forward(input_ids, self.cache, **kwargs)
+        except BaseException:
+            self._restore(len(self.ids))
+            raise
+        self.ids.extend(new_ids)
+        self.forwards += 1
+        return out
+
+    def _forward_ids(self, new_ids: list[int], rows_from: int) -> np.ndarray:
+        """``_forward`` on a path that takes a list and gives numpy logits (``host_ids``)."""
+        try:
+            out = self.path.forward_ids(new_ids, self.cache, rows_from=rows_from)
         except BaseException:
             self._restore(len(self.ids))
             raise

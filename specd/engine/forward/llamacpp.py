@@ -58,12 +58,14 @@ class SequenceCache:
 
 class LlamaCppForward(BasicPath):
     """The forward path of one model (target or draft) on llama.cpp, for every document. Of the
-    optional capabilities (``path.ForwardPath``) it has one: ``rows_from`` (llama.cpp computes
-    logits for the positions a batch flags, and no others). Logits come with the forward, no
+    optional capabilities (``path.ForwardPath``) it has two: ``rows_from`` (llama.cpp computes
+    logits for the positions a batch flags, and no others) and ``host_ids`` (``forward_ids``: a
+    list in, numpy logits out, no torch in a decode step). Logits come with the forward, no
     token trees, nothing recorded."""
 
     name = "llamacpp"
     rows_from = True
+    host_ids = True
 
     def __init__(self, gguf_path: str | Path, *, budget_bytes: int, window: int, threads: int = 1,
                  sequences: int = MAX_SEQUENCES, kv_bytes: int = 4, about: str = ""):
@@ -169,14 +171,20 @@ class LlamaCppForward(BasicPath):
         """Run ``input_ids`` [1, T] after the cache's positions; float32 logits [T - rows_from, V]
         of rows ``rows_from``.. ([1, V] when last_only). On failure the sequence is cut back to
         where it was and the error raised."""
-        ids = input_ids[0].tolist()
-        if input_ids.shape[0] != 1 or not ids or not 0 <= rows_from < len(ids):
-            raise ValueError(f"input_ids must be [1, T] with T >= 1 (rows from {rows_from}), not {list(input_ids.shape)}")
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"input_ids must be [1, T] with T >= 1, not {list(input_ids.shape)}")
+        return torch.from_numpy(self.forward_ids(input_ids[0].tolist(), cache, last_only, rows_from))
+
+    def forward_ids(self, ids: list[int], cache: SequenceCache, last_only: bool = False,
+                    rows_from: int = 0) -> np.ndarray:
+        """``forward`` of a list of ids, the logits as a numpy array: the decode loop's steps."""
+        if not ids or not 0 <= rows_from < len(ids):
+            raise ValueError(f"ids must hold at least one token (rows from {rows_from}), not {len(ids)}")
         start = cache.length
         if self.torch_prefill is not None and start == 0 and len(ids) >= HANDOFF_TOKENS:
             try:
-                logits = self.torch_prefill.prefill(input_ids, cache, last_only)
-                return logits if last_only else logits[rows_from:]
+                logits = self.torch_prefill.prefill(torch.tensor([ids], dtype=torch.long), cache, last_only)
+                return (logits if last_only else logits[rows_from:]).contiguous().numpy()
             except BaseException:
                 self._ctx.kv_cache_seq_rm(cache.seq, -1, -1)
                 cache.length = 0
@@ -200,7 +208,7 @@ class LlamaCppForward(BasicPath):
             self._ctx.kv_cache_seq_rm(cache.seq, start, -1)
             raise
         cache.length = start + len(ids)
-        return torch.from_numpy(rows[0] if len(rows) == 1 else np.concatenate(rows))
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def _fill(self, chunk: list[int], position: int, seq: int, skipped: int, last_chunk: bool) -> int:
         """Load the batch, asking for the logits of its tokens past the first ``skipped`` (and of

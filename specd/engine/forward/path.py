@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+import numpy as np
 import torch
 
 
@@ -32,6 +33,10 @@ class ForwardPath(Protocol):
     trees: bool  # forward(..., parents=...) runs a token tree; keep() keeps one root-to-leaf path of it
     recordings: int  # forwards recorded for replay so far (such a forward is no measure of its width)
     replays: bool  # narrow forwards replay recorded graphs (CUDA graphs, see forward/graphs.py)
+    # forward_ids() takes the ids as a list and gives float32 logits as a numpy array: a decode
+    # step that never touches torch (on llama.cpp a torch tensor in and out of each step cost
+    # 40-60 us against a 0.45 ms forward of a small model)
+    host_ids: bool
 
     def new_cache(self) -> Any: ...
     def forward(self, input_ids: torch.Tensor, cache: Any, last_only: bool = False) -> torch.Tensor: ...
@@ -41,6 +46,10 @@ class ForwardPath(Protocol):
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [T, V] of final hidden states [T, D] (only where ``lazy_head``)."""
+        ...
+
+    def forward_ids(self, ids: list[int], cache: Any, last_only: bool = False, rows_from: int = 0) -> np.ndarray:
+        """``forward`` of ``ids`` with the logits as a float32 numpy array (only where ``host_ids``)."""
         ...
 
     def keep(self, cache: Any, start: int, slots: Sequence[int]) -> None:
@@ -71,9 +80,13 @@ class BasicPath:
     trees = False
     recordings = 0
     replays = False
+    host_ids = False
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"the {self.name} forward computes its logits within the forward (no lazy head)")
+
+    def forward_ids(self, ids: list[int], cache: Any, last_only: bool = False, rows_from: int = 0) -> np.ndarray:
+        raise TypeError(f"the {self.name} forward takes and gives torch tensors (no host ids)")
 
     def keep(self, cache: Any, start: int, slots: Sequence[int]) -> None:
         raise TypeError(f"the {self.name} forward runs no token trees")

@@ -45,6 +45,7 @@ class LeanForward:
     name = "lean"
     trees = True  # forward(parents=...) runs a token tree; keep() keeps one path of it
     rows_from = False  # prompt tokens ride with a step through the lazy head instead (on a CPU)
+    host_ids = False  # torch tensors in and out (its rows come from the lazy head)
 
     def __init__(self, model: PreTrainedModel, transposed_weights: str = "auto"):
         """``transposed_weights``: hold every weight matrix a second time, transposed, so that
@@ -235,6 +236,9 @@ class LeanForward:
                 for kv in cache.kv:
                     kv[:, :, first:start + len(slots)] = kv[:, :, source]  # the gather copies first
         cache.length = start + len(slots)
+
+    def forward_ids(self, ids: list[int], cache, last_only: bool = False, rows_from: int = 0):
+        raise TypeError("the lean forward takes and gives torch tensors (no host ids)")
 
     @torch.inference_mode()
     def head(self, x: torch.Tensor) -> torch.Tensor:
