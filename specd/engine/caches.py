@@ -80,9 +80,6 @@ class DenseRows:
     def __init__(self, logits: torch.Tensor):
         self.logits = logits
         self._argmax: list[int] | None = None
-        # a CPU float32 forward's rows, read through numpy (see row_argmax)
-        self._host = logits.numpy() if logits.device.type == "cpu" and logits.dtype == torch.float32 \
-            and not logits.requires_grad else None
 
     def __len__(self) -> int:
         return self.logits.shape[0]
@@ -94,8 +91,6 @@ class DenseRows:
         """On a GPU every row's argmax at the first call, in one kernel and one read (each row's
         own read would be a device sync); on a CPU the row's own (a verify typically reads a few
         of its rows, and reading them all costs several times more: docs/engine.md)."""
-        if self._host is not None:
-            return int(self._host[i].argmax())
         if self.logits.device.type == "cpu":
             return row_argmax(self.logits[i])
         if self._argmax is None:
