@@ -32,6 +32,7 @@ AUTOMATIC = "automatic"
 INVOKED = "invoked"
 SHOWN_KEPT = 256  # proposals remembered for their accept command
 SEED_BASE = 1  # sampled alternatives use seeds 1, 2, ... so a repeated request repeats them
+EXTRA_DRAWS = 2  # samples drawn past `alternatives` when some came back empty or repeated
 
 # Completion errors the user is not told of: the request was moot (cancelled, superseded), the
 # link mends it by itself (a document the daemon lost is sent again; busy), or the link's own
@@ -382,18 +383,25 @@ class Completer:
 
     async def _ask_daemon(self, query: CompletionQuery, text: str, offset: int, version: int,
                           alternatives: int, generation: int) -> list[str] | None:
-        """Greedy first, then sampled alternatives; None when superseded or the daemon fails."""
+        """Greedy first, then sampled alternatives, distinct and not blank: a sample that repeats
+        one or is blank is drawn again, at most ``EXTRA_DRAWS`` times in all (a confident model
+        may have fewer to offer); None when superseded or the daemon fails."""
         raws: list[str] = []
-        for number in range(alternatives):
+        draws = alternatives + (EXTRA_DRAWS if alternatives > 1 else 0)
+        for number in range(draws):
+            if len(raws) >= alternatives:
+                break
             if self._generation[query.uri] != generation:
                 return None  # a newer request for this document took over
             temperature = 0.0 if number == 0 else self.settings.temperature
             options = self._options(temperature, SEED_BASE + number - 1 if number else None)
             result = await self._complete(query.uri, text, offset, version, options, query.selected is not None)
+            if self._generation[query.uri] != generation:
+                return None  # cancelled for a newer request: a partial list would stand as the answer
             if result is None:
                 return raws or None
             raw = result.get("text")
-            if isinstance(raw, str) and raw not in raws:
+            if isinstance(raw, str) and raw not in raws and (raw.strip() or not number):
                 raws.append(raw)
         return raws
 

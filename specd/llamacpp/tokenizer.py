@@ -19,6 +19,7 @@ decoder does.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -101,14 +102,19 @@ class LlamaCppTokenizer:
             self._read_vocabulary()
         return dict(self._ids)
 
-    @property
+    @functools.cached_property
     def unk_token_id(self) -> int | None:
+        # cached: the front asks for it per token of a prompt's cut (a scan of the whole vocabulary)
         return next((i for i, attr in enumerate(self.attrs) if attr & ATTR_UNKNOWN), None)
 
     @property
     def all_special_ids(self) -> list[int]:
         """Control and unknown tokens (BOS, EOS, FIM markers ...): never text of a completion."""
-        return [i for i, attr in enumerate(self.attrs) if attr & (ATTR_CONTROL | ATTR_UNKNOWN)]
+        return list(self._special_ids)
+
+    @functools.cached_property
+    def _special_ids(self) -> tuple[int, ...]:
+        return tuple(i for i, attr in enumerate(self.attrs) if attr & (ATTR_CONTROL | ATTR_UNKNOWN))
 
     @property
     def added_tokens_decoder(self) -> dict[int, SpecialToken]:

@@ -20,6 +20,7 @@ local METHOD = 'textDocument/inlineCompletion'
 
 local debounce_ms = 0 -- typing pause before asking; setup() sets it from the config
 local refits = {} ---@type table<integer, fun()> per buffer: fit the item shown to what was typed
+local choosing = {} ---@type table<integer, boolean> per buffer: an ask for alternatives is on its way
 
 ---@param bufnr integer
 ---@return table? completor vim.lsp.inline_completion's per-buffer state (private)
@@ -220,6 +221,7 @@ end
 function M.detach(bufnr)
   pcall(vim.api.nvim_del_augroup_by_name, 'specd.native.' .. bufnr)
   refits[bufnr] = nil
+  choosing[bufnr] = nil
 end
 
 ---@param bufnr integer
@@ -286,7 +288,9 @@ function M.select(bufnr, count)
   local tick = vim.api.nvim_buf_get_changedtick(bufnr)
   local params = vim.lsp.util.make_position_params(win, client.offset_encoding)
   params.context = { triggerKind = TRIGGER_INVOKED }
+  choosing[bufnr] = true
   util.request(client, METHOD, params, function(err, result, ctx)
+    choosing[bufnr] = nil
     if err or vim.api.nvim_buf_get_changedtick(bufnr) ~= tick or completor(bufnr) ~= state then
       return
     end
@@ -297,18 +301,23 @@ function M.select(bufnr, count)
   end, bufnr)
 end
 
----@param bufnr integer
----@return boolean
 --- The suggestion shown grew on the server: ask vim.lsp.inline_completion to request again
 --- (its Completor's automatic request, private in 0.12; without it the next typing pause shows it).
+--- Not while alternatives are being asked for: that answer brings the grown suggestion too, and
+--- an automatic ask would supersede it with a single item.
 ---@param bufnr integer
 function M.regrow(bufnr)
   local instance = completor(bufnr)
+  if choosing[bufnr] then
+    return
+  end
   if instance and type(instance.request) == 'function' then
     pcall(instance.request, instance, TRIGGER_AUTOMATIC)
   end
 end
 
+---@param bufnr integer
+---@return boolean
 function M.dismiss(bufnr)
   -- Taking the item with a handler that inserts nothing is the public way to hide it.
   return vim.lsp.inline_completion.get({ bufnr = bufnr, on_accept = function() end })
