@@ -20,7 +20,18 @@ local METHOD = 'textDocument/inlineCompletion'
 
 local debounce_ms = 0 -- typing pause before asking; setup() sets it from the config
 local refits = {} ---@type table<integer, fun()> per buffer: fit the item shown to what was typed
-local choosing = {} ---@type table<integer, boolean> per buffer: an ask for alternatives is on its way
+local choosing = {} ---@type table<integer, {client: vim.lsp.Client, id: integer}> per buffer: the last ask for alternatives
+
+--- Whether the buffer's ask for alternatives is still on its way. Read from the client's pending
+--- requests, not set back by the handler: a request cancelled in time (typing cancels pending
+--- ones) is acknowledged with RequestCancelled, and Neovim never calls its handler then.
+---@param bufnr integer
+---@return boolean
+local function choosing_now(bufnr)
+  local asked = choosing[bufnr]
+  local request = asked and asked.client.requests[asked.id]
+  return request ~= nil and request.type == 'pending'
+end
 
 ---@param bufnr integer
 ---@return table? completor vim.lsp.inline_completion's per-buffer state (private)
@@ -288,9 +299,7 @@ function M.select(bufnr, count)
   local tick = vim.api.nvim_buf_get_changedtick(bufnr)
   local params = vim.lsp.util.make_position_params(win, client.offset_encoding)
   params.context = { triggerKind = TRIGGER_INVOKED }
-  choosing[bufnr] = true
-  util.request(client, METHOD, params, function(err, result, ctx)
-    choosing[bufnr] = nil
+  local sent, id = util.request(client, METHOD, params, function(err, result, ctx)
     if err or vim.api.nvim_buf_get_changedtick(bufnr) ~= tick or completor(bufnr) ~= state then
       return
     end
@@ -299,6 +308,7 @@ function M.select(bufnr, count)
       vim.lsp.inline_completion.select({ bufnr = bufnr, count = count })
     end
   end, bufnr)
+  choosing[bufnr] = sent and id and { client = client, id = id } or nil
 end
 
 --- The suggestion shown grew on the server: ask vim.lsp.inline_completion to request again
@@ -308,7 +318,7 @@ end
 ---@param bufnr integer
 function M.regrow(bufnr)
   local instance = completor(bufnr)
-  if choosing[bufnr] then
+  if choosing_now(bufnr) then
     return
   end
   if instance and type(instance.request) == 'function' then
