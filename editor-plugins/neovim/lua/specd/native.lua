@@ -153,16 +153,62 @@ local function follow(item, ends, bufnr)
   return item
 end
 
+--- Answers kept apart by the buffer version they were asked at (versions behind the newest).
+local ASKED_KEPT = 64
+
+--- Where each request went (per buffer version: the cursor's row and the line before it), so an
+--- answer is shown only while that text is still there. Neovim calls a request's handler even
+--- after it cancelled the request (InsertLeave, each keystroke here) when the answer was already
+--- on its way; the item then lands in whatever the buffer became (seen: an answer asked after
+--- `[` was typed came after <Esc> and the line set back without the `[`, and was drawn there,
+--- its range clamped to the shorter line). Typing at the cursor keeps the line before it:
+--- `follow` fits those answers.
+---@param bufnr integer
+---@return fun() record call as a request goes
+---@return fun(version: integer?): boolean still_there
+local function asked_at(bufnr)
+  local asked = {} ---@type table<integer, {row: integer, before: string}>
+  local function record()
+    local version = vim.lsp.util.buf_versions[bufnr]
+    if not version or vim.api.nvim_get_current_buf() ~= bufnr then
+      return
+    end
+    local row, col = util.cursor(bufnr)
+    local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
+    asked[version] = { row = row, before = line:sub(1, col) }
+    for old in pairs(asked) do
+      if old < version - ASKED_KEPT then
+        asked[old] = nil
+      end
+    end
+  end
+  local function still_there(version)
+    local at = version and asked[version]
+    if not at then
+      return true -- not asked through `record`: Neovim's own judgement
+    end
+    local line = vim.api.nvim_buf_get_lines(bufnr, at.row, at.row + 1, false)[1]
+    return line ~= nil and vim.startswith(line, at.before)
+  end
+  return record, still_there
+end
+
 --- Makes this buffer's Completor ask at each keystroke (after `debounce_ms`, 0 by default:
 --- specd-lsp's `debounceMs` then decides, after its type-through cache, as with the plugin
 --- renderer) instead of after Neovim's fixed 200 ms pause, cancelling the request before; and
 --- keeps its item only where the typing went through it (`follow`), also for an answer that
---- comes after more was typed.
+--- comes after more was typed, and never one asked about text that is no longer there (`asked_at`).
 ---@param bufnr integer
 local function take_over_typing(bufnr)
   local state = completor(bufnr)
   if not state or rawget(state, 'automatic_request') or not M.can_take_over() then
     return
+  end
+  local record, still_there = asked_at(bufnr)
+  local request = state.request
+  state.request = function(self, kind)
+    record()
+    return request(self, kind)
   end
   local ends = setmetatable({}, { __mode = 'k' })
   local function refit(self)
@@ -182,6 +228,9 @@ local function take_over_typing(bufnr)
   end
   local answered = state.handler
   state.handler = function(self, err, result, ctx)
+    if not still_there(ctx and ctx.version) then
+      return
+    end
     answered(self, err, result, ctx)
     if self.current then
       ends[self.current] = self.current.range and self.current.range.end_.col
