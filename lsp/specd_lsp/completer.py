@@ -31,7 +31,7 @@ log = logging.getLogger("specd_lsp.completer")
 AUTOMATIC = "automatic"
 INVOKED = "invoked"
 SHOWN_KEPT = 256  # proposals remembered for their accept command
-SEED_BASE = 1  # sampled alternatives use seeds 1, 2, ... so a repeated request repeats them
+SEED_BASE = 1  # sampled alternatives use seeds 1, 2, ... (not bit for bit repeatable: docs/lsp.md)
 EXTRA_DRAWS = 2  # samples drawn past `alternatives` when some would show nothing, or a shown item again
 
 # Completion errors the user is not told of: the request was moot (cancelled, superseded), the
