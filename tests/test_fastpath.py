@@ -62,7 +62,7 @@ RTOL = 2e-5
 STEPS = (70, 1, 3, 8, 1, 16, 2, 66)
 
 
-BIASED = ("gpt_neox", "stablelm", "phi", "opt")  # projections with biases (drawn away from zero in tiny)
+BIASED = ("gpt_neox", "stablelm", "phi", "opt", "seed_oss")  # projections with biases (drawn away from zero in tiny)
 
 
 def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Module:
@@ -128,6 +128,12 @@ def tiny(arch: str, layers: int = 3, seed: int = 1, **overrides) -> torch.nn.Mod
                       sliding_window=None, initializer_range=0.4)
         if arch == "qwen3":
             common |= dict(head_dim=24)  # Qwen3's heads need not split the hidden size
+        elif arch == "seed_oss":
+            # Not its config's 128 (Seed-OSS-36B's): 4 such heads on a 64-wide model sum over 512
+            # values into o_proj, and transformers' own float32 logits then stray from a float64
+            # run by 1.1-2.4x RTOL (seeds 1-5), so lean vs transformers crossed RTOL by chance.
+            # 24 still does not split the hidden size.
+            common |= dict(head_dim=24)
         elif arch == "gemma":
             common |= dict(head_dim=16, hidden_act="gelu_pytorch_tanh")
         elif arch == "granite":  # multipliers away from 1, so the test sees each one applied

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from specd.protocol.errors import ErrorCode, RpcError
 
 from specd_lsp.cache import TypeThroughCache
-from specd_lsp.completion import Suggestion, context_at, postprocess
+from specd_lsp.completion import CursorContext, Suggestion, context_at, postprocess
 from specd_lsp.documents import DocumentStore
 from specd_lsp.options import Settings
 
@@ -31,7 +31,8 @@ log = logging.getLogger("specd_lsp.completer")
 AUTOMATIC = "automatic"
 INVOKED = "invoked"
 SHOWN_KEPT = 256  # proposals remembered for their accept command
-SEED_BASE = 1  # sampled alternatives use seeds 1, 2, ... so a repeated request repeats them
+SEED_BASE = 1  # sampled alternatives use seeds 1, 2, ... (not bit for bit repeatable: docs/lsp.md)
+EXTRA_DRAWS = 2  # samples drawn past `alternatives` when some would show nothing, or a shown item again
 
 # Completion errors the user is not told of: the request was moot (cancelled, superseded), the
 # link mends it by itself (a document the daemon lost is sent again; busy), or the link's own
@@ -382,19 +383,35 @@ class Completer:
 
     async def _ask_daemon(self, query: CompletionQuery, text: str, offset: int, version: int,
                           alternatives: int, generation: int) -> list[str] | None:
-        """Greedy first, then sampled alternatives; None when superseded or the daemon fails."""
+        """Greedy first, then sampled alternatives until ``alternatives`` distinct items would
+        show: a sample that shows as an item already drawn (texts that differ only past where
+        post-processing cuts them), or as nothing, is drawn again, at most ``EXTRA_DRAWS`` times
+        in all (a peaked model repeats its greedy item at any temperature); None when superseded
+        or the daemon fails."""
+        ctx = context_at(text, offset)
         raws: list[str] = []
-        for number in range(alternatives):
+        shown: set[tuple[int, str]] = set()
+        draws = alternatives + (EXTRA_DRAWS if alternatives > 1 else 0)
+        for number in range(draws):
+            if len(shown) >= alternatives:
+                break
             if self._generation[query.uri] != generation:
                 return None  # a newer request for this document took over
             temperature = 0.0 if number == 0 else self.settings.temperature
             options = self._options(temperature, SEED_BASE + number - 1 if number else None)
             result = await self._complete(query.uri, text, offset, version, options, query.selected is not None)
+            if self._generation[query.uri] != generation:
+                return None  # cancelled for a newer request: a partial list would stand as the answer
             if result is None:
                 return raws or None
             raw = result.get("text")
-            if isinstance(raw, str) and raw not in raws:
-                raws.append(raw)
+            if not isinstance(raw, str):
+                continue
+            item = self._item(query, ctx, offset, raw)
+            if not number or (item is not None and item[1:] not in shown):
+                raws.append(raw)  # the greedy one always: the type-through cache serves it as typed
+            if item is not None:
+                shown.add(item[1:])
         return raws
 
     async def _complete(self, uri: str, text: str, offset: int, version: int, options: dict[str, Any],
@@ -458,11 +475,10 @@ class Completer:
         proposals: list[Proposal] = []
         seen: set[tuple[int, str]] = set()
         for raw in raws:
-            suggestion = postprocess(raw, ctx, single_line=self.settings.single_line,
-                                     replace_line_suffix=query.selected is None)
-            if suggestion is None:
+            item = self._item(query, ctx, offset, raw)
+            if item is None:
                 continue
-            start, end, insert = self._placement(query, offset, suggestion)
+            start, end, insert = item
             if (end, insert) in seen:
                 continue
             seen.add((end, insert))
@@ -471,6 +487,12 @@ class Completer:
             self._remember(proposal)
         self.stats.shown += len(proposals)
         return proposals
+
+    def _item(self, query: CompletionQuery, ctx: CursorContext, offset: int, raw: str) -> tuple[int, int, str] | None:
+        """What ``raw`` shows: (start, end, insert text) in the editor's text; None when nothing."""
+        suggestion = postprocess(raw, ctx, single_line=self.settings.single_line,
+                                 replace_line_suffix=query.selected is None)
+        return None if suggestion is None else self._placement(query, offset, suggestion)
 
     @staticmethod
     def _placement(query: CompletionQuery, offset: int, suggestion: Suggestion) -> tuple[int, int, str]:

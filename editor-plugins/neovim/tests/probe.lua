@@ -85,9 +85,10 @@ function probe.hint()
 end
 
 --- Records the inline-completion requests the specd client sends: probe.requested[uri] = count,
---- probe.requested_at = the hrtime (ns) of each, in order.
+--- probe.requested_at = the hrtime (ns) of each, in order, probe.requested_versions = the
+--- document version each was asked at (the answer's ctx.version).
 function probe.record_requests()
-  probe.requested, probe.requested_at = {}, {}
+  probe.requested, probe.requested_at, probe.requested_versions = {}, {}, {}
   local client = vim.lsp.get_clients({ name = 'specd' })[1]
   local request = client.request
   client.request = function(self, method, params, ...)
@@ -95,6 +96,7 @@ function probe.record_requests()
       local uri = params.textDocument.uri
       probe.requested[uri] = (probe.requested[uri] or 0) + 1
       probe.requested_at[#probe.requested_at + 1] = vim.uv.hrtime()
+      probe.requested_versions[#probe.requested_versions + 1] = vim.lsp.util.buf_versions[vim.uri_to_bufnr(uri)]
     end
     return request(self, method, params, ...)
   end

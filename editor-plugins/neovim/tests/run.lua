@@ -228,6 +228,35 @@ case('native: asks at each keystroke; keeps an item typed through, fitted, and d
   assert(waited < 150, ('asked %.0f ms after the key'):format(waited))
 end, { native = true })
 
+case('native: a late answer is drawn where it was typed through, never where its text is gone', function()
+  local child = session(options(FAKE, 'native', { debounce_ms = 0 }))
+  type_at_row(child)
+  child:lua('probe.record_requests()')
+  child:input('[')
+  child:wait('a request after `[`', EDIT_MS, 'return #probe.requested_at >= 1')
+  local asked = child:lua('return probe.requested_versions[1]')
+  -- An answer to that request coming late, as one already on its way when the request was
+  -- cancelled does (Neovim still calls the handler): what would it draw now?
+  local late = [[
+    local version = ...
+    local bufnr = vim.api.nvim_get_current_buf()
+    local state = require('vim.lsp._capability').all.inline_completion.active[bufnr]
+    local client = vim.lsp.get_clients({ name = 'specd', bufnr = bufnr })[1]
+    local at = { line = probe.ROW - 1, character = 5 } -- after `[`
+    state:handler(nil, { items = { { insertText = 'main():', range = { start = at, ['end'] = at } } } },
+      { client_id = client.id, bufnr = bufnr, version = version, method = 'textDocument/inlineCompletion' })
+    local item = state.current
+    return item and { item.insert_text, item.range.start.col, item.range.end_.col } or vim.NIL
+  ]]
+  child:input('m') -- typed through it: drawn, its span fitted over the `m`
+  child:wait('the `m` typed', EDIT_MS, "return vim.api.nvim_get_current_line() == '    [m'")
+  assert_eq(child:lua(late, asked), { 'main():', 5, 6 }, 'the late answer typed through')
+  child:input('<BS><BS>') -- its text gone: the line no longer holds the `[` it was asked after
+  child:wait('the line set back', EDIT_MS, "return vim.api.nvim_get_current_line() == '    '")
+  local drawn = child:lua(late, asked)
+  assert(drawn == vim.NIL or drawn[1] ~= 'main():', 'drawn where its text is gone: ' .. vim.inspect(drawn))
+end, { native = true })
+
 case('plugin renderer (0.10/0.11 path): shows, accepts, accepts a line, dismisses', function()
   local child = session(options(FAKE, 'plugin'))
   assert_eq(child:lua("return require('specd').renderer()"), 'plugin', 'renderer')

@@ -20,6 +20,18 @@ local METHOD = 'textDocument/inlineCompletion'
 
 local debounce_ms = 0 -- typing pause before asking; setup() sets it from the config
 local refits = {} ---@type table<integer, fun()> per buffer: fit the item shown to what was typed
+local choosing = {} ---@type table<integer, {client: vim.lsp.Client, id: integer}> per buffer: the last ask for alternatives
+
+--- Whether the buffer's ask for alternatives is still on its way. Read from the client's pending
+--- requests, not set back by the handler: a request cancelled in time (typing cancels pending
+--- ones) is acknowledged with RequestCancelled, and Neovim never calls its handler then.
+---@param bufnr integer
+---@return boolean
+local function choosing_now(bufnr)
+  local asked = choosing[bufnr]
+  local request = asked and asked.client.requests[asked.id]
+  return request ~= nil and request.type == 'pending'
+end
 
 ---@param bufnr integer
 ---@return table? completor vim.lsp.inline_completion's per-buffer state (private)
@@ -141,16 +153,62 @@ local function follow(item, ends, bufnr)
   return item
 end
 
+--- Answers kept apart by the buffer version they were asked at (versions behind the newest).
+local ASKED_KEPT = 64
+
+--- Where each request went (per buffer version: the cursor's row and the line before it), so an
+--- answer is shown only while that text is still there. Neovim calls a request's handler even
+--- after it cancelled the request (InsertLeave, each keystroke here) when the answer was already
+--- on its way; the item then lands in whatever the buffer became (seen: an answer asked after
+--- `[` was typed came after <Esc> and the line set back without the `[`, and was drawn there,
+--- its range clamped to the shorter line). Typing at the cursor keeps the line before it:
+--- `follow` fits those answers.
+---@param bufnr integer
+---@return fun() record call as a request goes
+---@return fun(version: integer?): boolean still_there
+local function asked_at(bufnr)
+  local asked = {} ---@type table<integer, {row: integer, before: string}>
+  local function record()
+    local version = vim.lsp.util.buf_versions[bufnr]
+    if not version or vim.api.nvim_get_current_buf() ~= bufnr then
+      return
+    end
+    local row, col = util.cursor(bufnr)
+    local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
+    asked[version] = { row = row, before = line:sub(1, col) }
+    for old in pairs(asked) do
+      if old < version - ASKED_KEPT then
+        asked[old] = nil
+      end
+    end
+  end
+  local function still_there(version)
+    local at = version and asked[version]
+    if not at then
+      return true -- not asked through `record`: Neovim's own judgement
+    end
+    local line = vim.api.nvim_buf_get_lines(bufnr, at.row, at.row + 1, false)[1]
+    return line ~= nil and vim.startswith(line, at.before)
+  end
+  return record, still_there
+end
+
 --- Makes this buffer's Completor ask at each keystroke (after `debounce_ms`, 0 by default:
 --- specd-lsp's `debounceMs` then decides, after its type-through cache, as with the plugin
 --- renderer) instead of after Neovim's fixed 200 ms pause, cancelling the request before; and
 --- keeps its item only where the typing went through it (`follow`), also for an answer that
---- comes after more was typed.
+--- comes after more was typed, and never one asked about text that is no longer there (`asked_at`).
 ---@param bufnr integer
 local function take_over_typing(bufnr)
   local state = completor(bufnr)
   if not state or rawget(state, 'automatic_request') or not M.can_take_over() then
     return
+  end
+  local record, still_there = asked_at(bufnr)
+  local request = state.request
+  state.request = function(self, kind)
+    record()
+    return request(self, kind)
   end
   local ends = setmetatable({}, { __mode = 'k' })
   local function refit(self)
@@ -170,6 +228,9 @@ local function take_over_typing(bufnr)
   end
   local answered = state.handler
   state.handler = function(self, err, result, ctx)
+    if not still_there(ctx and ctx.version) then
+      return
+    end
     answered(self, err, result, ctx)
     if self.current then
       ends[self.current] = self.current.range and self.current.range.end_.col
@@ -220,6 +281,7 @@ end
 function M.detach(bufnr)
   pcall(vim.api.nvim_del_augroup_by_name, 'specd.native.' .. bufnr)
   refits[bufnr] = nil
+  choosing[bufnr] = nil
 end
 
 ---@param bufnr integer
@@ -286,7 +348,7 @@ function M.select(bufnr, count)
   local tick = vim.api.nvim_buf_get_changedtick(bufnr)
   local params = vim.lsp.util.make_position_params(win, client.offset_encoding)
   params.context = { triggerKind = TRIGGER_INVOKED }
-  util.request(client, METHOD, params, function(err, result, ctx)
+  local sent, id = util.request(client, METHOD, params, function(err, result, ctx)
     if err or vim.api.nvim_buf_get_changedtick(bufnr) ~= tick or completor(bufnr) ~= state then
       return
     end
@@ -295,20 +357,26 @@ function M.select(bufnr, count)
       vim.lsp.inline_completion.select({ bufnr = bufnr, count = count })
     end
   end, bufnr)
+  choosing[bufnr] = sent and id and { client = client, id = id } or nil
 end
 
----@param bufnr integer
----@return boolean
 --- The suggestion shown grew on the server: ask vim.lsp.inline_completion to request again
 --- (its Completor's automatic request, private in 0.12; without it the next typing pause shows it).
+--- Not while alternatives are being asked for: that answer brings the grown suggestion too, and
+--- an automatic ask would supersede it with a single item.
 ---@param bufnr integer
 function M.regrow(bufnr)
   local instance = completor(bufnr)
+  if choosing_now(bufnr) then
+    return
+  end
   if instance and type(instance.request) == 'function' then
     pcall(instance.request, instance, TRIGGER_AUTOMATIC)
   end
 end
 
+---@param bufnr integer
+---@return boolean
 function M.dismiss(bufnr)
   -- Taking the item with a handler that inserts nothing is the public way to hide it.
   return vim.lsp.inline_completion.get({ bufnr = bufnr, on_accept = function() end })
