@@ -256,19 +256,17 @@ class KVState:
 
     def _forward(self, new_ids: Sequence[int], **kwargs: Any) -> torch.Tensor:
         input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
-        try:
-            out = self.path.forward(input_ids, self.cache, **kwargs)
-        except BaseException:
-            self._restore(len(self.ids))
-            raise
-        self.ids.extend(new_ids)
-        self.forwards += 1
-        return out
+        return self._run(new_ids, lambda: self.path.forward(input_ids, self.cache, **kwargs))
 
     def _forward_ids(self, new_ids: list[int], rows_from: int) -> np.ndarray:
         """``_forward`` on a path that takes a list and gives numpy logits (``host_ids``)."""
+        return self._run(new_ids, lambda: self.path.forward_ids(new_ids, self.cache, rows_from=rows_from))
+
+    def _run(self, new_ids: Sequence[int], forward: Callable[[], Any]) -> Any:
+        """``forward()`` over ``new_ids`` into the cache: the ids are held once it returns; if it
+        fails, every layer goes back to the tokens held before and the error is raised."""
         try:
-            out = self.path.forward_ids(new_ids, self.cache, rows_from=rows_from)
+            out = forward()
         except BaseException:
             self._restore(len(self.ids))
             raise
