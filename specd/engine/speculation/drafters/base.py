@@ -13,7 +13,7 @@ drafters is declared here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Mapping, Protocol, Sequence
+from typing import Callable, ClassVar, Mapping, NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -120,27 +120,37 @@ class DraftingCost(Protocol):
         ...
 
 
+class _Compared(NamedTuple):
+    """What ``KVCost.catch_up`` last compared: the list, its length and last token then, the
+    state's forwards and length then, and how many leading tokens the two shared."""
+
+    seq: Sequence[int]
+    length: int
+    last: int | None
+    state: tuple[int, int]
+    shared: int
+
+
 class KVCost:
     """``DraftingCost`` of a drafter that runs forwards on a ``KVState``."""
 
     def __init__(self, kind: str, state: KVState):
         self.kind = kind
         self.state = state
-        self._known: tuple | None = None  # (seq, its length, the state's forwards and length, shared prefix) last asked
+        self._compared: _Compared | None = None
 
     def catch_up(self, seq: Sequence[int]) -> int:
         """Asked every step with the decode loop's one growing list: while the state has not
         moved since, and what they shared ended before the list's old end or at the state's, it
         is what they share now, and the thousands of tokens before it are not compared again."""
-        state = self.state
-        known = self._known
-        if known is not None and known[0] is seq and len(seq) >= known[1] \
-                and known[2] == (state.forwards, len(state.ids)) and (known[1] == 0 or seq[known[1] - 1] == known[4]) \
-                and (known[3] < known[1] or known[3] == len(state.ids)):
-            shared = known[3]
+        state, was = (self.state.forwards, len(self.state.ids)), self._compared
+        if was is not None and was.seq is seq and len(seq) >= was.length and was.state == state \
+                and (was.length == 0 or seq[was.length - 1] == was.last) \
+                and (was.shared < was.length or was.shared == len(self.state.ids)):
+            shared = was.shared
         else:
-            shared = common_prefix(state.ids, seq)
-        self._known = (seq, len(seq), (state.forwards, len(state.ids)), shared, seq[-1] if seq else None)
+            shared = common_prefix(self.state.ids, seq)
+        self._compared = _Compared(seq, len(seq), seq[-1] if seq else None, state, shared)
         return len(seq) - shared
 
     @property
