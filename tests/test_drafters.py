@@ -63,3 +63,18 @@ def test_a_drafter_added_to_the_registry_drafts_and_the_output_is_the_targets(ti
     assert engine.planning.priors["fixed/chain"] == (0.9, 0.9)
     assert engine.planning.acceptance["fixed/chain"].first > 0.9  # learnt: both drafts' first tokens stood
     assert engine.stats()["acceptance"]["fixed"]["accepted"] == fixed.accepted
+
+
+def test_the_draft_models_agreement_is_measured_at_load_and_is_its_prior(llama_pair):
+    """The engine measures at load how often the draft model's greedy next token is the target's
+    on a sample of code, and prices the draft model from that before any request: the target as
+    its own draft agrees everywhere, a random draft of another shape far less."""
+    target, draft = llama_pair
+    itself = make_engine(target, target, free_drafting=False)
+    other = make_engine(target, draft, free_drafting=False)
+    assert itself.agreement.first == 1.0 and itself.agreement.then == 1.0
+    assert other.agreement.first < 0.5
+    for engine in (itself, other):
+        assert engine.planning.of("draft").first == engine.agreement.prior[0]
+        assert engine.stats()["planner"]["draft_agreement"]["positions"] == engine.agreement.positions > 100
+    assert make_engine(target, None, free_drafting=False).agreement is None

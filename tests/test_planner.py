@@ -359,7 +359,7 @@ def test_calibration_survives_a_busy_moment_of_the_machine():
         def rollback(self, length):
             pass
 
-    costs = calibrate(State, None, vocab_size=100, max_width=32, device=torch.device("cpu"))
+    costs = calibrate(State, None, vocab_size=100, max_width=32, device=torch.device("cpu")).costs
     assert sorted(costs.target) == sorted(w for w in CALIBRATION_WIDTHS if w <= 32)
     for width, ms in costs.target.items():
         assert ms < 2.0 * 1000 * 0.002 * (1 + width / 32) + 5, (width, ms, costs.target)
@@ -427,3 +427,82 @@ def test_a_draft_models_catch_up_is_what_a_full_compare_says_while_the_context_g
             elif move < 0.65:  # another request's list
                 seq = list(seq)
             assert cost.catch_up(seq) == len(seq) - common_prefix(state.ids, seq)
+
+
+def test_a_draft_model_that_stops_short_is_priced_at_what_it_delivers():
+    """The draft model may stop a chain below its confidence: asked for 8 tokens, it gives 1,
+    which stands. Learnt as 8 proposed and 1 standing, the planner's expected tokens for the
+    chain fall to what such chains deliver; learnt as 1 of 1 (a perfect draft), it would keep
+    choosing the model over a lookup draft that gives more, expecting 9 tokens a step."""
+
+    class ShortModel(CountingModel):
+        def propose(self, seq, k):
+            super().propose(seq, k)
+            return Draft([7], "draft", torch.full((1, 8), 1 / 8))
+
+    mem = memory(CPU, draft_step=0.1, alphas={})
+    mem.priors["draft"] = (0.95, 0.95)
+    planner = DraftPlanner(mem, [ShortModel()])
+    seq = list(range(100))
+    draft = planner.propose(seq, 40)
+    assert len(draft) == 1 and draft.asked == 8
+    before = mem.of("draft").expected(8)
+    for _ in range(20):
+        planner.record(draft, 1, None)
+    after = mem.of("draft").expected(8)
+    assert before > 5.0 and after < 1.5, (before, after)
+    assert planner.stats["draft"].proposed == 20 and planner.stats["draft"].accepted == 20  # counts stay true
+
+
+def test_agreement_counts_first_tokens_and_those_after_an_agreement():
+    from specd.engine.speculation.costs import AGREEMENT_FLOOR, Agreement
+
+    target = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    draft = [1, 2, 0, 4, 5, 6, 0, 0, 9, 10]  # agree at 7 of 10; of the 6 positions after an agreement, 4 agree
+    agreement = Agreement.of(target, draft)
+    assert agreement.first == pytest.approx(0.7) and agreement.then == pytest.approx(4 / 6)
+    assert agreement.positions == 10
+    assert Agreement.of(target, target).prior == (1 - AGREEMENT_FLOOR, 1 - AGREEMENT_FLOOR)
+    with pytest.raises(ValueError):
+        Agreement.of([], [])
+
+
+def test_calibration_measures_the_draft_models_agreement_on_the_code_it_reads():
+    """With a context of code, both models read every position and the draft's greedy next
+    tokens are compared with the target's; without one, nothing is learnt of agreement."""
+    from specd.engine.speculation.costs import CALIBRATION_CONTEXT, calibrate
+
+    class Model:
+        """Next token: (token + shift) % 50, or 0 where ``wrong`` says so; logits one-hot."""
+
+        def __init__(self, wrong=lambda token: False):
+            self.wrong, self.ids = wrong, []
+
+        def extend(self, tokens, last_only=False):
+            self.ids.extend(tokens)
+            logits = torch.zeros(len(tokens), 60)
+            for row, token in enumerate(tokens):
+                logits[row, 0 if self.wrong(token) else (token + 1) % 50] = 1.0
+            return logits[-1:] if last_only else logits
+
+        def extend_rows(self, tokens):
+            self.extend(tokens)
+
+            class Rows:
+                head_ms = 0.0
+
+                def row(self, i):
+                    return None
+            return Rows()
+
+        def rollback(self, length):
+            del self.ids[length:]
+
+    context = [i % 50 for i in range(CALIBRATION_CONTEXT)]
+    measured = calibrate(Model, lambda: Model(wrong=lambda token: token % 4 == 0), vocab_size=50, max_width=8,
+                         device=torch.device("cpu"), context=context, target_rows=50)
+    agreement = measured.agreement
+    assert agreement.positions == CALIBRATION_CONTEXT
+    assert agreement.first == pytest.approx(sum(t % 4 != 0 for t in context) / len(context))
+    assert measured.costs.draft_step is not None and sorted(measured.costs.target) == [1, 2, 4, 8]
+    assert calibrate(Model, lambda: Model(), vocab_size=50, max_width=8, device=torch.device("cpu")).agreement is None

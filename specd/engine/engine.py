@@ -20,7 +20,7 @@ import torch
 from specd.engine import compat
 from specd.engine.front.corpus import OpenBuffers
 from specd.engine.front.engine_front import EngineFront, Fronted
-from specd.engine.speculation.costs import calibrate
+from specd.engine.speculation.costs import calibrate, code_sample
 from specd.engine.speculation import drafters
 from specd.engine.speculation.loop import MERGED_PREFILL, decode_steps
 from specd.engine.speculation.planner import TREE_BRANCHES, DraftPlanner, PlannerMemory
@@ -69,6 +69,7 @@ class Engine(Fronted):
         self.oom_retries = 0
         self.pair: ModelPair | None = None
         self.planning: PlannerMemory | None = None  # forward costs and acceptance of the loaded pair
+        self.agreement = None  # costs.Agreement: the draft model's with the target, measured at load
         self.paths: dict = {}  # role -> (forward path, why not lean / why this one)
         self.auto_choices: dict = {}  # role -> what forward_backend = auto measured and chose
         self.startup = StartupTimes()  # what the last load spent where (``_install``)
@@ -102,10 +103,20 @@ class Engine(Fronted):
             detail = why or path.description
             log.info("%s forward: %s%s", role, path.name, f" ({detail})" if detail else "")
         with times.step("forward costs"):
-            self.planning = PlannerMemory(calibrate(
+            # On a sample of code, so the draft model's agreement with the target is measured too:
+            # its prior acceptance (``costs.Agreement``).
+            calibration = calibrate(
                 lambda: self._kv("target"), (lambda: self._kv("draft")) if pair.draft is not None else None,
-                pair.input_vocab(), self._widest_verify(), pair.device))
+                pair.input_vocab(), self._widest_verify(), pair.device,
+                context=code_sample(self.prompts.encode, pair.input_vocab()), target_rows=self.vocab_size)
+        self.agreement = calibration.agreement
+        priors = {drafters.ModelDrafter.source: self.agreement.prior} if self.agreement else {}
+        self.planning = PlannerMemory(calibration.costs, priors=priors)
         log.info("forward costs: %s", self.planning.costs.describe())
+        if self.agreement is not None:
+            log.info("draft model agrees with the target on %.0f%% of %d positions of code (%.0f%% after an agreement): "
+                     "its prior acceptance", 100 * self.agreement.first, self.agreement.positions,
+                     100 * self.agreement.then)
         for path, _ in self.paths.values():  # which forwards to record is learnt from requests
             path.forget_uses()
         with times.step("heap settling"):
@@ -467,6 +478,7 @@ class Engine(Fronted):
         if memory is None or self.pair is None:
             return None
         return {**memory.costs.describe(),
+                "draft_agreement": self.agreement.describe() if self.agreement else None,
                 "acceptance": {kind: {"first": round(a.first, 3), "then": round(a.then, 3)}
                                for kind, a in sorted(memory.acceptance.items())}}
 

@@ -129,7 +129,7 @@ class DraftPlanner:
                 self._relax(unchosen)
                 self.memory.steps_unpriced[cost.kind] = 0
                 started, forwards, recordings = time.perf_counter(), cost.forwards, cost.recordings
-                draft = self._kinded(drafter, drafter.propose(seq, k))
+                draft = dataclasses.replace(self._kinded(drafter, drafter.propose(seq, k)), asked=k)
                 if cost.recordings == recordings:  # a step that recorded a CUDA graph first is no measure
                     self.memory.costs.record_draft(catch_up, cost.forwards - forwards,
                                                    (time.perf_counter() - started) * 1000)
@@ -253,7 +253,7 @@ class DraftPlanner:
         stats.proposed += len(draft)
         stats.accepted += accepted
         stats.steps += 1
-        self.memory.of(draft.kind).record(len(draft), accepted)
+        self.memory.of(draft.kind).record(max(len(draft), draft.asked), accepted)
 
     def settle(self, first: int) -> None:
         """After a step whose first new token was ``first`` (the target's): which side of this

@@ -33,6 +33,10 @@ class Draft:
     ngram: int = 0  # lookup: length of the matched n-gram
     repeat: bool = False  # lookup: the context repeats itself (``lookup.Match.repeat``)
     kind: str = ""  # its acceptance bucket (its drafter's ``kind``): set by the planner, priced and learnt under
+    # Tokens the planner asked a priced drafter for (0: not asked, cut by the planner). A drafter
+    # may stop short (the draft model below its confidence); the planner learns the shortfall as
+    # tokens that did not stand, so a chain is priced at what it delivers, not at what was asked.
+    asked: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
