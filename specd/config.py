@@ -36,6 +36,7 @@ class Key:
     check: Callable[[Any], str | None] | None = None  # returns an error text or None
     choices: tuple[str, ...] | None = None
     convert: Callable[[Any], Any] | None = None  # applied after the type check, before ``check``
+    words: tuple[str, ...] = ()  # words a key of another type also takes (``auto`` for a number)
 
 
 def _positive(value: Any) -> str | None:
@@ -273,7 +274,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "token_tree": Key(bool, True, "on the lean forward: verify other sources' drafts beside the chosen one "
                                       "in the same target forward (a token tree), where the planner expects that "
                                       "to pay for the wider forward"),
-        "draft_confidence": Key(float, 0.3, "draft model stops a chain below this probability", _probability),
+        "draft_confidence": Key(float, "auto", "draft model stops a chain where its top probability is below this; "
+                                               "auto = where its tokens agreed with the target's too rarely to pay "
+                                               "for a verify row, measured at load on a sample of code",
+                                _probability, words=("auto",)),
         "cache_budget_mb": Key(int, 2048, "memory for per-document KV caches, MiB", _at_most(1 << 24, " MiB")),
         "time_budget_ms": Key(int, 5000, "wall-clock limit per completion, ms", _at_most(DAY_MS, " ms")),
         "threads": Key(int, 0, "CPU threads for torch (0 = auto: half the cores, at most 4)", _at_most(4096, minimum=0)),
@@ -385,6 +389,8 @@ class Config:
 def _coerce(dotted: str, key: Key, raw: Any, source: str) -> Any:
     """Turn a raw TOML/env/CLI value into the key's type, or raise a one-line ConfigError."""
     where = f"{dotted} (from {source})"
+    if isinstance(raw, str) and raw.strip().lower() in key.words:
+        return raw.strip().lower()
     if isinstance(raw, str) and key.type is not str:
         text = raw.strip().lower()
         try:
@@ -395,7 +401,8 @@ def _coerce(dotted: str, key: Key, raw: Any, source: str) -> Any:
             else:
                 raw = key.type(text)
         except ValueError:
-            raise ConfigError(f"{where}: {raw!r} is not a valid {key.type.__name__}") from None
+            words = "".join(f" or {word}" for word in key.words)
+            raise ConfigError(f"{where}: {raw!r} is not a valid {key.type.__name__}{words}") from None
     if key.type is float and isinstance(raw, int) and not isinstance(raw, bool):
         raw = float(raw)
     if not isinstance(raw, key.type) or (key.type is int and isinstance(raw, bool)):

@@ -3,7 +3,7 @@
 - ``verify`` alone: for given p and q rows, the law of its output (accepted count, own token)
   is known in closed form; checked over many draws, for model drafts, point masses (lookup) and
   the empty-residual branch.
-- Model-draft chains with the shipped settings (``draft_confidence``, ``draft_max``): a hand-built
+- Model-draft chains with the shipped ``draft_max`` and a 0.3 ``draft_confidence``: a hand-built
   bigram target and draft whose p and q are exact, so the law of the first generated tokens is
   known by enumeration; the chain may stop on the draft's confidence, never on the token drawn.
 - The tiny random-weight pair: chi-square tests of the first two sampled tokens against the
@@ -28,6 +28,7 @@ from specd.engine.speculation.loop import speculative_decode
 from specd.engine.speculation.verify import verify
 from specd.engine.speculation.drafters import Draft, ModelDrafter
 from specd.engine.options import EngineOptions
+from specd.engine.speculation.agreement import NO_SAMPLE_CONFIDENCE
 from specd.engine.caches import KVState
 from specd.engine.forward.path import BasicPath
 from specd.engine.speculation.sampling import SamplingParams, probabilities
@@ -36,7 +37,10 @@ from specd.engine.types import SourceStats
 DRAWS = 1000
 TEMPERATURE = 1.5  # spread the tiny model's peaked distributions so several tokens matter
 ALPHA = 1e-4  # false-alarm rate per check: these tests must not flake
-SHIPPED = EngineOptions()  # draft_confidence 0.3, draft_max 8, as a user gets them
+SHIPPED = EngineOptions()  # draft_max 8, as a user gets it
+# The chain cut-off: the shipped draft_confidence is auto, measured per pair at load
+# (speculation.agreement); this is what auto falls back to with nothing measured.
+CUT_OFF = NO_SAMPLE_CONFIDENCE
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +264,7 @@ def test_model_draft_chains_keep_the_target_distribution():
     prompt = [3, 0]
     target.extend(prompt[:-1])
     generator = torch.Generator().manual_seed(2024)
-    drafter = ModelDrafter(draft_state, BIGRAM_P.shape[1], sampling, SHIPPED.draft_confidence, generator)
+    drafter = ModelDrafter(draft_state, BIGRAM_P.shape[1], sampling, CUT_OFF, generator)
     planner = FixedPlanner(drafter, SHIPPED.draft_max)
     joint, marginals = Counter(), [Counter() for _ in range(CHAIN_TOKENS)]
     for _ in range(CHAIN_DRAWS):
@@ -296,7 +300,7 @@ def test_draft_chain_stops_on_confidence_not_on_the_token_drawn(monkeypatch, tem
         monkeypatch.setattr(drafters.model, "sample", lambda q, params, generator: int(q.argmin()))
     drawn = 4 if temperature > 0 else 0
     for table, chain in ((confident, SHIPPED.draft_max), (unsure, 1)):
-        drafter = ModelDrafter(KVState(Bigram(table)), 5, sampling, SHIPPED.draft_confidence)
+        drafter = ModelDrafter(KVState(Bigram(table)), 5, sampling, CUT_OFF)
         draft = drafter.propose([1, 2], SHIPPED.draft_max)
         assert draft.tokens == [drawn] * chain
         assert torch.allclose(draft.probs, table[:1].expand(chain, -1))

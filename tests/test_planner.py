@@ -455,21 +455,53 @@ def test_a_draft_model_that_stops_short_is_priced_at_what_it_delivers():
 
 
 def test_agreement_counts_first_tokens_and_those_after_an_agreement():
-    from specd.engine.speculation.costs import AGREEMENT_FLOOR, Agreement
+    from specd.engine.speculation.agreement import FLOOR, Agreement, AgreementSample
 
     target = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     draft = [1, 2, 0, 4, 5, 6, 0, 0, 9, 10]  # agree at 7 of 10; of the 6 positions after an agreement, 4 agree
-    agreement = Agreement.of(target, draft)
+    confidence = [0.9, 0.9, 0.9, 0.9, 0.2, 0.9, 0.9, 0.9, 0.9, 0.9]  # position 4 (which agrees) is below 0.3
+    agreement = Agreement.of(AgreementSample(target, draft, confidence))
     assert agreement.first == pytest.approx(0.7) and agreement.then == pytest.approx(4 / 6)
     assert agreement.positions == 10
-    assert Agreement.of(target, target).prior == (1 - AGREEMENT_FLOOR, 1 - AGREEMENT_FLOOR)
+    # where the draft model is not confident enough to go on, the chain stops: no agreement after
+    cautious = Agreement.of(AgreementSample(target, draft, confidence), confidence=0.3)
+    assert cautious.first == pytest.approx(0.7) and cautious.then == pytest.approx(3 / 6)
+    assert Agreement.of(AgreementSample(target, target, confidence)).prior == (1 - FLOOR, 1 - FLOOR)
     with pytest.raises(ValueError):
-        Agreement.of([], [])
+        Agreement.of(AgreementSample([], [], []))
+
+
+def test_the_chain_stopping_confidence_is_where_agreement_stops_paying():
+    """Agreement rises with the draft's confidence; the threshold is the lowest confidence whose
+    (monotone-fitted) agreement reaches the break-even chance, so a draft whose unsure tokens
+    still mostly agree keeps drafting them where verify rows are cheap."""
+    import random
+
+    from specd.engine.speculation.agreement import AgreementSample, choose_confidence
+
+    rng = random.Random(1)
+    confidence = [rng.random() for _ in range(4000)]
+    agree = [rng.random() < c for c in confidence]  # a calibrated draft: agrees as often as it is sure
+    sample = AgreementSample([1] * len(agree), [1 if a else 0 for a in agree], confidence)
+    for break_even in (0.2, 0.5, 0.8):
+        assert choose_confidence(sample, break_even) == pytest.approx(break_even, abs=0.06), break_even
+    sure = AgreementSample([1] * 100, [1] * 100, [rng.random() for _ in range(100)])  # agrees everywhere
+    assert choose_confidence(sure, 0.3) == 0.0
+    never = AgreementSample([1] * 100, [0] * 100, [rng.random() for _ in range(100)])
+    assert choose_confidence(never, 0.3) == 1.0
+
+
+def test_break_even_agreement_weighs_a_draft_step_and_a_verify_row_against_a_plain_step():
+    costs = ForwardCosts(target={1: 10.0, 2: 11.0, 9: 18.0}, draft_step=0.5, draft_per_token=0.05)
+    assert costs.break_even_agreement() == pytest.approx((0.5 + 1.0) / 10.0)
+    tiny = ForwardCosts(target={1: 0.5, 2: 0.7, 9: 2.1}, draft_step=0.2, draft_per_token=0.05)
+    assert tiny.break_even_agreement() == pytest.approx((0.2 + 0.2) / 0.5)  # 80%: most chain tokens do not pay
 
 
 def test_calibration_measures_the_draft_models_agreement_on_the_code_it_reads():
     """With a context of code, both models read every position and the draft's greedy next
     tokens are compared with the target's; without one, nothing is learnt of agreement."""
+    from specd.engine.speculation.agreement import Agreement
     from specd.engine.speculation.costs import CALIBRATION_CONTEXT, calibrate
 
     class Model:
@@ -501,8 +533,8 @@ def test_calibration_measures_the_draft_models_agreement_on_the_code_it_reads():
     context = [i % 50 for i in range(CALIBRATION_CONTEXT)]
     measured = calibrate(Model, lambda: Model(wrong=lambda token: token % 4 == 0), vocab_size=50, max_width=8,
                          device=torch.device("cpu"), context=context, target_rows=50)
-    agreement = measured.agreement
+    agreement = Agreement.of(measured.sample)
     assert agreement.positions == CALIBRATION_CONTEXT
     assert agreement.first == pytest.approx(sum(t % 4 != 0 for t in context) / len(context))
     assert measured.costs.draft_step is not None and sorted(measured.costs.target) == [1, 2, 4, 8]
-    assert calibrate(Model, lambda: Model(), vocab_size=50, max_width=8, device=torch.device("cpu")).agreement is None
+    assert calibrate(Model, lambda: Model(), vocab_size=50, max_width=8, device=torch.device("cpu")).sample is None

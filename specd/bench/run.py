@@ -284,7 +284,7 @@ def _metadata(args: argparse.Namespace, engine, wall_s: float, reference: str) -
             "corpus": args.corpus or "held-out stdlib modules",
             "prefix_tokens": opts.prefix_tokens, "suffix_tokens": opts.suffix_tokens,
             "draft_max": opts.draft_max, "lookup_max": opts.lookup_max,
-            "draft_confidence": opts.draft_confidence, "stop_at_block_end": False,
+            "draft_confidence": getattr(engine, "draft_confidence", opts.draft_confidence), "stop_at_block_end": False,
             "fim_layout": getattr(opts, "fim_layout", "auto"),  # as asked; the top-level one is in effect
             "token_healing": opts.token_healing,
             "edit_replay_requests": edit_replay_requests(args.limit),

@@ -20,7 +20,8 @@ import torch
 from specd.engine import compat
 from specd.engine.front.corpus import OpenBuffers
 from specd.engine.front.engine_front import EngineFront, Fronted
-from specd.engine.speculation.costs import calibrate, code_sample
+from specd.engine.speculation.agreement import NO_SAMPLE_CONFIDENCE, Agreement, choose_confidence, code_sample
+from specd.engine.speculation.costs import calibrate
 from specd.engine.speculation import drafters
 from specd.engine.speculation.loop import MERGED_PREFILL, decode_steps
 from specd.engine.speculation.planner import TREE_BRANCHES, DraftPlanner, PlannerMemory
@@ -69,7 +70,8 @@ class Engine(Fronted):
         self.oom_retries = 0
         self.pair: ModelPair | None = None
         self.planning: PlannerMemory | None = None  # forward costs and acceptance of the loaded pair
-        self.agreement = None  # costs.Agreement: the draft model's with the target, measured at load
+        self.agreement: Agreement | None = None  # the draft model's with the target, measured at load
+        self.draft_confidence = 0.0  # where the draft model stops a chain: the option, or measured (auto)
         self.paths: dict = {}  # role -> (forward path, why not lean / why this one)
         self.auto_choices: dict = {}  # role -> what forward_backend = auto measured and chose
         self.startup = StartupTimes()  # what the last load spent where (``_install``)
@@ -103,20 +105,28 @@ class Engine(Fronted):
             detail = why or path.description
             log.info("%s forward: %s%s", role, path.name, f" ({detail})" if detail else "")
         with times.step("forward costs"):
-            # On a sample of code, so the draft model's agreement with the target is measured too:
-            # its prior acceptance (``costs.Agreement``).
+            # On a sample of code, so the draft model's agreement with the target is measured too.
             calibration = calibrate(
                 lambda: self._kv("target"), (lambda: self._kv("draft")) if pair.draft is not None else None,
                 pair.input_vocab(), self._widest_verify(), pair.device,
                 context=code_sample(self.prompts.encode, pair.input_vocab()), target_rows=self.vocab_size)
-        self.agreement = calibration.agreement
+        costs, sample = calibration.costs, calibration.sample
+        self.draft_confidence = self.options.draft_confidence
+        if self.draft_confidence == "auto":
+            self.draft_confidence = (NO_SAMPLE_CONFIDENCE if sample is None
+                                     else choose_confidence(sample, costs.break_even_agreement()))
+        self.agreement = Agreement.of(sample, self.draft_confidence) if sample is not None else None
+        # The draft model's prior acceptance is what was measured (``agreement``), not a guess.
         priors = {drafters.ModelDrafter.source: self.agreement.prior} if self.agreement else {}
-        self.planning = PlannerMemory(calibration.costs, priors=priors)
-        log.info("forward costs: %s", self.planning.costs.describe())
+        self.planning = PlannerMemory(costs, priors=priors)
+        log.info("forward costs: %s", costs.describe())
         if self.agreement is not None:
-            log.info("draft model agrees with the target on %.0f%% of %d positions of code (%.0f%% after an agreement): "
-                     "its prior acceptance", 100 * self.agreement.first, self.agreement.positions,
-                     100 * self.agreement.then)
+            log.info("draft model agrees with the target on %.0f%% of %d positions of code, %.0f%% right after an "
+                     "agreement where its confidence reaches %.2f (%s; a chain token pays above %.0f%%): its "
+                     "prior acceptance", 100 * self.agreement.first, self.agreement.positions,
+                     100 * self.agreement.then, self.draft_confidence,
+                     "engine.draft_confidence = auto" if self.options.draft_confidence == "auto"
+                     else "engine.draft_confidence", 100 * costs.break_even_agreement())
         for path, _ in self.paths.values():  # which forwards to record is learnt from requests
             path.forget_uses()
         with times.step("heap settling"):
@@ -343,7 +353,8 @@ class Engine(Fronted):
                  text: str, offset: int, prompt: Prompt) -> DraftPlanner:
         """A planner over the drafters of ``drafters.REGISTRY`` that have something to draft here."""
         inputs = drafters.DrafterInputs(
-            state=state, options=self.options, sampling=settings.sampling, generator=settings.generator,
+            state=state, options=self.options, draft_confidence=self.draft_confidence,
+            sampling=settings.sampling, generator=settings.generator,
             vocab_size=self.vocab_size, use_lookup=settings.use_lookup, use_draft=settings.use_draft,
             lookup_sources=lambda: self._lookup_sources(req.uri),
             previous=lambda: self._continuation(state, text, offset, prompt))
@@ -479,6 +490,8 @@ class Engine(Fronted):
             return None
         return {**memory.costs.describe(),
                 "draft_agreement": self.agreement.describe() if self.agreement else None,
+                "draft_confidence": self.draft_confidence,
+                "break_even_agreement": round(memory.costs.break_even_agreement(), 4),
                 "acceptance": {kind: {"first": round(a.first, 3), "then": round(a.then, 3)}
                                for kind, a in sorted(memory.acceptance.items())}}
 

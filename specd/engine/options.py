@@ -37,7 +37,7 @@ class EngineOptions:
     draft_max: int = 8
     lookup_max: int = 16
     token_tree: bool = True  # several drafts in one verify forward where the planner expects it to pay
-    draft_confidence: float = 0.3
+    draft_confidence: float | str = "auto"  # a probability, or auto: measured at load (speculation.agreement)
     cache_budget_mb: int = 2048
     time_budget_ms: int = 5000
     threads: int = 0

@@ -21,26 +21,22 @@ Expected tokens of a step that verifies k drafted tokens: 1 + first (1 + then (1
 from __future__ import annotations
 
 import bisect
-import importlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from specd.engine.forward.measure import median_ms
+from specd.engine.speculation.agreement import SAMPLE_TOKENS, AgreementSample, next_tokens
 
 EMA = 0.2  # weight of a new timing in the moving averages
 DECAY = 0.97  # per-record decay of acceptance counts: about the last 30 drafts of a kind matter
 RELAX = 0.02  # per step a kind could have drafted but did not, its counts move this far toward the prior
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 12, 16, 24, 32)
-CALIBRATION_CONTEXT = 256  # tokens of context behind the calibration forwards
+CALIBRATION_CONTEXT = SAMPLE_TOKENS  # tokens of context behind the calibration forwards
 CALIBRATION_REPEATS = 3  # per width, after one warm-up forward; the median counts
-SAMPLE_MODULE = "textwrap"  # whose source is the calibration's context where the tokenizer can read it
-AGREEMENT_PIECE = 64  # tokens per forward when every row's logits are read (152k-token vocabularies: 39 MB)
-AGREEMENT_FLOOR = 0.02  # a measured agreement is kept within [this, 1 - this] as a prior
 
 
 @dataclass
@@ -174,6 +170,14 @@ class ForwardCosts:
         step = self.draft_step if self.draft_step is not None else self.target_ms(1) / 3
         return step, self.draft_per_token if self.draft_per_token is not None else step / 8
 
+    def break_even_agreement(self, chain: int = 8) -> float:
+        """The chance of standing a draft model's next chain token needs to pay for itself: its
+        draft step and the row it adds to the verify (the mean over a chain of ``chain``),
+        against the ms of a token from a plain step. Above 1: no token pays."""
+        step, _ = self.draft_rates()
+        widen = (self.target_ms(chain + 1) - self.target_ms(2)) / max(1, chain - 1)
+        return (step + max(0.0, widen)) / self.target_ms(1)
+
     def record_target(self, width: int, ms: float) -> None:
         old = self.target.get(width)
         self.target[width] = ms if old is None else (1 - EMA) * old + EMA * ms
@@ -213,73 +217,13 @@ class ForwardCosts:
                 "draft_catch_up_ms_per_token": None if self.draft_per_token is None else round(self.draft_per_token, 4)}
 
 
-@dataclass(frozen=True)
-class Agreement:
-    """How often the draft model's greedy next token is the target's, both reading the same code
-    (teacher-forced, at every position of a sample): ``first``, at any position, and ``then``,
-    at a position after one where they agreed. Measured at load, it is the draft model's prior
-    acceptance: a pair whose draft agrees 90% of the time is priced as such from its first
-    request, not at a guess the planner could only correct by running it (and a draft whose
-    catch-up on a long prompt looks dear at a guessed 50% might never run to be measured)."""
-
-    first: float
-    then: float
-    positions: int  # next tokens compared
-
-    @classmethod
-    def of(cls, target_next: Sequence[int], draft_next: Sequence[int]) -> "Agreement":
-        agree = [a == b for a, b in zip(target_next, draft_next)]
-        if not agree:
-            raise ValueError("no positions to compare")
-        after = [b for a, b in zip(agree, agree[1:]) if a]
-        first = sum(agree) / len(agree)
-        then = sum(after) / len(after) if after else first
-        return cls(first, then, len(agree))
-
-    @property
-    def prior(self) -> tuple[float, float]:
-        """(first, then) kept off 0 and 1, where no count could move an estimate."""
-        return tuple(min(max(rate, AGREEMENT_FLOOR), 1.0 - AGREEMENT_FLOOR) for rate in (self.first, self.then))
-
-    def describe(self) -> dict:
-        return {"first": round(self.first, 3), "then": round(self.then, 3), "positions": self.positions}
-
-
 @dataclass
 class Calibration:
-    """What ``calibrate`` measured at load: the forward costs, and the draft model's agreement
-    with the target on a sample of code (None: no draft model, or no code sample to read)."""
+    """What ``calibrate`` measured at load: the forward costs, and both models' greedy next
+    tokens on the code it ran (None: no draft model, or no code sample was given)."""
 
     costs: ForwardCosts
-    agreement: Agreement | None = None
-
-
-def code_sample(encode: Callable[[str], list[int]] | None, vocab_size: int) -> list[int] | None:
-    """``CALIBRATION_CONTEXT`` token ids of real code (a standard-library module's source from
-    its first class or function on, so any Python install has it), or None where it cannot be
-    read or tokenized into ids both models embed."""
-    if encode is None:
-        return None
-    try:
-        text = Path(importlib.import_module(SAMPLE_MODULE).__file__).read_text(encoding="utf-8")
-        start = min((i for i in (text.find("\nclass "), text.find("\ndef ")) if i >= 0), default=0)
-        ids = encode(text[start + 1:])
-    except Exception:  # a zipped or .pyc-only library, a tokenizer that refuses the text
-        return None
-    if len(ids) < CALIBRATION_CONTEXT or max(ids[:CALIBRATION_CONTEXT]) >= vocab_size:
-        return None
-    return ids[:CALIBRATION_CONTEXT]
-
-
-def _next_tokens(state, ids: Sequence[int], rows: int) -> list[int]:
-    """Run ``ids`` into ``state`` (in pieces, so a large vocabulary's rows stay small) and give
-    the greedy next token at each position, over the first ``rows`` logits (the target's rows:
-    a draft with a larger vocabulary proposes only tokens the target has)."""
-    greedy: list[int] = []
-    for start in range(0, len(ids), AGREEMENT_PIECE):
-        logits = state.extend(ids[start:start + AGREEMENT_PIECE])
-        greedy.extend(logits[:, :rows].argmax(-1).tolist())
-    return greedy
+    sample: AgreementSample | None = None
 
 
 def calibrate(target_state_factory: Callable[[], object], draft_state_factory: Callable[[], object] | None,
@@ -289,11 +233,11 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
     for the target, and draft steps and catch-up for the draft model. KV states come from the
     factories (``KVState``s) and are thrown away.
 
-    ``context``: code to use as that context (``code_sample``); then both models read it with
-    every row of logits and the draft model's ``Agreement`` with the target is measured on it,
-    at the cost of the target's rows for 256 tokens (the draft's prefill runs anyway). Without
-    it the context is random ids and nothing is learnt of agreement. ``target_rows``: rows of
-    the target's logits (default ``vocab_size``)."""
+    ``context``: code to use as that context (``agreement.code_sample``); then both models read
+    it with every row of logits, and their greedy next tokens are kept (``AgreementSample``), at
+    the cost of the target's rows for 256 tokens (the draft's prefill runs anyway). Without it
+    the context is random ids and nothing is learnt of agreement. ``target_rows``: rows of the
+    target's logits (default ``vocab_size``)."""
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     measure = context is not None and draft_state_factory is not None
     if context is None:
@@ -301,10 +245,10 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
         context = torch.randint(0, vocab_size, (CALIBRATION_CONTEXT,), generator=generator).tolist()
     context = list(context)
     rows = target_rows or vocab_size
-    costs, agreement = ForwardCosts(), None
+    costs, sample = ForwardCosts(), None
     state = target_state_factory()
     if measure:
-        target_next = _next_tokens(state, context, rows)
+        target_next, _ = next_tokens(state, context, rows)
     else:
         state.extend(context, last_only=True)
     widths = [w for w in CALIBRATION_WIDTHS if w <= max_width]
@@ -339,7 +283,7 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
     if draft_state_factory is not None:
         draft = draft_state_factory()
         if measure:
-            agreement = Agreement.of(target_next, _next_tokens(draft, context, rows))
+            sample = AgreementSample(target_next, *next_tokens(draft, context, rows))
         else:
             draft.extend(context, last_only=True)
 
@@ -356,7 +300,7 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
 
         costs.draft_per_token = max(0.0, median_ms(catch_up_step, _nothing, CALIBRATION_REPEATS, synchronize)
                                     - costs.draft_step) / (catch_up - 1)
-    return Calibration(costs, agreement)
+    return Calibration(costs, sample)
 
 
 def _nothing() -> None:

@@ -202,7 +202,8 @@ class DrafterInputs:
     The callables are asked only by a factory that builds (they may encode text)."""
 
     state: DocumentState  # the document's KV states (target, draft), context index, recent completions
-    options: EngineOptions  # lookup_max, draft_max, draft_confidence
+    options: EngineOptions  # lookup_max, draft_max
+    draft_confidence: float  # where the draft model stops a chain (the option, or measured at load)
     sampling: SamplingParams
     generator: torch.Generator | None
     vocab_size: int  # the target's: a drafting distribution must index the same token ids

@@ -36,7 +36,7 @@ class ModelDrafter(Drafter):
     def for_request(cls, inputs: DrafterInputs) -> "ModelDrafter | None":
         if not inputs.use_draft:
             return None
-        return cls(inputs.state.draft, inputs.vocab_size, inputs.sampling, inputs.options.draft_confidence,
+        return cls(inputs.state.draft, inputs.vocab_size, inputs.sampling, inputs.draft_confidence,
                    inputs.generator, inputs.options.draft_max)
 
     def _fit_vocab(self, q: torch.Tensor) -> torch.Tensor:
