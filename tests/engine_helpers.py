@@ -48,6 +48,14 @@ def make_engine(target: Path, draft: Path | None, free_drafting: bool = True, **
 
 
 def make_drafting_free(engine: Engine) -> None:
+    """Drafts cost nothing to the planner, and the draft model is priced and cut as if nothing
+    had been measured at load (its prior the fixed guess, its chains stopped at 0.3): tiny random
+    drafts agree rarely and confidently never, and measured they would hardly ever draft."""
+    from specd.engine.speculation.agreement import NO_SAMPLE_CONFIDENCE
+
+    engine.planning.priors.pop("draft", None)
+    engine.planning.acceptance.pop("draft", None)
+    engine.draft_confidence = NO_SAMPLE_CONFIDENCE
     costs = engine.planning.costs
     costs.target = {width: 1.0 for width in range(1, 65)}
     costs.draft_step, costs.draft_per_token = 1e-6, 0.0

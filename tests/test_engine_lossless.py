@@ -94,7 +94,8 @@ def test_transformers_forward_rolls_back_past_a_window_that_binds(tiny_pairs, ti
     a cache of sliding layers refuses once the window is full; specd's caches keep every
     position (the mask still slides) and the output is the target's."""
     target, _ = tiny_pairs["gemma3_text"]
-    engine = make_engine(target, make_near_draft(target, tiny_root / "gemma3_text" / "near-draft"),
+    # a draft further off than the other tests' near drafts: this one must be rejected somewhere
+    engine = make_engine(target, make_near_draft(target, tiny_root / "gemma3_text" / "far-draft", noise=0.3),
                          prefix_tokens=384, suffix_tokens=128, fast_forward=False)
     assert {path.name for path, _ in engine.paths.values()} == {"hf"}
     uri = "file:///window-hf.py"

@@ -288,6 +288,103 @@ def test_model_draft_chains_keep_the_target_distribution():
     assert planner.cut > CHAIN_DRAWS // 10, "the confidence cut-off must fire too"
 
 
+class FirstTokenIn:
+    """A constraint like token healing's, on a bigram vocabulary: the first output token must be
+    one of ``allowed``; nothing binds after it."""
+
+    def __init__(self, allowed: set[int]):
+        self.allowed = allowed
+
+    def row(self, logits, before):
+        if before:
+            return logits
+        out = torch.full_like(logits, float("-inf"))
+        keep = sorted(self.allowed)
+        out[keep] = logits[keep]
+        return out
+
+    def rows(self, logits, before, draft):
+        return torch.stack([self.row(logits[0], before), *logits[1:]]) if not before else logits
+
+    def settled(self, generated):
+        return len(generated) > 0
+
+    def allows(self, generated, draft):
+        return len(draft) if generated or not draft or draft[0] in self.allowed else 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_model_draft_chains_under_a_constraint_keep_the_constrained_law(temperature):
+    """Under token healing the draft model drafts from q restricted to what the constraint
+    allows (so its first token re-types the cut text as the target's will); verification
+    divides by that q, so the output keeps the target's constrained law: the first token ~
+    p restricted to the allowed set, the next ones ~ p. Greedy: exactly the target's greedy
+    under the constraint, and the first draft token always allowed."""
+    sampling = SamplingParams(temperature=temperature)
+    allowed = {1, 3}  # the draft prefers 0 after token 0; the target's own favourite is 0 too
+    prompt = [3, 0]
+    target, draft_state = KVState(Bigram(BIGRAM_P)), KVState(Bigram(BIGRAM_Q))
+    target.extend(prompt[:-1])
+    generator = torch.Generator().manual_seed(77)
+    drafter = ModelDrafter(draft_state, BIGRAM_P.shape[1], sampling, 0.0, generator,
+                           constraint=FirstTokenIn(allowed), prompt_length=len(prompt))
+    planner = FixedPlanner(drafter, 3)
+    first_drafts, joint = Counter(), Counter()
+    draws = CHAIN_DRAWS if temperature > 0 else 3
+    for _ in range(draws):
+        target.rollback(len(prompt) - 1)
+        out = speculative_decode(target, list(prompt), planner, sampling, max_tokens=4, stop=lambda t: None,
+                                 deadline=math.inf, generator=generator, constraint=FirstTokenIn(allowed))
+        joint[tuple(out.tokens[:2])] += 1
+        draft = drafter.propose(list(prompt), 1)
+        first_drafts[draft.tokens[0]] += 1
+        assert torch.count_nonzero(draft.probs[0]) == len(allowed) and float(draft.probs[0].sum()) == pytest.approx(1.0)
+    assert set(first_drafts) <= allowed
+    law = {}
+    p1 = BIGRAM_P[0].double()
+    restricted = sum(float(p1[t]) for t in allowed)
+    for (a, b), prob in bigram_law(0, 2).items():
+        if a in allowed:
+            law[(a, b)] = prob / restricted
+    if temperature > 0:
+        assert chi_square_pvalue(joint, law, draws) > ALPHA
+        stats = planner.stats["draft"]
+        assert 0 < stats.accepted < stats.proposed
+    else:
+        greedy = max(allowed, key=lambda t: float(p1[t]))
+        assert set(joint) == {(greedy, int(BIGRAM_P[greedy].argmax()))}
+        assert planner.stats["draft"].accepted > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_point_mass_draft_the_constraint_rules_out_is_cut_before_the_verify(temperature):
+    """A lookup draft whose first token the constraint masks could only be rejected: the loop
+    verifies the step without it (one row, not k + 1), and the output is the same law."""
+
+    class Lookup:
+        def propose(self, seq, k):
+            return Draft([0, 0, 0][:k], "lookup:current")
+
+    class Recording(FixedPlanner):
+        verified: list = []
+
+        def record(self, draft, accepted, ms=None, head_row_ms=0.0):
+            self.verified.append(list(draft.tokens))
+            super().record(draft, accepted, ms, head_row_ms)
+
+    sampling = SamplingParams(temperature=temperature)
+    prompt = [3, 0]
+    target = KVState(Bigram(BIGRAM_P))
+    target.extend(prompt[:-1])
+    planner = Recording(Lookup(), 3)
+    out = speculative_decode(target, list(prompt), planner, sampling, max_tokens=4, stop=lambda t: None,
+                             deadline=math.inf, generator=torch.Generator().manual_seed(3),
+                             constraint=FirstTokenIn({1, 3}))
+    assert planner.verified[0] == []  # 0 is not allowed first: a plain step
+    assert out.tokens[0] in {1, 3}
+    assert any(planner.verified[1:]), "after the first token nothing binds: drafts are verified again"
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_draft_chain_stops_on_confidence_not_on_the_token_drawn(monkeypatch, temperature):
     """Exact, draw-free: the chain goes on iff the draft's top probability reaches the cut-off,

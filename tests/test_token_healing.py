@@ -78,6 +78,20 @@ def test_remaining_walks_the_constraint(tokenizer, vocabulary):
     assert vocabulary.remaining("\n        ", [self_]) is None  # broke it
 
 
+def test_allows_counts_the_draft_tokens_a_verify_could_accept(tokenizer, vocabulary):
+    """A draft token the constraint masks can only be rejected: the decode loop cuts a point-mass
+    or greedy draft before it (a narrower verify, the same output)."""
+    from specd.engine.speculation.healing import HealingConstraint
+
+    seven, self_ = token_id(tokenizer, "\n       "), token_id(tokenizer, " self")
+    constraint = HealingConstraint(vocabulary, "\n        ")
+    assert constraint.allows([], [seven, self_, self_]) == 3  # re-typed by the second: free after
+    assert constraint.allows([], [self_, seven]) == 0
+    assert constraint.allows([seven], [self_]) == 1
+    assert constraint.allows([seven, self_], [seven]) == 1  # settled: nothing masked
+    assert constraint.allows([], []) == 0
+
+
 def test_mask_leaves_only_allowed_tokens_on_constrained_rows(tokenizer, vocabulary):
     import torch
 

@@ -350,14 +350,16 @@ class Engine(Fronted):
             sampling=sampling, generator=generator)
 
     def _planner(self, state: DocumentState, settings: "_RequestSettings", req: CompletionRequest,
-                 text: str, offset: int, prompt: Prompt) -> DraftPlanner:
-        """A planner over the drafters of ``drafters.REGISTRY`` that have something to draft here."""
+                 text: str, offset: int, prompt: Prompt, constraint: HealingConstraint | None = None) -> DraftPlanner:
+        """A planner over the drafters of ``drafters.REGISTRY`` that have something to draft here;
+        ``constraint``: the healed prompt's, for drafters that draft under it."""
         inputs = drafters.DrafterInputs(
             state=state, options=self.options, draft_confidence=self.draft_confidence,
             sampling=settings.sampling, generator=settings.generator,
             vocab_size=self.vocab_size, use_lookup=settings.use_lookup, use_draft=settings.use_draft,
             lookup_sources=lambda: self._lookup_sources(req.uri),
-            previous=lambda: self._continuation(state, text, offset, prompt))
+            previous=lambda: self._continuation(state, text, offset, prompt),
+            constraint=constraint, prompt_length=len(prompt.ids))
         return DraftPlanner(self.planning, drafters.build(inputs), trees=self.options.token_tree and state.target.trees)
 
     def _complete(self, req: CompletionRequest, text: str, offset: int,
@@ -389,11 +391,11 @@ class Engine(Fronted):
         if cancel is not None and cancel.is_set():
             raise Cancelled("completion cancelled")
 
-        planner = self._planner(state, settings, req, text, offset, prompt)
+        constraint = HealingConstraint(self.healing, prompt.healed, prompt.newline) if prompt.healed else None
+        planner = self._planner(state, settings, req, text, offset, prompt, constraint)
         stop = StopRules(self.pair.tokenizer, self.stop_ids, req.single_line, prompt.indent, healed=prompt.healed,
                          newline=prompt.newline if req.stop_at_line_ending else None,
                          rules=rules_for(req, self.options), around=surroundings(text, offset))
-        constraint = HealingConstraint(self.healing, prompt.healed, prompt.newline) if prompt.healed else None
         draft_forwards_before = state.draft.forwards if state.draft else 0
         steps = decode_steps(state.target, list(prompt.ids), planner, settings.sampling, settings.max_tokens, stop,
                              deadline=started + suspended_s + settings.budget_s, cancel=cancel,

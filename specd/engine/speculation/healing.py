@@ -24,7 +24,7 @@ import bisect
 import re
 import sys
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
@@ -195,9 +195,21 @@ class HealingVocabulary:
         return allowed
 
 
+class Constraint(Protocol):
+    """Masks logits under token healing, as the decode loop's verification (the target's) and a
+    drafter drafting under it apply it: ``rows`` for a forward's rows [k + 1, V] after
+    ``before`` + draft[:i], ``row`` for one row [V] after ``before`` (the output so far).
+    ``HealingConstraint`` is the one kind there is."""
+
+    def rows(self, logits: torch.Tensor, before: Sequence[int], draft: Sequence[int]) -> torch.Tensor: ...
+    def row(self, logits: torch.Tensor, before: Sequence[int]) -> torch.Tensor: ...
+    def settled(self, generated: Sequence[int]) -> bool: ...  # binds nothing after ``generated``
+    def allows(self, generated: Sequence[int], draft: Sequence[int]) -> int: ...  # draft's first tokens it allows
+
+
 @dataclass(frozen=True)
 class HealingConstraint:
-    """The constraint of one healed prompt, as the decode loop applies it (``verify.Constraint``)."""
+    """The constraint of one healed prompt, as the decode loop applies it (``Constraint``)."""
 
     vocabulary: HealingVocabulary
     healed: str
@@ -213,3 +225,15 @@ class HealingConstraint:
         """Whether ``generated`` re-typed the cut text (nothing is masked after it): the decode
         loop then drops the constraint."""
         return self.vocabulary.remaining(self.healed, generated) == ""
+
+    def allows(self, generated: Sequence[int], draft: Sequence[int]) -> int:
+        """How many of ``draft``'s first tokens the constraint allows after ``generated``: a
+        verification masks the rest to probability 0, so they can only be rejected."""
+        rest = self.vocabulary.remaining(self.healed, generated)
+        for i, token in enumerate(draft):
+            if not rest:  # re-typed ("", nothing masked from here) or broken (None: never reached)
+                return len(draft)
+            if not bool((self.vocabulary.allowed(rest, self.newline) == token).any()):
+                return i
+            rest = self.vocabulary.remaining(rest, [token])
+        return len(draft)

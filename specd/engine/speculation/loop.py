@@ -16,6 +16,7 @@ it out, and the planner only ever prices the forward itself.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass
@@ -24,10 +25,11 @@ from typing import Callable, Generator
 import torch
 
 from specd.engine.caches import KVState, Rows
-from specd.engine.speculation.drafters import DraftTree
+from specd.engine.speculation.drafters import Draft, DraftTree
 from specd.engine.speculation.planner import DraftPlanner
 from specd.engine.speculation.sampling import SamplingParams
-from specd.engine.speculation.verify import Constraint, accept_chain, accept_tree
+from specd.engine.speculation.healing import Constraint
+from specd.engine.speculation.verify import accept_chain, accept_tree
 from specd.engine.types import Cancelled, run_to_end
 
 MERGED_PREFILL = 64  # most prompt tokens the first step runs before its draft (a keystroke's, see Engine._complete)
@@ -49,6 +51,17 @@ def _timed(started: float, recordings: int, target: KVState, rows: Rows) -> floa
     if target.recordings != recordings:
         return None
     return (time.perf_counter() - started) * 1000 - rows.head_ms
+
+
+def _allowed_part(draft: Draft, constraint: Constraint, out: list[int]) -> Draft:
+    """``draft`` cut before its first token the constraint disallows (one that could only be
+    rejected: a wider verify for nothing). Only for a point mass or a greedy draft: a sampled
+    draft cut on the token it drew would no longer be verified into the target's law."""
+    allowed = constraint.allows(out, draft.tokens)
+    if allowed == len(draft):
+        return draft
+    probs = draft.probs[:allowed] if draft.probs is not None else None
+    return dataclasses.replace(draft, tokens=draft.tokens[:allowed], probs=probs)
 
 
 def speculative_decode(*args, **kwargs) -> DecodeOutcome:
@@ -95,6 +108,9 @@ def decode_steps(
             return DecodeOutcome(out, "time_budget", forwards, first_token_s, suspended_s)
         room = max_tokens - len(out) - 1  # one token of each step is the target's own
         draft = planner.propose(seq, room)
+        if constraint is not None and not isinstance(draft, DraftTree) and draft.tokens and (
+                draft.probs is None or sampling.greedy):
+            draft = _allowed_part(draft, constraint, out)
         step_started, recordings = time.perf_counter(), target.recordings
         forwards += 1
         lead = seq[held:]  # the pending token, after the first step's prompt tokens (if any)

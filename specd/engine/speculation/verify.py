@@ -7,22 +7,14 @@ and on rejection the target's token is drawn from norm(max(0, p - q))).
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from specd.engine.caches import Rows, row_argmax
 from specd.engine.speculation.drafters import Draft, DraftTree
+from specd.engine.speculation.healing import Constraint
 from specd.engine.speculation.sampling import SamplingParams, probabilities
-
-
-class Constraint(Protocol):
-    """Masks the target's logits (token healing): ``rows`` for a forward's rows [k + 1, V]
-    after ``before`` + draft[:i], ``row`` for one row [V] after ``before``."""
-
-    def rows(self, logits: torch.Tensor, before: Sequence[int], draft: Sequence[int]) -> torch.Tensor: ...
-    def row(self, logits: torch.Tensor, before: Sequence[int]) -> torch.Tensor: ...
-    def settled(self, generated: Sequence[int]) -> bool: ...  # binds nothing after ``generated``
 
 
 def _row(rows: Rows, i: int, constraint: Constraint | None, before: Sequence[int]) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch
 from specd.engine.caches import DocumentState, KVState, common_prefix
 from specd.engine.lookup import NgramIndex
 from specd.engine.options import EngineOptions
+from specd.engine.speculation.healing import Constraint
 from specd.engine.speculation.sampling import SamplingParams
 
 Prior = tuple[float, float]  # (first, then): acceptance of a draft's first token, and of each later one
@@ -211,6 +212,8 @@ class DrafterInputs:
     use_draft: bool  # ... and the pair has a draft model
     lookup_sources: Callable[[], list[tuple[str, NgramIndex]]]  # other open buffers', the workspace's, in priority order
     previous: Callable[[], tuple[int, list[int]] | None]  # the last suggestion's rest after what was typed: (prompt length, tokens)
+    constraint: Constraint | None = None  # token healing's, which the target's first tokens obey (drafts may too)
+    prompt_length: int = 0  # tokens of the prompt: what follows them in a drafter's ``seq`` is the output
 
 
 DrafterFactory = Callable[[DrafterInputs], "Drafter | None"]  # a registry entry: None where it has nothing to draft
