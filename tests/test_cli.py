@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -51,6 +52,9 @@ def test_doctor_loads_the_configured_pair(llama_pair):
     # a float32 pair on a CPU: the lean path, each weight matrix in both layouts, and what it costs
     assert "target forward: lean (static KV cache, weights also held transposed (+" in proc.stdout
     assert "engine.transposed_weights" in proc.stdout
+    # the draft model's agreement with the target, measured at load, and where its chains stop
+    assert re.search(r"draft agrees with the target on \d+% of 256 positions of code", proc.stdout), proc.stdout
+    assert "chains stop below confidence" in proc.stdout and "(auto;" in proc.stdout
 
 
 def test_doctor_says_what_the_llama_cpp_path_does(llama_pair):
