@@ -70,10 +70,14 @@ def test_the_draft_models_agreement_is_measured_at_load_and_is_its_prior(llama_p
     on a sample of code, and prices the draft model from that before any request: the target as
     its own draft agrees everywhere, a random draft of another shape far less."""
     target, draft = llama_pair
-    itself = make_engine(target, target, free_drafting=False)
+    itself = make_engine(target, target, free_drafting=False, draft_confidence=0.0)
     other = make_engine(target, draft, free_drafting=False)
     assert itself.agreement.first == 1.0 and itself.agreement.then == 1.0
     assert other.agreement.first < 0.5
+    # auto: the draft agrees everywhere, so its chains go on wherever a chain token pays at all
+    auto = make_engine(target, target, free_drafting=False)
+    assert auto.draft_confidence == (0.0 if auto.planning.costs.break_even_agreement() <= 1.0 else 1.0)
+    assert auto.agreement.confidence == auto.draft_confidence
     for engine in (itself, other):
         assert engine.planning.of("draft").first == engine.agreement.prior[0]
         assert engine.stats()["planner"]["draft_agreement"]["positions"] == engine.agreement.positions > 100

@@ -356,6 +356,15 @@ def test_model_draft_chains_under_a_constraint_keep_the_constrained_law(temperat
         assert planner.stats["draft"].accepted > 0
 
 
+def test_a_constrained_chain_with_no_allowed_mass_drafts_nothing():
+    """top-p keeps only the draft's favourite; where the constraint rules it out, q has no
+    allowed token left: the draft model proposes nothing (a plain step), it does not fail."""
+    sampling = SamplingParams(temperature=1.0, top_p=0.01)
+    drafter = ModelDrafter(KVState(Bigram(BIGRAM_Q)), BIGRAM_Q.shape[1], sampling, 0.0,
+                           torch.Generator().manual_seed(1), constraint=FirstTokenIn({1, 3}), prompt_length=2)
+    assert drafter.propose([3, 0], 4).tokens == []  # after token 0 the draft's favourite is 0
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_point_mass_draft_the_constraint_rules_out_is_cut_before_the_verify(temperature):
     """A lookup draft whose first token the constraint masks could only be rejected: the loop

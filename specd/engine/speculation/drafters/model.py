@@ -88,4 +88,6 @@ class ModelDrafter(Drafter):
             if len(tokens) == k:
                 break
             logits = self.state.extend([token], last_only=True)
+        if not tokens:  # the constraint left the first token no mass (top-p kept only masked ones)
+            return EMPTY
         return Draft(tokens, self.source, torch.stack(probs))
