@@ -538,3 +538,21 @@ def test_calibration_measures_the_draft_models_agreement_on_the_code_it_reads():
     assert agreement.first == pytest.approx(sum(t % 4 != 0 for t in context) / len(context))
     assert measured.costs.draft_step is not None and sorted(measured.costs.target) == [1, 2, 4, 8]
     assert calibrate(Model, lambda: Model(), vocab_size=50, max_width=8, device=torch.device("cpu")).sample is None
+
+
+def test_a_measured_agreement_lets_a_lagging_draft_model_run_from_the_first_request():
+    """The real-shaped stand-in's figures (a 16 ms target step, a 0.6 ms draft step, 0.13 ms a
+    catch-up token, a cache 1,000 tokens behind): at the old fixed guess of 50% the draft
+    model is priced out and never runs, so it is never measured; at the agreement measured at
+    load (its own un-widened target: 98%) it drafts a long chain at once."""
+    seq = list(range(1000))
+    shape = {1: 15.7, 2: 21.3, 4: 24.6, 8: 34.5, 16: 51.6}
+    for prior, drafts in (((0.5, 0.5), False), ((0.98, 0.98), True)):
+        mem = memory(shape, draft_step=0.6)
+        mem.costs.draft_per_token = 0.13
+        mem.priors["draft"] = prior
+        model = CountingModel(synced=False)
+        DraftPlanner(mem, [model]).propose(seq, 31)
+        assert bool(model.calls) == drafts, prior
+        if drafts:
+            assert model.calls[0] >= 6

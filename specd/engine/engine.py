@@ -493,7 +493,8 @@ class Engine(Fronted):
         return {**memory.costs.describe(),
                 "draft_agreement": self.agreement.describe() if self.agreement else None,
                 "draft_confidence": self.draft_confidence,
-                "break_even_agreement": round(memory.costs.break_even_agreement(), 4),
+                "break_even_agreement": round(memory.costs.break_even_agreement(), 4) if self.pair.draft is not None
+                else None,
                 "acceptance": {kind: {"first": round(a.first, 3), "then": round(a.then, 3)}
                                for kind, a in sorted(memory.acceptance.items())}}
 
