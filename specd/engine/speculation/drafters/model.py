@@ -58,8 +58,9 @@ class ModelDrafter(Drafter):
     def _constrained(self, q: torch.Tensor, before: list[int]) -> torch.Tensor | None:
         """q under the constraint after the output ``before``: zero where it disallows, renormalised
         (q itself once the cut text is re-typed); None where no allowed token has mass."""
-        mask = self.constraint.row(torch.zeros_like(q), before)
-        if not bool(torch.isinf(mask).any()):
+        free = torch.zeros_like(q)
+        mask = self.constraint.row(free, before)
+        if mask is free or not bool(torch.isinf(mask).any()):  # ``row`` hands an unconstrained row back
             return q
         q = q.masked_fill(torch.isinf(mask), 0.0)
         total = q.sum()
@@ -68,12 +69,14 @@ class ModelDrafter(Drafter):
     def propose(self, seq: Sequence[int], k: int) -> Draft:
         if k <= 0:
             return EMPTY
+        # Once the output has re-typed the cut text nothing binds (a walk of its first tokens).
+        constrained = self.constraint is not None and not self.constraint.settled(seq[self.prompt_length:])
         logits = self.state.logits_after(seq)  # [1, V]
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         while True:
             q = self._fit_vocab(probabilities(logits[-1], self.sampling))  # [V]
-            if self.constraint is not None:
+            if constrained:
                 q = self._constrained(q, [*seq[self.prompt_length:], *tokens])
                 if q is None:  # no allowed token has any mass: nothing this chain could add stands
                     break
