@@ -156,6 +156,10 @@ def test_bench_json_schema(bench_run):
     assert report["forward"]["target"]["path"] == "lean" and "static KV cache" in report["forward"]["target"]["detail"]
     assert set(report["workloads"]) == set(WORKLOADS)
     assert report["settings"]["edit_replay_requests"] == 24
+    # the draft model's agreement measured at load, and the chain cut-off chosen from it
+    agreement = report["draft_agreement"]
+    assert agreement["positions"] == 256 and 0 <= agreement["first"] <= 1
+    assert report["settings"]["draft_confidence"] == agreement["confidence"]
     assistant = report["hf_settings"]["hf_assisted"]
     assert {"num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"} <= set(assistant)
     for name, workload in report["workloads"].items():
@@ -230,6 +234,7 @@ def test_bench_table_prints_ratios(bench_run):
     for column in ("1st tok ms", "decode ms", "prompt reused", "decode vs hf_greedy"):
         assert column in table
     assert "specd vs its ablations, paired" in table and "specd vs specd_no_tree (paired)" in table
+    assert "draft model at load: agrees with the target on" in table
 
 
 def test_bench_rejects_unknown_names(capsys):

@@ -258,6 +258,11 @@ def format_table(report: dict[str, Any]) -> str:
         f"identical = token for token the output of the reference, {reference} "
         f"({REFERENCE_MEANING.get(reference, '?')})",
     ]
+    agreement = report.get("draft_agreement")
+    if agreement:
+        lines.append(f"draft model at load: agrees with the target on {agreement['first']:.0%} of "
+                     f"{agreement['positions']} positions of code, {agreement['then']:.0%} right after an agreement; "
+                     f"its chains stop below confidence {agreement['confidence']:.2f}")
     if settings.get("idle_ms"):
         lines.append(f"specd methods hear each edit and get {settings['idle_ms']:g} ms of untimed idle time before "
                      "the request it triggers (the daemon's idle prefill during specd-lsp's debounce); peers do not")

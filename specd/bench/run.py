@@ -271,6 +271,8 @@ def _metadata(args: argparse.Namespace, engine, wall_s: float, reference: str) -
         "fim_family": engine.template.name,
         "fim_layout": prompt_layout(engine),
         "forward": engine.stats()["forward"],  # the specd engine's paths, and what the lean one measured
+        # the draft model's agreement with the target measured at load: its prior and chain cut-off
+        "draft_agreement": engine.agreement.describe() if getattr(engine, "agreement", None) else None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
