@@ -35,6 +35,22 @@ def test_precedence_and_sources():
     assert cfg["engine.kv_reuse"] is True
 
 
+def test_draft_confidence_is_auto_by_default_or_a_probability_from_anywhere():
+    """A number key that also takes a word: ``auto`` (measured at load) from a file, the
+    environment or a flag, any case; a probability as before; anything else one line naming both."""
+    assert load_config(environ={})["engine.draft_confidence"] == "auto"
+    write_config('[engine]\ndraft_confidence = "AUTO"\n')
+    assert load_config(environ={})["engine.draft_confidence"] == "auto"
+    write_config("[engine]\ndraft_confidence = 0.4\n")
+    assert load_config(environ={})["engine.draft_confidence"] == 0.4
+    assert load_config(environ={"SPECD_ENGINE_DRAFT_CONFIDENCE": "auto"})["engine.draft_confidence"] == "auto"
+    assert load_config(environ={"SPECD_ENGINE_DRAFT_CONFIDENCE": "0.25"})["engine.draft_confidence"] == 0.25
+    assert load_config(environ={}, overrides={"engine.draft_confidence": "auto"})["engine.draft_confidence"] == "auto"
+    write_config('[engine]\ndraft_confidence = "sure"\n')
+    with pytest.raises(ConfigError, match="'sure' is not a valid float or auto"):
+        load_config(environ={})
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("[engine]\nmax_tokenz = 3\n", "unknown config key 'engine.max_tokenz'"),
     ("[engin]\nmax_tokens = 3\n", "unknown config key 'engin.max_tokens'"),
