@@ -375,7 +375,9 @@ def test_a_point_mass_draft_the_constraint_rules_out_is_cut_before_the_verify(te
             return Draft([0, 0, 0][:k], "lookup:current")
 
     class Recording(FixedPlanner):
-        verified: list = []
+        def __init__(self, drafter, length):
+            super().__init__(drafter, length)
+            self.verified: list[list[int]] = []  # each step's draft as verified
 
         def record(self, draft, accepted, ms=None, head_row_ms=0.0):
             self.verified.append(list(draft.tokens))
