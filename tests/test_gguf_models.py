@@ -14,6 +14,7 @@ import json
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -330,3 +331,19 @@ def test_quantized_exports_load_and_complete(gguf_files, kind, file_type, sample
     result = engine.complete(CompletionRequest(text=sample_source, offset=sample_source.index("    def sell"),
                                                max_tokens=8, token_healing=False))
     assert result.token_ids
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_a_prefill_in_pieces_gives_the_logits_of_one_piece(gguf_files, kind):
+    """specd's llama.cpp forward runs a long prefill in pieces of ``BATCH`` tokens, smaller than
+    llama.cpp's default (docs/llamacpp.md): ``scripts/prefill-pieces`` times it at several sizes
+    and finds the rows of logits identical to the bit, on a Llama file in f32 and Q8_0."""
+    target, _ = gguf_files("llama", kind)
+    script = Path(__file__).resolve().parent.parent / "scripts" / "prefill-pieces"
+    proc = subprocess.run([sys.executable, str(script), str(target), "--tokens", "700", "--pieces", "64,256,700",
+                           "--repeats", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["tokens"] == 700 and [row["piece"] for row in result["pieces"]] == [64, 256, 700]
+    for row in result["pieces"]:
+        assert row["identical"] and row["max_abs_diff"] == 0.0 and row["ms"] > 0, row
