@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specd.engine.lookup import NgramIndex
-from specd.engine.speculation.costs import Acceptance, ForwardCosts
+from specd.engine.speculation.costs import CATCH_UP_MEASURED, Acceptance, ForwardCosts
 from specd.engine.speculation.drafters import ContinuationDrafter, Draft, LookupDrafter, ModelDrafter
 from specd.engine.speculation.planner import PROBE_EVERY, DraftPlanner, PlannerMemory
 from specd.engine.speculation.sampling import SamplingParams
@@ -121,6 +121,22 @@ def test_draft_model_catch_up_is_weighed():
     planner = DraftPlanner(mem, [model])
     assert planner.propose(list(range(1000)), 4).tokens == []
     assert planner.propose(list(range(1000)), 4000).source == "draft"
+
+
+def test_the_catch_up_rate_is_learnt_from_long_catch_ups_only():
+    """A draft chain after a short catch-up costs about a draft step, and the step's own cost moves
+    by more than a few tokens add (in the decode loop the target's forward has just evicted the
+    draft's weights): a 2-token catch-up at 1.8 ms read as 0.6 ms a token where 1,000 tokens
+    cost 0.025, and priced the draft model out of every new document. Only catch-ups of
+    ``CATCH_UP_MEASURED`` tokens or more teach the rate; short ones teach nothing, steps the step."""
+    costs = ForwardCosts(draft_step=0.2, draft_per_token=0.025)
+    for catch_up in (3, 10, CATCH_UP_MEASURED - 1):
+        costs.record_draft(catch_up, 2, 1.8)
+    assert costs.draft_per_token == 0.025 and costs.draft_step == 0.2
+    costs.record_draft(1000, 3, 0.6 + 999 * 0.03)
+    assert costs.draft_per_token == pytest.approx(0.8 * 0.025 + 0.2 * 0.03)
+    costs.record_draft(2, 3, 3 * 0.7)  # a chain after the bonus token alone: a step's cost
+    assert costs.draft_step == pytest.approx(0.8 * 0.2 + 0.2 * 0.7)
 
 
 def test_record_learns_acceptance_and_costs():
