@@ -13,8 +13,9 @@ a cache prefill where a second measurement says (``choose.faster_prefill``, unle
 ``engine.llamacpp_prefill`` names one).
 
 The choice is kept in ``$XDG_CACHE_HOME/specd/forward/``, keyed by the model's files, the
-machine, the thread count, the library versions and the options that shape either path, so a
-daemon restart builds the chosen path without measuring again. Delete the folder to measure again.
+machine, the thread count, the library versions, llama.cpp's prefill piece size and the options
+that shape either path, so a daemon restart builds the chosen path without measuring again.
+Delete the folder to measure again.
 """
 
 from __future__ import annotations
@@ -211,10 +212,13 @@ def _choice_file(model, source: str, pair: ModelPair, options: EngineOptions, ro
         return None
     import llama_cpp
 
+    from specd.engine.forward import llamacpp as llamacpp_path
+
     stamp = hashlib.sha256()
+    # llama.cpp's piece size moves its prefill's cost, which the prefill choice weighs.
     for part in (CHOICE_VERSION, role, folder.resolve(), pair.dtype, pair.device, torch.get_num_threads(),
                  os.cpu_count(), platform.machine(), _cpu_name(), torch.__version__, llama_cpp.__version__,
-                 options.fast_forward, options.transposed_weights, options.numpy_products):
+                 llamacpp_path.BATCH, options.fast_forward, options.transposed_weights, options.numpy_products):
         stamp.update(f"{part}|".encode())
     for path in sorted(folder.glob("*.safetensors")) + [folder / "config.json"]:
         if path.is_file():
