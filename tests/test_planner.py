@@ -218,7 +218,9 @@ def test_lookup_drafts_are_priced_by_where_they_come_from():
     are kinds of their own, each apart for 2-token matches: measured, they stand far more often
     than other matches, and matches of 3+ tokens far more often than 2-token ones."""
     draft_kind = LookupDrafter.kind
-    assert draft_kind(Draft([1], "lookup:current", None, 3, repeat=True)) == "lookup/repeat"
+    assert draft_kind(Draft([1], "lookup:current", None, 5, repeat=True)) == "lookup/repeat"
+    assert draft_kind(Draft([1], "lookup:current", None, 3, repeat=True)) == "lookup/repeat/mid"
+    assert draft_kind(Draft([1], "lookup:current", None, 4, repeat=True)) == "lookup/repeat/mid"
     assert draft_kind(Draft([1], "lookup:current", None, 2, repeat=True)) == "lookup/repeat/short"
     assert draft_kind(Draft([1], "lookup:suggested", None, 5)) == "lookup/suggested"
     assert draft_kind(Draft([1], "lookup:suggested", None, 2)) == "lookup/suggested/short"
