@@ -126,7 +126,7 @@ def test_draft_model_catch_up_is_weighed():
 def test_the_catch_up_rate_is_learnt_from_long_catch_ups_only():
     """A draft chain after a short catch-up costs about a draft step, and the step's own cost moves
     by more than a few tokens add (in the decode loop the target's forward has just evicted the
-    draft's weights): a 2-token catch-up at 1.8 ms read as 0.6 ms a token where 1,000 tokens
+XX
     cost 0.025, and priced the draft model out of every new document. Only catch-ups of
     ``CATCH_UP_MEASURED`` tokens or more teach the rate; short ones teach nothing, steps the step."""
     costs = ForwardCosts(draft_step=0.2, draft_per_token=0.025)

@@ -39,7 +39,7 @@ CALIBRATION_CONTEXT = SAMPLE_TOKENS  # tokens of context behind the calibration 
 CALIBRATION_REPEATS = 3  # per width, after one warm-up forward; the median counts
 # Draft catch-ups at least this long teach the per-token rate. A shorter one costs about a draft
 # step, whose own cost moves by more than the catch-up adds: measured in the decode loop on the
-# real-shaped stand-in, a 2-token catch-up read as 0.62 ms a token where 1,073 tokens cost 0.025.
+# real-shaped stand-in, a 3-token catch-up read as 0.62 ms a token where 1,073 tokens cost 0.025.
 CATCH_UP_MEASURED = 32
 
 
