@@ -103,11 +103,7 @@ def run_doctor(args, cfg) -> int:
     if costs.draft_step is not None:
         print(f"  draft step {costs.draft_step:.2f} ms ({costs.draft_step / costs.target_ms(1):.0%} of a target forward)")
     if engine.agreement is not None:
-        agreement = engine.agreement
-        how = "auto" if engine.options.draft_confidence == "auto" else "engine.draft_confidence"
-        print(f"  draft agrees with the target on {agreement.first:.0%} of {agreement.positions} positions of code, "
-              f"{agreement.then:.0%} right after an agreement; chains stop below confidence "
-              f"{engine.draft_confidence:.2f} ({how}; a chain token pays above {costs.break_even_agreement():.0%})")
+        print(f"  draft {engine.agreement_line()}")
     print("  start-up, seconds by step:")
     for line in startup_lines(engine.startup.seconds, imports, engine.healing_source):
         print(f"    {line}")

@@ -54,7 +54,7 @@ def test_doctor_loads_the_configured_pair(llama_pair):
     assert "engine.transposed_weights" in proc.stdout
     # the draft model's agreement with the target, measured at load, and where its chains stop
     assert re.search(r"draft agrees with the target on \d+% of 256 positions of code", proc.stdout), proc.stdout
-    assert "chains stop below confidence" in proc.stdout and "(auto;" in proc.stdout
+    assert "chains stop below confidence" in proc.stdout and "(engine.draft_confidence = auto;" in proc.stdout
 
 
 def test_doctor_says_what_the_llama_cpp_path_does(llama_pair):

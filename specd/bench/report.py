@@ -26,6 +26,7 @@ from typing import Any, Iterable
 from specd.bench.costs import format_forward_costs
 from specd.bench.peers import ABLATIONS, HF_PEERS, LLAMACPP_PEERS, PEERS, Run
 from specd.bench.reference import REFERENCE_MEANING, TORCH_REFERENCE
+from specd.engine.speculation.agreement import Agreement
 
 SPECULATIVE_PEERS = ("hf_assisted", "hf_lookup")
 # The engine's speed goals, on the CPU where the bench runs: against HF's peers on edit replay.
@@ -260,9 +261,7 @@ def format_table(report: dict[str, Any]) -> str:
     ]
     agreement = report.get("draft_agreement")
     if agreement:
-        lines.append(f"draft model at load: agrees with the target on {agreement['first']:.0%} of "
-                     f"{agreement['positions']} positions of code, {agreement['then']:.0%} right after an agreement; "
-                     f"its chains stop below confidence {agreement['confidence']:.2f}")
+        lines.append(f"draft model at load: {Agreement(**agreement).summary()}")
     if settings.get("idle_ms"):
         lines.append(f"specd methods hear each edit and get {settings['idle_ms']:g} ms of untimed idle time before "
                      "the request it triggers (the daemon's idle prefill during specd-lsp's debounce); peers do not")

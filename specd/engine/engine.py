@@ -121,12 +121,7 @@ class Engine(Fronted):
         self.planning = PlannerMemory(costs, priors=priors)
         log.info("forward costs: %s", costs.describe())
         if self.agreement is not None:
-            log.info("draft model agrees with the target on %.0f%% of %d positions of code, %.0f%% right after an "
-                     "agreement where its confidence reaches %.2f (%s; a chain token pays above %.0f%%): its "
-                     "prior acceptance", 100 * self.agreement.first, self.agreement.positions,
-                     100 * self.agreement.then, self.draft_confidence,
-                     "engine.draft_confidence = auto" if self.options.draft_confidence == "auto"
-                     else "engine.draft_confidence", 100 * costs.break_even_agreement())
+            log.info("draft model %s: its prior acceptance", self.agreement_line())
         for path, _ in self.paths.values():  # which forwards to record is learnt from requests
             path.forget_uses()
         with times.step("heap settling"):
@@ -348,6 +343,15 @@ class Engine(Fronted):
             max_tokens=max(1, pick(req.max_tokens, opts.max_tokens)),
             budget_s=pick(req.time_budget_ms, opts.time_budget_ms) / 1000.0,
             sampling=sampling, generator=generator)
+
+    def agreement_line(self) -> str:
+        """The draft model's measured agreement (``Agreement.summary``), where its cut-off came from
+        and what a chain token must reach to pay; "" without a measurement."""
+        if self.agreement is None or self.planning is None:
+            return ""
+        how = "engine.draft_confidence = auto" if self.options.draft_confidence == "auto" else "engine.draft_confidence"
+        return self.agreement.summary(f"{how}; a chain token pays above "
+                                      f"{self.planning.costs.break_even_agreement():.0%}")
 
     def _planner(self, state: DocumentState, settings: "_RequestSettings", req: CompletionRequest,
                  text: str, offset: int, prompt: Prompt, constraint: HealingConstraint | None = None) -> DraftPlanner:

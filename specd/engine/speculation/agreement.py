@@ -82,6 +82,12 @@ class Agreement:
         return {"first": round(self.first, 3), "then": round(self.then, 3), "positions": self.positions,
                 "confidence": round(self.confidence, 4)}
 
+    def summary(self, aside: str = "") -> str:
+        """One line for the load's log, ``specd doctor`` and the bench's table; ``aside`` in brackets."""
+        return (f"agrees with the target on {self.first:.0%} of {self.positions} positions of code, {self.then:.0%} "
+                f"right after an agreement; chains stop below confidence {self.confidence:.2f}"
+                + (f" ({aside})" if aside else ""))
+
 
 def choose_confidence(sample: AgreementSample, break_even: float) -> float:
     """The lowest draft confidence at which the draft's tokens still agree with the target at
