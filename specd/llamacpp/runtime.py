@@ -19,6 +19,7 @@ Tested against llama-cpp-python 0.3.x (``_ctx``, ``_batch``, ``input_ids``, ``n_
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,13 +58,109 @@ def available() -> bool:
     return True
 
 
+# ---- repacked weight layouts ----------------------------------------------------------------
+# llama.cpp repacks quantized weights into layouts of its "extra buffer types" (AMX tiles,
+# interleaved rows) where the CPU advertises the instructions. A virtual machine may advertise
+# AMX yet fault on it (SIGILL, which no Python code survives), so whether a file's repacked
+# forward runs is tried once in a child process and remembered per llama.cpp build, CPU and
+# the file's tensor types; where it dies, the file loads with its plain layout (the same
+# results: repacking changes where the weights sit, and the plain kernels are what a CPU
+# without those instructions runs).
+_PROBE = """
+import sys, llama_cpp
+params = llama_cpp.llama_model_default_params()
+params.n_gpu_layers = 0
+model = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), params)
+ctx_params = llama_cpp.llama_context_default_params()
+ctx_params.n_ctx, ctx_params.n_batch, ctx_params.n_threads, ctx_params.n_threads_batch = 64, 64, 1, 1
+ctx = llama_cpp.llama_init_from_model(model, ctx_params)
+for width in (8, 1):
+    tokens = (llama_cpp.llama_token * width)(*([1] * width))
+    if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(tokens, width)) != 0:
+        sys.exit(3)
+"""
+_repack_ok: dict[str, bool] = {}
+
+
+def _probe_key(path: Path) -> str:
+    import hashlib
+    import importlib.metadata
+
+    from specd.llamacpp.gguf import read_header
+
+    try:
+        flags = next((line for line in open("/proc/cpuinfo", encoding="utf-8") if line.startswith("flags")), "")
+    except OSError:
+        flags = ""
+    types = sorted({tensor.ggml_type for tensor in read_header(path).tensors})
+    version = importlib.metadata.version("llama-cpp-python")
+    return hashlib.sha256(f"{version}|{flags}|{types}".encode()).hexdigest()[:16]
+
+
+def repacked_layouts_run(path: str | Path) -> bool:
+    """Whether llama.cpp's repacked layouts run this file's forward here (a child process tries
+    an 8-token and a 1-token forward; its verdict is kept under ``$XDG_CACHE_HOME/specd/llamacpp/``)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    key = _probe_key(Path(path))
+    if key in _repack_ok:
+        return _repack_ok[key]
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specd" / "llamacpp"
+    record = base / f"repack-{key}.json"
+    try:
+        verdict = bool(json.loads(record.read_text(encoding="utf-8"))["runs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        done = subprocess.run([sys.executable, "-c", _PROBE, str(path)], capture_output=True, timeout=300)
+        verdict = done.returncode >= 0  # only a signal says the instructions fault; other failures load as usual
+        if not verdict:
+            logging.getLogger(__name__).warning(
+                "llama.cpp's repacked weight layouts fault on this CPU (signal %d): %s loads with its plain layout",
+                -done.returncode, Path(path).name)
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            partial = record.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps({"runs": verdict}), encoding="utf-8")
+            os.replace(partial, record)
+        except OSError:
+            pass
+    _repack_ok[key] = verdict
+    return verdict
+
+
+def model_params(path: str | Path):
+    """llama.cpp's model parameters for ``path`` on the CPU: no GPU layers, repacked layouts
+    only where they run here (``repacked_layouts_run``)."""
+    llama_cpp = import_llama_cpp()
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = 0
+    params.use_extra_bufts = repacked_layouts_run(path)
+    return params
+
+
+_CONSTRUCT_LOCK = threading.Lock()
+
+
 def load_llama(path: str | Path, n_ctx: int = 4096, threads: int = 1, n_batch: int = 512, kv_f32: bool = False):
     """A quiet ``llama_cpp.Llama`` on the CPU (no GPU layers), ``threads`` for decode and batch;
-    K/V in f32 with ``kv_f32`` (llama.cpp's default is f16)."""
+    K/V in f32 with ``kv_f32`` (llama.cpp's default is f16); the model's parameters are
+    ``model_params``'s (``Llama`` takes no flag for repacking: its default parameters are ours
+    while it loads)."""
     llama_cpp = import_llama_cpp()
+    from llama_cpp import llama as high_level
+
+    params = model_params(path)
     kv = {"type_k": 0, "type_v": 0} if kv_f32 else {}  # ggml type 0 = f32
-    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
-                           n_threads_batch=threads, n_gpu_layers=0, logits_all=False, verbose=False, **kv)
+    with _CONSTRUCT_LOCK:
+        default = high_level.llama_cpp.llama_model_default_params
+        high_level.llama_cpp.llama_model_default_params = lambda: params
+        try:
+            return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads,
+                                   n_threads_batch=threads, n_gpu_layers=0, logits_all=False, verbose=False, **kv)
+        finally:
+            high_level.llama_cpp.llama_model_default_params = default
 
 
 @dataclass

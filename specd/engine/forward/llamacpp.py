@@ -36,7 +36,7 @@ import torch
 
 from specd.engine.forward.path import BasicPath
 from specd.llamacpp.handoff import HandoffError, TorchPrefill, as_ctypes
-from specd.llamacpp.runtime import import_llama_cpp
+from specd.llamacpp.runtime import import_llama_cpp, model_params
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,7 @@ class LlamaCppForward(BasicPath):
         from llama_cpp import _internals as internals
 
         self._llama_cpp = llama_cpp
-        model_params = llama_cpp.llama_model_default_params()
-        model_params.n_gpu_layers = 0
-        self._model = internals.LlamaModel(path_model=str(gguf_path), params=model_params, verbose=False)
+        self._model = internals.LlamaModel(path_model=str(gguf_path), params=model_params(gguf_path), verbose=False)
         model = self._model.model
         heads = llama_cpp.llama_model_n_head(model)
         head_dim = llama_cpp.llama_model_n_embd(model) // heads
