@@ -4,6 +4,9 @@ target alone writes, and README command 1's demo completion prints no line twice
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from engine_helpers import make_engine, reference_tokens
@@ -14,6 +17,10 @@ from specd.engine.front.boundaries import (NO_BOUNDARIES, BoundaryRules, Surroun
 from specd.engine.front.stops import StopRules
 from specd.engine.options import EngineOptions
 from specd.protocol.errors import RpcError
+from specd.suggestion_rules import BLOCK_OPENERS, BRACKETS
+from specd_lsp.completion import context_at, postprocess
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BODY = Surroundings(line_prefix="        ", previous_line="    def pop(self):")
 
@@ -117,6 +124,79 @@ def test_a_boundary_seen_token_by_token_is_the_one_of_the_whole_text():
             if found is not None:
                 assert (text[:found[0]], found[1]) == whole, (text, end)
                 break
+
+
+# -- one copy, the engine's and specd-lsp's ------------------------------------------------------
+
+@pytest.mark.parametrize("document, raw, kept", [
+    # Tab-indented Python, a line indented with 8 spaces: one tab's width, so it leaves the method.
+    ("class Stack:\n\tdef pop(self):\n\t\t|", "item = self.items.pop()\n        return item\n\tdef push(self):",
+     "item = self.items.pop()"),
+    # Space-indented, a tab-indented line: 8 columns, deeper than the cursor's 4, so it stays.
+    ("def f():\n    |", "a = 1\n\tb = 2\nc = 3", "a = 1\n\tb = 2"),
+    # Tab-indented Go: the bracket closing the block the cursor's line opened is kept.
+    ("func f() {\n\tif ok {|", "\n\t\treturn 1\n\t}\n\treturn 0", "\n\t\treturn 1\n\t}"),
+])
+def test_tab_indented_code_is_cut_in_the_same_place_by_the_engine_and_specd_lsp(document, raw, kept):
+    """A tab is TAB_WIDTH columns in both: the engine's block end and specd-lsp's post-processing
+    are one rule (specd.suggestion_rules)."""
+    offset = document.index("|")
+    text = document.replace("|", "", 1)
+    assert apply(raw, surroundings(text, offset), BoundaryRules().only("block_end"))[0] == kept
+    assert postprocess(raw, context_at(text, offset)).insert_text == kept
+
+
+SHARED = ROOT / "specd" / "suggestion_rules.py"
+# What the suggestion rules define, which no other module of the tree may define again.
+DEFINED_ONCE = {"TAB_WIDTH", "REPEAT_WINDOW", "BRACKETS", "BLOCK_OPENERS", "CLOSERS", "indent_width", "opens_block",
+                "block_end", "suffix_line", "repeated_line", "current_line", "expects_block", "Surroundings",
+                "BoundaryRules"}
+
+
+def _definitions(tree: ast.Module) -> set[str]:
+    """The rules' names ``tree`` defines (functions and classes anywhere, constants at module
+    level), and its literals of the block openers or the bracket pairs."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names = {node.name}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {target.id for target in targets if isinstance(target, ast.Name)}
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            values = [elt.value for elt in node.elts if isinstance(elt, ast.Constant)]
+            names = {"a literal of BLOCK_OPENERS"} if len(values) == len(node.elts) and set(values) == set(
+                BLOCK_OPENERS) else set()
+        elif isinstance(node, ast.Dict):
+            pairs = {(key.value, value.value) for key, value in zip(node.keys, node.values)
+                     if isinstance(key, ast.Constant) and isinstance(value, ast.Constant)}
+            names = {"a literal of BRACKETS"} if pairs and pairs in (set(BRACKETS.items()),
+                                                                     {(b, a) for a, b in BRACKETS.items()}) else set()
+        else:
+            continue
+        found |= {name for name in names if name in DEFINED_ONCE or name.startswith("a literal")}
+    return found
+
+
+def _sources() -> list[Path]:
+    """The tree's source outside tests: the packages and the Python scripts."""
+    scripts = [path for path in (ROOT / "scripts").iterdir()
+               if path.is_file() and path.read_text(encoding="utf-8", errors="replace").startswith("#!/usr/bin/env python")]
+    return [*(ROOT / "specd").rglob("*.py"), *(ROOT / "lsp").rglob("*.py"), *scripts]
+
+
+def test_the_suggestion_rules_are_defined_once_in_the_tree():
+    assert _definitions(ast.parse(SHARED.read_text(encoding="utf-8"))) >= {"BLOCK_OPENERS", "block_end", "TAB_WIDTH"}
+    again = {str(path.relative_to(ROOT)): sorted(found) for path in _sources() if path != SHARED
+             if (found := _definitions(ast.parse(path.read_text(encoding="utf-8"))))}
+    assert again == {}, "defined again outside specd/suggestion_rules.py (import it from there)"
+
+
+def test_a_second_copy_would_be_found():
+    copy = 'BLOCK_OPENERS = ("{", ":")\ndef block_end(text): ...\nif line.endswith((":", "{", "(", "[")): ...\n' \
+           'OPENERS = {"(": ")", "[": "]", "{": "}"}\nCLOSE = {")": "(", "]": "[", "}": "{"}\n'
+    assert _definitions(ast.parse(copy)) == {"BLOCK_OPENERS", "block_end", "a literal of BLOCK_OPENERS",
+                                             "a literal of BRACKETS"}
 
 
 # -- StopRules, token by token --------------------------------------------------------------

@@ -5,6 +5,7 @@ Every import counts, also those inside functions (a lazy import is still a depen
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,14 @@ def test_engine_rooms_import_only_downward(name):
 def test_the_protocol_knows_nothing_of_the_engine():
     for name in (n for n in MODULES if n.startswith("specd.protocol")):
         assert not any(t.startswith(("specd.engine", "specd.daemon")) for t in GRAPH[name]), name
+
+
+def test_the_suggestion_rules_import_only_the_standard_library():
+    """specd.suggestion_rules is shared by the engine, the daemon and specd-lsp, so it imports
+    nothing of specd and nothing any of them could not load."""
+    name = "specd.suggestion_rules"
+    assert GRAPH[name] == set()
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    assert {module.partition(".")[0] for module in imported} <= set(sys.stdlib_module_names)

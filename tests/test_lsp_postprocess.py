@@ -57,6 +57,8 @@ def test_overlap_with_the_suffix_is_trimmed(document, raw, insert):
     ("def f():|\n", "\n    return 1\n\ndef g():\n    pass", "\n    return 1"),
     ("def f():\n    |\n", "y = 1\n    return y\nprint(f())", "y = 1\n    return y"),
     ("class A:\n    def f(self):|\n", "\n        pass\n    def g(self):", "\n        pass"),
+    # A tab is 8 columns (the engine's rule): 8 spaces under two tabs leave the method.
+    ("class A:\n\tdef f(self):\n\t\t|\n", "x = 1\n        return x\n\tdef g(self):", "x = 1"),
 ])
 def test_completions_stop_at_the_end_of_the_block(document, raw, insert):
     assert run(document, raw).insert_text == insert

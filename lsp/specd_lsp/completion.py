@@ -8,9 +8,13 @@ Pure functions on strings, no LSP and no daemon, so each rule is testable on its
   the editor's indentation wins: the line's whole indentation, the blanks after the cursor
   included, is where the completion's first line starts, and the lines after shift with it;
   blanks after the cursor on such a line are replaced, not pushed behind the suggestion;
-- stop at the end of the block (by indentation) and, in single-line mode, at the line end;
+- stop at the end of the block (by indentation; ``specd.suggestion_rules``' rule, the engine's,
+  judged from the line as the editor's indentation leaves it) and, in single-line mode, at the
+  line end;
 - keep brackets balanced: a closer that matches nothing opened before it cuts the completion;
-- trim the overlap with the text after the cursor (the model often re-types it);
+- trim the overlap with the text after the cursor (the model often re-types it): the rest of the
+  cursor's line, and from the first line that equals the next line after the cursor's
+  (``specd.suggestion_rules``' suffix-line rule);
 - drop completions that are empty or only repeat the text after the cursor;
 - when the rest of the line is only closing brackets, quotes and punctuation (``)``, ``")``,
   ``]);``), the suggestion replaces the rest of the line and carries those closers itself,
@@ -24,10 +28,11 @@ cutting a suggestion short rather than leaving it unbalanced.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-OPENERS = {"(": ")", "[": "]", "{": "}"}
-CLOSERS = {")": "(", "]": "[", "}": "{"}
+from specd.suggestion_rules import BRACKETS, Surroundings, block_end, suffix_line, surroundings
+
+OPENER_OF = {closer: opener for opener, closer in BRACKETS.items()}
 QUOTES = "\"'`"
 # What the rest of a line may hold for a suggestion to replace it (auto-paired closers and the
 # punctuation that usually follows them).
@@ -36,7 +41,6 @@ PUNCTUATION = ";,:"
 PREFIX_WINDOW = 4000  # characters before the cursor the bracket scanner looks at
 SUFFIX_WINDOW = 2000  # characters after the cursor kept for overlap checks
 MIN_PARTIAL_OVERLAP = 3  # a shorter tail matching the start of the suffix may be a coincidence
-BLOCK_OPENERS = (":", "{", "(", "[")
 LINE_BREAK = re.compile(r"\r\n|\r|\n")
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 REPLACEMENT = "\ufffd"
@@ -69,9 +73,9 @@ class CursorContext:
         return self.suffix[:match.start()] if match else self.suffix
 
     @property
-    def following_lines(self) -> list[str]:
-        """The lines after the cursor's line."""
-        return LINE_BREAK.split(self.suffix)[1:]
+    def around(self) -> Surroundings:
+        """The cursor's surroundings as the suggestion rules read them."""
+        return surroundings(self.prefix + self.suffix, len(self.prefix))
 
 
 def context_at(text: str, offset: int, before: int = PREFIX_WINDOW, after: int = SUFFIX_WINDOW) -> CursorContext:
@@ -117,9 +121,9 @@ def scan_prefix(text: str) -> BracketState:
             state.quote = ch
         elif ch == "#" or text.startswith("//", index):
             state.comment = True
-        elif ch in OPENERS:
+        elif ch in BRACKETS:
             state.stack.append(ch)
-        elif ch in CLOSERS and state.stack and state.stack[-1] == CLOSERS[ch]:
+        elif ch in OPENER_OF and state.stack and state.stack[-1] == OPENER_OF[ch]:
             state.stack.pop()
         index += 1
     return state
@@ -156,10 +160,10 @@ def balance(completion: str, before: BracketState) -> Balanced:
             quote = ch
         elif ch == "#" or completion.startswith("//", index):
             comment = True
-        elif ch in OPENERS:
+        elif ch in BRACKETS:
             stack.append(ch)
-        elif ch in CLOSERS:
-            if not stack or stack[-1] != CLOSERS[ch]:
+        elif ch in OPENER_OF:
+            if not stack or stack[-1] != OPENER_OF[ch]:
                 return Balanced(completion[:index], consumed)
             stack.pop()
             if len(stack) < outer:
@@ -202,28 +206,20 @@ def keep_editor_indent(completion: str, line_prefix: str, after: str = "") -> st
     return "\n".join([after + lines[0][own:], *later])
 
 
-def cut_at_block_end(completion: str, line_prefix: str) -> str:
-    """Keep the completion inside the block the cursor is in (judged by indentation)."""
-    lines = completion.split("\n")
-    if len(lines) == 1:
-        return completion
-    first = line_prefix + lines[0]
-    base = _indent(first) if first.strip() else len(line_prefix)
-    opens_block = first.rstrip().endswith(BLOCK_OPENERS)
-    kept = [lines[0]]
-    for line in lines[1:]:
-        if not line.strip():
-            kept.append(line)
-            continue
-        indent = _indent(line)
-        if opens_block and indent <= base:
-            if indent == base and line.lstrip()[:1] in CLOSERS:
-                kept.append(line)  # the closing brace of the block the cursor's line opened
-            break
-        if not opens_block and indent < base:
-            break
-        kept.append(line)
-    return "\n".join(kept)
+def cut_at_block_end(completion: str, around: Surroundings) -> str:
+    """Keep the completion inside the block the cursor is in (the shared rule, by indentation).
+
+    The rule measures from the cursor's line as it will stand: on a line of blanks (or an empty
+    one) the completion's first line brings its own indentation (``keep_editor_indent`` has made
+    it the editor's), so that indentation is read as the line prefix's.
+    """
+    lead = ""
+    if not around.line_prefix.strip(" \t"):
+        first = completion.partition("\n")[0]
+        if first.strip():
+            lead = first[: _indent(first)]
+    at = block_end(completion[len(lead):], replace(around, line_prefix=around.line_prefix + lead), finished=True)
+    return completion if at is None else completion[: len(lead) + at]
 
 
 def first_line(text: str) -> str:
@@ -231,8 +227,9 @@ def first_line(text: str) -> str:
     return text[:match.start()] if match else text
 
 
-def trim_suffix_overlap(completion: str, ctx: CursorContext) -> str:
-    """Remove the tail of the completion that re-types the text after the cursor."""
+def trim_suffix_overlap(completion: str, ctx: CursorContext, around: Surroundings) -> str:
+    """Remove what re-types the text after the cursor: the rest of the cursor's line at the
+    completion's end, else everything from the first line that equals the suffix's next line."""
     rest = ctx.line_suffix.rstrip()
     if rest:
         for size in range(len(rest), 0, -1):
@@ -240,14 +237,8 @@ def trim_suffix_overlap(completion: str, ctx: CursorContext) -> str:
                 break
             if completion.endswith(rest[:size]):
                 return completion[:-size]
-    # Whole lines: the completion's last lines equal the lines that follow the cursor's line.
-    lines = completion.split("\n")
-    following = [line.strip() for line in ctx.following_lines if line.strip()]
-    for count in range(min(len(lines) - 1, len(following)), 0, -1):
-        tail = [line.strip() for line in lines[-count:]]
-        if all(tail) and tail == following[:count]:
-            return "\n".join(lines[:-count])
-    return completion
+    at = suffix_line(completion, around, finished=True)  # whole lines: from the suffix's next line on
+    return completion if at is None else completion[:at]
 
 
 # -- the pipeline ----------------------------------------------------------------------------
@@ -281,7 +272,8 @@ def postprocess(
         blank_rest = ""  # (a completion that starts with a line break leaves the line as it is)
     if single_line:
         text = first_line(text)
-    text = cut_at_block_end(text, ctx.line_prefix)
+    around = ctx.around
+    text = cut_at_block_end(text, around)
     balanced = balance(text, scan_prefix(ctx.scan_start))
     text = balanced.text.rstrip()
     consumed = [(index, ch) for index, ch in balanced.consumed if index < len(text)]
@@ -304,7 +296,7 @@ def postprocess(
             return None  # it only re-types the closers already there
         return Suggestion(text + rest, len(line_suffix), text)
 
-    text = trim_suffix_overlap(text, ctx).rstrip()
+    text = trim_suffix_overlap(text, ctx, around).rstrip()
     if line_suffix.strip():
         # Mid-line: a closer that closes a bracket the rest of the line closes would double it.
         for index, ch in consumed:
