@@ -52,6 +52,22 @@ def complete_locally(cfg, text: str, offset: int, path: Path, options: dict[str,
     return out
 
 
+def fetch_default_model(cfg) -> bool:
+    """Fetch the default model here, with its line on stderr, before a daemon is started to serve
+    it (a daemon fetching it would leave the terminal silent for the download); False, with the
+    one-line reason printed, when it cannot be had."""
+    from specd.engine.builtin import DEFAULT, FetchError, fetch, is_fetched
+
+    if cfg["model.target"] or cfg["model.backend"] != "local" or is_fetched(DEFAULT):
+        return True
+    try:
+        fetch(DEFAULT, say=lambda line: print(line, file=sys.stderr, flush=True))
+    except FetchError as err:
+        print(f"specd: {err}", file=sys.stderr)
+        return False
+    return True
+
+
 def run_complete(args, cfg) -> int:
     from specd.engine.types import EngineError, UnsupportedModel
 
@@ -77,6 +93,9 @@ def run_complete(args, cfg) -> int:
     try:
         if not local:
             from specd.client import DaemonUnavailable, RpcError, complete_via_daemon
+
+            if not args.no_spawn and not fetch_default_model(cfg):
+                return EXIT_FAILED
 
             try:
                 result = complete_via_daemon(cfg, text, offset=offset, path=path, options=options,

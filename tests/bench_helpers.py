@@ -29,11 +29,11 @@ def bench_cli(*argv: str, pair=None, corpus=None) -> tuple[int, str, str]:
 
 
 @contextlib.contextmanager
-def module_bench_env(home: Path) -> Iterator[None]:
+def module_bench_env(home: Path, env: dict[str, str] | None = None) -> Iterator[None]:
     """Short prompts and XDG dirs under ``home`` for a module-scoped bench run: it is set up
     before conftest's per-test XDG isolation, so it isolates itself."""
     monkeypatch = pytest.MonkeyPatch()
-    for var, value in SHORT_PROMPTS.items():
+    for var, value in {**SHORT_PROMPTS, **(env or {})}.items():
         monkeypatch.setenv(var, value)
     for var in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR", "XDG_CACHE_HOME"):
         monkeypatch.setenv(var, str(home / var.lower()))

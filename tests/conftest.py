@@ -28,6 +28,9 @@ SAMPLE_SOURCE = Path(__file__).parent / "data" / "sample_module.py"
 # Engines built from the config (the CLI in this process or a child) have their forward paths
 # pinned: the auto choices time forwards at load, and no test's outcome may hang on the clock.
 PINNED_PATHS = {"SPECD_ENGINE_FORWARD_BACKEND": "torch", "SPECD_ENGINE_LLAMACPP_PREFILL": "torch"}
+# A GGUF target with the torch forward pinned runs dequantized on torch; these keep one on
+# llama.cpp's forward (which has no clock-dependent choice to make for a GGUF file).
+GGUF_ON_LLAMACPP = {"SPECD_ENGINE_FORWARD_BACKEND": "llamacpp"}
 
 
 @pytest.fixture(scope="session", autouse=True)

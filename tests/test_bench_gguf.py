@@ -10,6 +10,7 @@ import json
 import pytest
 
 from bench_helpers import bench_cli, module_bench_env
+from conftest import GGUF_ON_LLAMACPP
 from engine_helpers import make_near_draft
 from tiny import make_tiny_pair
 from specd.bench.reference import GGUF_DEFAULT_METHODS, GGUF_REFERENCE, TORCH_REFERENCE, baseline
@@ -43,7 +44,7 @@ def corpus_dir(tmp_path_factory):
 def gguf_report(q8_pair, corpus_dir, tmp_path_factory):
     """One bench run on the Q8_0 pair with the default methods and forward costs."""
     out = tmp_path_factory.mktemp("bench-gguf-out")
-    with module_bench_env(out):
+    with module_bench_env(out, GGUF_ON_LLAMACPP):
         code, stdout, stderr = bench_cli("--limit", "1", "--max-tokens", "8", "--json", pair=q8_pair, corpus=corpus_dir)
     assert code == 0, stderr
     return json.loads(stdout)
@@ -90,7 +91,9 @@ def test_forward_costs_on_a_gguf_target_are_llama_cpps_path(gguf_report):
     assert costs["cap"] < costs["window"] and all(ms > 0 for ms in costs["target"]["paths"]["llamacpp"]["forward_ms"]["512"].values())
 
 
-def test_an_hf_method_on_a_gguf_target_is_one_line(q8_pair, capsys):
+def test_an_hf_method_on_a_gguf_target_is_one_line(q8_pair, capsys, monkeypatch):
+    for var, value in GGUF_ON_LLAMACPP.items():
+        monkeypatch.setenv(var, value)
     code, stdout, stderr = bench_cli("--methods", "specd,hf_assisted", "--limit", "1", pair=q8_pair)
     assert code == 2 and not stdout
     lines = [line for line in stderr.splitlines() if line.strip()]

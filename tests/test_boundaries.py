@@ -301,7 +301,7 @@ def test_readme_command_one_prints_no_line_twice():
 
     text = (Path(__file__).parent.parent / "examples" / "stack.py").read_text()
     offset = len("".join(text.splitlines(keepends=True)[:8])) + 8
-    engine = Engine(EngineOptions(device="cpu", time_budget_ms=600_000, forward_backend="torch"))
+    engine = Engine(EngineOptions(target="demo", device="cpu", time_budget_ms=600_000, forward_backend="torch"))
     engine.ensure_loaded()
     result = engine.complete(CompletionRequest(text=text, offset=offset, max_tokens=40))
     lines = [line.strip() for line in result.text.splitlines() if line.strip()]

@@ -11,6 +11,7 @@ vocabularies of llama.cpp's ``ggml-vocab-*.gguf`` files (tests/real_vocab.py).
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import GGUF_ON_LLAMACPP
 from engine_helpers import make_drafting_free, make_near_draft
 from real_vocab import llama_cpp_cases
 from tiny import make_tiny_pair
@@ -222,7 +224,8 @@ def test_the_cli_prints_one_line_and_exits_2_on_an_unsupported_file(gguf_files, 
     source = tmp_path / "x.py"
     source.write_text("def f(x):\n    return x\n")
     proc = subprocess.run([sys.executable, "-m", "specd", "complete", str(source), "--line", "2", "--col", "4",
-                           "--model", str(bad)], capture_output=True, text=True, timeout=300)
+                           "--model", str(bad)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **GGUF_ON_LLAMACPP})
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "odd-type.gguf" in lines[0] and "ggml type 31" in lines[0], proc.stderr
@@ -236,7 +239,7 @@ def test_specd_complete_with_a_gguf_model(gguf_files, tmp_path):
     source.write_text("import os\n\n\ndef list_files(root):\n    return \n")
     proc = subprocess.run([sys.executable, "-m", "specd", "complete", str(source), "--line", "5", "--col", "11",
                            "--model", str(target), "--draft-model", str(draft), "--max-tokens", "8", "--json"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **GGUF_ON_LLAMACPP})
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["via"] == "local" and result["models"]["dtype"] == "gguf Q8_0"
@@ -246,7 +249,7 @@ def test_specd_complete_with_a_gguf_model(gguf_files, tmp_path):
 def test_doctor_says_the_target_is_a_gguf_file(gguf_files):
     target, draft = gguf_files("qwen2", "q8_0")
     proc = subprocess.run([sys.executable, "-m", "specd", "doctor", "--model", str(target), "--draft-model", str(draft)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env={**os.environ, **GGUF_ON_LLAMACPP})
     assert proc.returncode == 0, proc.stderr
     assert "a GGUF file, Q8_0, llama.cpp architecture qwen2, llama.cpp's tokenizer" in proc.stdout
     assert "target forward: llamacpp (llama.cpp on" in proc.stdout and "GGUF Q8_0" in proc.stdout
@@ -257,7 +260,8 @@ def test_the_daemon_serves_a_gguf_pair(gguf_files, tmp_path):
     from daemon_helpers import DaemonProcess
 
     target, draft = gguf_files("qwen2", "q8_0")
-    config = {**SHARED_DAEMON_CONFIG, "model.target": target, "model.draft": draft}
+    config = {**SHARED_DAEMON_CONFIG, "model.target": target, "model.draft": draft,
+              "engine.forward_backend": "llamacpp"}
     daemon = DaemonProcess(tmp_path, engine="real", config=config).start(timeout=120)
     try:
         with daemon.client() as client:

@@ -16,7 +16,7 @@ SOURCES = {"specd": ROOT / "specd", "specd_lsp": ROOT / "lsp" / "specd_lsp"}
 # Inside specd.engine, from the top down: a room may import the rooms after it, never before.
 ENGINE_ROOMS = ["loading", "engine", "remote", "front", "speculation", "caches", "forward"]
 # Foundations any room may import.
-ENGINE_FOUNDATIONS = {"types", "options", "models", "compat", "lookup"}
+ENGINE_FOUNDATIONS = {"types", "options", "models", "compat", "lookup", "builtin"}
 # What the engine, a plain library, never reaches.
 OUTSIDE_THE_ENGINE = ("specd.daemon", "specd.protocol", "specd.cli", "specd.client", "specd_lsp", "specd.bench")
 

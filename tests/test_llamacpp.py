@@ -258,7 +258,7 @@ def test_bench_states_specd_against_llama_cpp(monkeypatch, demo_pair):
     reuse on edit replay, ratios and the llama.cpp goal in the report."""
     for name, value in SHORT_PROMPTS.items():
         monkeypatch.setenv(name, value)
-    code, out, err = bench_cli("--workloads", "edit_replay", "--limit", "2", "--max-tokens", "16",
+    code, out, err = bench_cli("--model", "demo", "--workloads", "edit_replay", "--limit", "2", "--max-tokens", "16",
                                "--methods", "hf_greedy,llamacpp,llamacpp_lookup,specd,specd_llamacpp",
                                "--no-forward-costs",
                                "--json")

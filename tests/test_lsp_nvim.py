@@ -95,7 +95,8 @@ def test_neovim_on_a_daemon_serving_gguf_files(nvim, tiny_root, tmp_path):
     target, draft = make_tiny_pair(tiny_root / "llama", "llama")
     files = [export_gguf(model, tmp_path / f"{role}.q8_0.gguf", dtype="q8_0").path
              for role, model in (("target", target), ("draft", draft))]
-    config = {**SHARED_DAEMON_CONFIG, "model.target": files[0], "model.draft": files[1]}
+    config = {**SHARED_DAEMON_CONFIG, "model.target": files[0], "model.draft": files[1],
+              "engine.forward_backend": "llamacpp"}
     gguf_daemon = DaemonProcess(tmp_path / "daemon", engine="real", config=config).start(timeout=120)
     try:
         with gguf_daemon.client() as client:

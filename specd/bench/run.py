@@ -75,12 +75,32 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
-def _load_engine(cfg):
+class _ModelUnavailable(Exception):
+    pass
+
+
+def _resolve(cfg) -> tuple[str, str]:
+    """The files the configured models load as (``resolve_models``: the default model, the demo
+    pair, a GGUF file dequantized for torch), so the baseline is chosen for what really runs."""
+    from specd.engine.engine import resolve_models
+    from specd.engine.options import EngineOptions
+    from specd.engine.types import EngineError
+
+    try:
+        return resolve_models(EngineOptions.from_config(cfg))
+    except EngineError as err:
+        raise _ModelUnavailable(str(err)) from None
+
+
+def _load_engine(cfg, target: str, draft: str):
+    """The engine on ``target`` / ``draft`` as ``resolve_models`` named them."""
+    from dataclasses import replace
+
     from specd.engine.engine import Engine
     from specd.engine.options import EngineOptions
 
-    engine = Engine(EngineOptions.from_config(cfg))
-    engine.ensure_loaded()  # the embedded demo pair when no model is configured
+    engine = Engine(replace(EngineOptions.from_config(cfg), target=target, draft=draft))
+    engine.ensure_loaded()
     return engine
 
 
@@ -324,18 +344,21 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
         if costs_only and getattr(args, "no_forward_costs", False):
             raise ValueError("--forward-costs-only and --no-forward-costs exclude each other")
         workload_names = names_of(args.workloads, WORKLOADS, "workload")
-        target, draft = cfg["model.target"], cfg["model.draft"]
-        chosen = baseline(target, draft)
         requested = names_of(args.methods, ALL_METHODS, "method") if args.methods else None
-        method_names = chosen.methods(requested, target or draft)
-        if requested and chosen.reference not in requested:
-            log.info("also running %s: every method's output is compared with it", chosen.reference)
         if args.limit < 1 or args.max_tokens < 1:
             raise ValueError("--limit and --max-tokens must be at least 1")
         files = [] if costs_only else load_corpus(args.corpus)
+        target, draft = _resolve(cfg)
+        chosen = baseline(target, draft)
+        method_names = chosen.methods(requested, target or draft)
+        if requested and chosen.reference not in requested:
+            log.info("also running %s: every method's output is compared with it", chosen.reference)
     except ValueError as err:
         print(f"specd bench: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except _ModelUnavailable as err:
+        print(f"specd bench: {err}", file=sys.stderr)
+        return EXIT_MODEL
     if not files and not costs_only:
         print(f"specd bench: no usable source files in {args.corpus or 'the held-out stdlib modules'}",
               file=sys.stderr)
@@ -349,17 +372,17 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
 
     previous_threads = torch.get_num_threads()
     try:
-        return _bench(args, cfg, files, workload_names, method_names, chosen.reference, started)
+        return _bench(args, cfg, (target, draft), files, workload_names, method_names, chosen.reference, started)
     finally:
         torch.set_num_threads(previous_threads)  # in-process callers (tests) get theirs back
 
 
-def _bench(args: argparse.Namespace, cfg, files, workload_names: list[str], method_names: list[str],
+def _bench(args: argparse.Namespace, cfg, models: tuple[str, str], files, workload_names: list[str], method_names: list[str],
            reference: str, started: float) -> int:
     from specd.engine.types import EngineError, ModelLoadError
 
     try:
-        engine = _load_engine(cfg)
+        engine = _load_engine(cfg, *models)
     except ModelLoadError as err:
         print(f"specd bench: {err}", file=sys.stderr)
         return EXIT_MODEL

@@ -31,14 +31,15 @@ from specd.engine.caches import CacheStore, DocumentState, KVState, common_prefi
 from specd.engine.lookup import NgramIndex
 from specd.engine.forward.auto import choose_auto
 from specd.engine.forward.choose import choose_forward_path, llamacpp_forward
-from specd.engine.models import ModelPair, StartupTimes, load_pair
+from specd.engine.models import ModelPair, StartupTimes, stderr_is_terminal, load_pair
 from specd.engine.options import FORWARD_OPTIONS, EngineOptions
 from specd.engine.front.prompt import Prompt
 from specd.engine.speculation.sampling import SamplingParams
 from specd.engine.front.boundaries import rules_for, surroundings
 from specd.engine.front.stops import StopRules
 from specd.engine.types import (Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, Progress,
-                                SourceStats, run_to_end)
+                                SourceStats, UnsupportedModel, run_to_end)
+from specd.llamacpp.gguf import is_gguf_name
 
 log = logging.getLogger(__name__)
 
@@ -464,7 +465,7 @@ class Engine(Fronted):
 
     def stats(self) -> dict[str, Any]:
         pair = self.pair
-        info = pair.describe() if pair else {"target": self.options.target or "demo", "draft": self.options.draft}
+        info = pair.describe() if pair else {"target": self.options.target or "default", "draft": self.options.draft}
         if pair is not None:  # which forward runs each model, where only "models" is passed on (daemon status)
             info["forward"] = {role: path.name for role, (path, _) in self.paths.items()}
         with self._lock:
@@ -584,16 +585,46 @@ def set_cpu_threads(threads: int) -> None:
 
 
 def _load_from_options(options: EngineOptions) -> ModelPair:
-    target, draft = options.target, options.draft
-    if not target:
-        from specd.demo import demo_pair_paths
-
-        paths = demo_pair_paths()
-        if paths is None:
-            raise ModelLoadError("no model configured (model.target) and the embedded demo pair is not "
-                                 "built; set model.target to a local dir or hub id, or run `specd train-demo`")
-        log.warning("no model configured: using the embedded demo pair (a tiny model trained on the Python "
-                    "standard library). Set model.target / model.draft in %s for a real code model, "
-                    "e.g. Qwen/Qwen2.5-Coder-1.5B with Qwen/Qwen2.5-Coder-0.5B as draft.", "config.toml")
-        target, draft = str(paths[0]), draft or str(paths[1])
+    target, draft = resolve_models(options)
     return load_pair(target, draft or None, options.device, options.dtype, options.trust_remote_code)
+
+
+def resolve_models(options: EngineOptions) -> tuple[str, str]:
+    """What ``model.target`` / ``model.draft`` load as: the default model's file (fetched on
+    first use) for an empty target, the demo pair's folders for ``demo``, and a GGUF file's
+    dequantized folder where it runs on torch (``gguf_on_torch``). The bench resolves with this
+    too, so its reference follows the weights the engine really runs."""
+    from specd.engine.builtin import DEFAULT, FetchError, resolve_names
+
+    if not options.target:
+        log.info("no model configured (model.target): serving the default, %s", DEFAULT.describe())
+    try:
+        target, draft = resolve_names(options.target, options.draft, say=log.info)
+    except FetchError as err:
+        raise ModelLoadError(str(err)) from None
+    if is_gguf_name(target) and gguf_on_torch(options):
+        target, draft = dequantized(target, "target"), dequantized(draft, "draft") if draft else draft
+    return target, draft
+
+
+def gguf_on_torch(options: EngineOptions) -> bool:
+    """Whether a GGUF target runs on torch's forward, its weights dequantized: where the options
+    pin torch, name a device llama.cpp's CPU backend does not serve, find a GPU, or where
+    llama-cpp-python is not installed."""
+    from specd.llamacpp.runtime import available
+
+    if options.forward_backend == "torch" or options.device not in ("auto", "cpu"):
+        return True
+    if options.device == "auto" and torch.cuda.is_available():
+        return True
+    return not available()
+
+
+def dequantized(name: str, role: str) -> str:
+    """The transformers folder of GGUF file ``name``, converted once (``specd.llamacpp.dequantize``)."""
+    from specd.llamacpp.dequantize import DequantizeError, dequantized_folder
+
+    try:
+        return str(dequantized_folder(name, progress=stderr_is_terminal()))
+    except DequantizeError as err:
+        raise UnsupportedModel(f"{role} model {err}") from None

@@ -181,7 +181,7 @@ def _reason(err: Exception) -> str:
     return first
 
 
-def _stderr_is_terminal() -> bool:
+def stderr_is_terminal() -> bool:
     try:
         return sys.stderr is not None and sys.stderr.isatty()
     except (AttributeError, ValueError, OSError):  # replaced, or closed
@@ -195,7 +195,7 @@ def _progress_bars_only_on_a_terminal():
     disk) would fail the load itself, so they are off for the load and restored after."""
     from transformers.utils import logging as hf_logging
 
-    if _stderr_is_terminal() or not hf_logging.is_progress_bar_enabled():
+    if stderr_is_terminal() or not hf_logging.is_progress_bar_enabled():
         yield
         return
     hf_logging.disable_progress_bar()  # the hub's bars too
