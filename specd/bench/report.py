@@ -24,6 +24,7 @@ import statistics
 from typing import Any, Iterable
 
 from specd.bench.costs import format_forward_costs
+from specd.bench.near_ties import NEAR_TIE
 from specd.bench.peers import ABLATIONS, HF_PEERS, LLAMACPP_PEERS, PEERS, Run
 from specd.bench.reference import REFERENCE_MEANING, TORCH_REFERENCE
 from specd.engine.speculation.agreement import Agreement
@@ -244,6 +245,9 @@ def _identical_cell(method: str, s: dict[str, Any], reference: str) -> str:
     if method == reference:
         return "ref"
     if not s["identical"]:
+        ties = s.get("near_ties")
+        if ties:  # flips against llama.cpp's greedy: near-ties apart from defects
+            return f"NO ({s['mismatches']}: {ties['near_ties']} tie)"
         return f"NO ({s['mismatches']})"
     return "yes" if s["matched_nonempty"] else "vacuous"  # only empty references were matched
 
@@ -257,7 +261,9 @@ def format_table(report: dict[str, Any]) -> str:
         f"{settings['corpus']}, FIM layout {report.get('fim_layout', '?')}; ratios are peer median / method "
         "median (>1 = faster than that peer); decode = the time after the first token",
         f"identical = token for token the output of the reference, {reference} "
-        f"({REFERENCE_MEANING.get(reference, '?')})",
+        f"({REFERENCE_MEANING.get(reference, '?')})"
+        + (f"; NO (n: k tie): of n outputs that part from it, k at a near-tie (the two tokens within "
+           f"{NEAR_TIE} logits in llama.cpp's one-row decode: batch-width rounding)" if reference == "llamacpp" else ""),
     ]
     agreement = report.get("draft_agreement")
     if agreement:

@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+from specd.bench import near_ties
 from specd.bench import report as reporting
 from specd.bench.costs import measure_forward_costs
 from specd.bench.peers import (ALL_METHODS, NEEDS_DRAFT, NEEDS_LLAMACPP, PROMPT_LOOKUP_MAX_NGRAM,
@@ -226,11 +227,13 @@ def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]
             runs: dict[str, list[Run]] = {m.name: [] for m in methods}
             lengths: list[int] = []
             healed: list[str] = []
+            prompts: list[list[int]] = []
             last_use = {item.doc: i for i, item in enumerate(items)}
             for i, item in enumerate(items):
                 prompt = _prompt_ids(engine, item)
                 lengths.append(len(prompt))
                 healed.append(prompt.healed)
+                prompts.append(list(prompt))
                 shift = turn % len(methods)
                 for method in methods[shift:] + methods[:shift]:
                     runs[method.name].append(method.run(item, prompt))
@@ -238,8 +241,21 @@ def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]
                     _close(engine, methods, item.doc)
                 turn += 1
                 bar.update()
-            results[name] = (runs, lengths, [item.label for item in items], [item.expected for item in items], healed)
+            results[name] = (runs, lengths, [item.label for item in items], [item.expected for item in items], healed,
+                             prompts)
     return results
+
+
+def _count_near_ties(summary: dict[str, Any], slot, runs: dict[str, list[Run]], prompts: list[list[int]],
+                     reference: str) -> None:
+    """Each method's flips against llama.cpp's greedy, near-ties apart (``near_ties``)."""
+    expected = [run.tokens for run in runs[reference]]
+    for method, stats in summary["methods"].items():
+        if method == reference:
+            continue
+        outputs = [run.tokens for run in runs[method]]
+        stats["near_ties"] = near_ties.summarize(
+            near_ties.flip_margins(slot, prompts, outputs, expected, stats["mismatched_at"]))
 
 
 def prompt_layout(engine) -> str:
@@ -412,9 +428,12 @@ def _bench(args: argparse.Namespace, cfg, models: tuple[str, str], files, worklo
     report = _metadata(args, engine, time.monotonic() - started, reference)
     decode = engine.pair.tokenizer.decode
     report["workloads"] = {}
-    for name, (runs, lengths, labels, expected, healed) in results.items():
+    slot = next((getattr(m, "slot", None) for m in methods if m.name == reference), None)
+    for name, (runs, lengths, labels, expected, healed, prompts) in results.items():
         if lengths:
             summary = reporting.summarize_workload(runs, lengths, labels, reference)
+            if slot is not None:  # llama.cpp's greedy is the reference: flips measured at its one-row decode
+                _count_near_ties(summary, slot, runs, prompts, reference)
             # What the editor would show: the output after the re-typed (healed) text.
             shown = [decode(r.tokens)[len(cut):] for r, cut in zip(runs[reference], healed)]
             summary["quality"] = reporting.quality(shown, expected)

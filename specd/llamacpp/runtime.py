@@ -215,6 +215,17 @@ class LlamaSlot:
         logits = np.ctypeslib.as_array(llama._ctx.get_logits(), shape=(rows * self.n_vocab,))
         return logits.reshape(rows, self.n_vocab).copy()
 
+    def step_logits(self, prompt: list[int], generated: list[int]) -> np.ndarray:
+        """The logits after ``prompt + generated`` as plain greedy decoding computes them: the
+        prompt in one batch, then each generated token in a forward of its own (the path whose
+        rounding the bench's ``llamacpp`` reference follows). Starts from an empty cache."""
+        self.forget()
+        row = self._decode(list(prompt), 1)[-1]
+        for token in generated:
+            row = self._decode([token], 1)[-1]
+        self.forget()
+        return row
+
     @staticmethod
     def _pick(row: np.ndarray, allowed) -> int:
         if allowed is None:
