@@ -37,6 +37,10 @@ RELAX = 0.02  # per step a kind could have drafted but did not, its counts move 
 CALIBRATION_WIDTHS = (1, 2, 4, 8, 12, 16, 24, 32)
 CALIBRATION_CONTEXT = SAMPLE_TOKENS  # tokens of context behind the calibration forwards
 CALIBRATION_REPEATS = 3  # per width, after one warm-up forward; the median counts
+# The timed rounds after the warm-up take about this long at most: a model whose round of widths
+# is dear (a real model on a CPU) is timed once per width, since start-up waits on it and every
+# step after it re-times width 1 and scales the table (``ForwardCosts.record_target``).
+CALIBRATION_BUDGET_MS = 1500.0
 # Draft catch-ups at least this long teach the per-token rate. A shorter one costs about a draft
 # step, whose own cost moves by more than the catch-up adds: measured in the decode loop on the
 # real-shaped stand-in, a 3-token catch-up read as 0.62 ms a token where 1,073 tokens cost 0.025.
@@ -273,11 +277,10 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
     # Rounds over every width, not every width's repeats in a row: a busy moment of a shared
     # machine then slows one round of all widths rather than all of one width's forwards (a
     # 2-token verify timed at twice its cost kept the draft model priced out for good).
-    for width in widths:  # the warm-up round: first calls of a shape allocate
-        verify_ms(width)
+    warm_ms = sum(verify_ms(width) for width in widths)  # the warm-up round: first calls of a shape allocate
     head_ms.clear()
     times: dict[int, list[float]] = {width: [] for width in widths}
-    for _ in range(CALIBRATION_REPEATS):
+    for _ in range(max(1, min(CALIBRATION_REPEATS, int(CALIBRATION_BUDGET_MS // max(warm_ms, 1e-3))))):
         for width in widths:
             times[width].append(verify_ms(width))
     for width in widths:
