@@ -266,3 +266,42 @@ def test_healing_allows_exactly_the_tokens_that_retype_the_cut(real_vocab, base)
     for rest in cuts:
         for newline in ("\n", "\r\n"):
             assert vocabulary.allowed(rest, newline).tolist() == expected(rest, newline), (rest, newline)
+
+
+def _metaspace_first_copy(source, out):
+    """``source``'s tokenizer as newer Llama tokenizer.json files write it: Metaspace with
+    ``prepend_scheme="first"``, which gives a text that starts with a space no implicit space."""
+    import shutil
+
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
+
+    shutil.copytree(source, out)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first", split=False)
+    tok.save(str(out / "tokenizer.json"))
+    return out
+
+
+def test_a_prefix_window_starting_at_an_indented_line_keeps_its_indentation(real_vocab, tmp_path):
+    """Meta's infilling_prompt_tokens encodes the prefix as SentencePiece does: its implicit
+    space, then the text, so a window that starts at an indented line keeps every space of it.
+    A Metaspace tokenizer with prepend_scheme "first" drops that space before a leading space;
+    the prompt's ids must still be SentencePiece's (the Prepend normalizer's here)."""
+    from transformers import AutoTokenizer
+
+    from specd.engine.front.prompt import TEMPLATES, PromptBuilder, drops_leading_space
+
+    faithful = AutoTokenizer.from_pretrained(real_vocab.tokenizer_dir("codellama"))
+    first = AutoTokenizer.from_pretrained(_metaspace_first_copy(real_vocab.tokenizer_dir("codellama"), tmp_path / "first"))
+    assert not drops_leading_space(faithful) and drops_leading_space(first)
+    lines = [f"def f{i}(x):\n    return x + {i}\n" for i in range(40)]  # lines 32 and 64 (window starts) are indented
+    text = "import os\n" + "".join(lines) + "def g():\n    "
+    prompts = [PromptBuilder(tok, TEMPLATES["codellama"], prefix_tokens=280, suffix_tokens=0, layout="psm")
+               .build(text, len(text), heal=False) for tok in (faithful, first)]
+    assert prompts[0].prefix_start == prompts[1].prefix_start > 0
+    assert text[prompts[0].prefix_start:].startswith("    return x")
+    assert prompts[1].ids == prompts[0].ids
+    # SentencePiece's implicit space and the line's four: five in all before "return".
+    assert "".join(faithful.convert_ids_to_tokens(prompts[0].ids[2:4])) == "▁▁▁▁▁return"

@@ -137,6 +137,7 @@ TEMPLATES: dict[str, FimTemplate] = {
     # (SmolLM2): the prefix after a file header, as such a model read code in training. Without
     # the header a fresh indented line reads as the end of a chat answer's code block.
     "plain-files": FimTemplate("plain-files", (PREFIX,), repo_name="<repo_name>", file_sep="<file_sep>",
+                               stop_tokens=("<|endoftext|>", "<file_sep>", "<repo_name>", "<filename>"),
                                marker="<file_sep>", file_header=True),
     # Any causal LM without FIM tokens: complete from the prefix alone.
     "plain": FimTemplate("plain", (PREFIX,), stop_tokens=()),
@@ -189,6 +190,15 @@ def document_newline(text: str) -> str:
     return "\r\n" if first > 0 and text[first - 1] == "\r" else "\n"
 
 
+def drops_leading_space(tokenizer) -> bool:
+    """Whether the tokenizer gives a text that starts with a space no implicit space of its own
+    (``tokenizers``' Metaspace with ``prepend_scheme="first"``, as newer Llama tokenizer.json
+    files have it): " x" then reads "x", where SentencePiece itself, whose ids the models were
+    trained on, prepends its space to every text and keeps " x"."""
+    ids = tokenizer.encode(" x", add_special_tokens=False)
+    return bool(ids) and tokenizer.decode(ids) == "x"
+
+
 def implicit_space(tokenizer) -> bool:
     """Whether the tokenizer starts every text with a space of its own (SentencePiece's
     ``add_dummy_prefix``): "x" then reads " x" when decoded after another token."""
@@ -213,6 +223,9 @@ class PromptBuilder:
         self._marker_ids: list[int] | None = None
         if implicit_space(tokenizer):
             self._marker_ids = tokenizer.encode(CONTINUATION_MARKER, add_special_tokens=False)
+        # A text's start encoded as SentencePiece does it, implicit space included, where the
+        # tokenizer leaves that space out before a leading space (``drops_leading_space``).
+        self._start_space = self._marker_ids is not None and drops_leading_space(tokenizer)
         self._memo: OrderedDict[tuple[bool, str], list[int]] = OrderedDict()  # text -> ids, see encode
         # Prefix windows (text, grid starts, budget) -> (start, ids): in the anchored layout the
         # prefix ends at an anchor that stays put while the user types, so successive keystrokes
@@ -254,12 +267,18 @@ class PromptBuilder:
             ids = ids[len(marker):] if ids[:len(marker)] == marker else \
                 self.tokenizer.encode(text, add_special_tokens=False)
         else:
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            ids = self.tokenizer.encode(self._as_start(text), add_special_tokens=False)
         with self._memo_lock:
             self._memo[key] = ids
             if len(self._memo) > ENCODE_MEMO:
                 self._memo.popitem(last=False)
         return list(ids)
+
+    def _as_start(self, text: str) -> str:
+        """What to encode for ``text`` as a text's start: one more space before a leading space
+        where the tokenizer would drop SentencePiece's implicit one (its ids are then
+        SentencePiece's)."""
+        return " " + text if self._start_space and text.startswith(" ") else text
 
     def special(self, token: str) -> list[int]:
         token_id = self.tokenizer.convert_tokens_to_ids(token)
@@ -324,8 +343,10 @@ class PromptBuilder:
         for start in starts:
             if len(token_starts) - bisect.bisect_left(token_starts, start) > budget + 2:
                 continue
-            # The first start's ids are the ones just computed (the same text).
-            ids = list(encoded["input_ids"]) if start == 0 else self.encode(window[start:])
+            if start or self._as_start(window) != window:
+                ids = self.encode(window[start:])
+            else:  # the ids just computed (the same text)
+                ids = list(encoded["input_ids"])
             if len(ids) <= budget:
                 return start, ids
         return 0, None
