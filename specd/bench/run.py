@@ -180,7 +180,9 @@ def _prompt_ids(engine, item: Completion) -> PromptIds:
     sits): the engine answers under a key of the bench's own, which sees the same sequence of
     requests as each specd method's document."""
     chunks, path = context_chunks(engine, item)
-    prompt = engine.build_prompt(PROMPT_KEY.format(doc=item.doc), item.text, item.offset, chunks, path)
+    key = PROMPT_KEY.format(doc=item.doc)
+    # Without a path the engine names the file by its document key, as it does a request's URI.
+    prompt = engine.build_prompt(key, item.text, item.offset, chunks, path or key)
     return PromptIds(prompt.ids, healed=prompt.healed, chunks=chunks, path=path, newline=prompt.newline)
 
 

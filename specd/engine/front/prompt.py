@@ -32,7 +32,7 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from specd.engine.types import ContextChunk, EngineError
 
@@ -182,6 +182,14 @@ class Prompt:
     forced: int = 0  # tokens at the end of ids that re-type text[anchor:cursor] after the middle token
     healed: str = ""  # text before the cursor cut from the prompt (token healing): output re-types it
     newline: str = "\n"  # the document's line break ("\r\n" when its first one is), kept by the output
+
+
+def file_name(path: str | None) -> str:
+    """The name a file's own header gives it: the last part of its path or URI (what the path
+    says of the language, and the same wherever the project lives), "current" without one."""
+    if not path:
+        return "current"
+    return PurePosixPath(path.split("://", 1)[-1]).name or "current"
 
 
 def document_newline(text: str) -> str:
@@ -370,7 +378,7 @@ class PromptBuilder:
         if not chunks:
             if not self.template.file_header:
                 return [], []
-            return self.special(self.template.file_sep) + self.encode(f"{path or 'current'}\n"), []
+            return self.special(self.template.file_sep) + self.encode(f"{file_name(path)}\n"), []
         ids: list[int] = []
         used: list[str] = []
         for chunk in chunks:
