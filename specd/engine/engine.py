@@ -21,6 +21,7 @@ from specd.engine import compat
 from specd.engine.front.corpus import OpenBuffers
 from specd.engine.front.engine_front import EngineFront, Fronted
 from specd.engine.speculation.agreement import NO_SAMPLE_CONFIDENCE, Agreement, choose_confidence, code_sample
+from specd.engine.speculation.calibration_cache import cached_calibration, model_stamp
 from specd.engine.speculation.costs import calibrate
 from specd.engine.speculation import drafters
 from specd.engine.speculation.loop import MERGED_PREFILL, decode_steps
@@ -78,6 +79,7 @@ class Engine(Fronted):
         self.startup = StartupTimes()  # what the last load spent where (``_install``)
         self.import_s: float | None = None  # importing the engine's modules, when the loader measured it
         self.healing_source = ""  # where the healing table's texts came from (``healing_vocabulary``)
+        self.costs_cached = False  # whether the last load's forward costs came from the cache
         if pair is not None:
             self._install(pair, paths)
 
@@ -106,11 +108,12 @@ class Engine(Fronted):
             detail = why or path.description
             log.info("%s forward: %s%s", role, path.name, f" ({detail})" if detail else "")
         with times.step("forward costs"):
-            # On a sample of code, so the draft model's agreement with the target is measured too.
-            calibration = calibrate(
+            # On a sample of code, so the draft model's agreement with the target is measured too;
+            # kept for the next load of the same models on the same paths (``calibration_cache``).
+            calibration, self.costs_cached = cached_calibration(self._calibration_key(), lambda: calibrate(
                 lambda: self._kv("target"), (lambda: self._kv("draft")) if pair.draft is not None else None,
                 pair.input_vocab(), self._widest_verify(), pair.device,
-                context=code_sample(self.prompts.encode, pair.input_vocab()), target_rows=self.vocab_size)
+                context=code_sample(self.prompts.encode, pair.input_vocab()), target_rows=self.vocab_size))
         costs, sample = calibration.costs, calibration.sample
         self.draft_confidence = self.options.draft_confidence
         if self.draft_confidence == "auto":
@@ -120,7 +123,7 @@ class Engine(Fronted):
         # The draft model's prior acceptance is what was measured (``agreement``), not a guess.
         priors = {drafters.ModelDrafter.source: self.agreement.prior} if self.agreement else {}
         self.planning = PlannerMemory(costs, priors=priors)
-        log.info("forward costs: %s", costs.describe())
+        log.info("forward costs%s: %s", " (kept from an earlier load)" if self.costs_cached else "", costs.describe())
         if self.agreement is not None:
             log.info("draft model %s: its prior acceptance", self.agreement_line())
         for path, _ in self.paths.values():  # which forwards to record is learnt from requests
@@ -130,6 +133,19 @@ class Engine(Fronted):
         log.info("engine ready: target %s, draft %s, FIM family %s (%s layout), device %s",
                  pair.target_name, pair.draft_name, self.template.name, self.prompts.layout, pair.device)
         log.info("start-up: %s (%.2f s; healing table %s)", times.describe(), times.total(), self.healing_source)
+
+    def _calibration_key(self) -> list | None:
+        """What a kept calibration must match: both models' files, the forward paths that run
+        them and the options that choose those, the precision, the device, the threads and the
+        widths calibrated; None where a model is not a file on this disk."""
+        pair = self.pair
+        stamps = [model_stamp(pair.target_name), model_stamp(pair.draft_name)]
+        if None in stamps:
+            return None
+        paths = [(role, path.name) for role, (path, _) in sorted(self.paths.items())]
+        settings = [getattr(self.options, name) for name in FORWARD_OPTIONS]
+        return [*stamps, paths, settings, pair.dtype, pair.device, torch.get_num_threads(), self.options.threads,
+                torch.__version__, self._widest_verify(), self.vocab_size]
 
     def _widest_verify(self) -> int:
         """The widest target forward the planner may run: a chain, or a token tree of
