@@ -159,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", metavar="DIR", help="source files (default: held-out stdlib modules)")
     p.add_argument("--kinds", help="comma-separated: fresh_line, line_end, mid_line, body_first, multi_file")
     p.add_argument("--variants", help="comma-separated: healing, no_healing, psm, anchored, spm, context, "
-                                      "no_context (default: all the family serves)")
+                                      "no_context, plain_window (the same model given a plain prefix/suffix "
+                                      "window, no healing, no boundaries: what llama.vim sends) (default: all "
+                                      "the family serves)")
     p.add_argument("--limit", type=int, default=10, help="cases per cursor kind (default: 10)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per completion")
     p.add_argument("--seed", type=int, default=0, help="case sampling seed")

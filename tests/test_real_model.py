@@ -175,10 +175,12 @@ def test_eval_scores_the_real_models_suggestions(gguf, corpus, capsys, monkeypat
     for var, value in GGUF_ON_LLAMACPP.items():
         monkeypatch.setenv(var, value)
     code = main(["eval", "--model", str(gguf), "--corpus", str(corpus), "--kinds", "fresh_line,line_end",
-                 "--limit", "2", "--variants", "healing", "--max-tokens", "16", "--json"])
+                 "--limit", "2", "--variants", "healing,plain_window", "--max-tokens", "16", "--json"])
     out = capsys.readouterr().out
     assert code == 0
     report = json.loads(out)
-    assert report["cases"] == 4 and list(report["variants"]) == ["healing"]
-    scored = report["variants"]["healing"]["all"]
-    assert scored["cases"] == 4 and len(report["completions"]["healing"]) == 4
+    assert report["cases"] == 4 and list(report["variants"]) == ["healing", "plain_window"]
+    assert report["variants"]["healing"]["all"]["cases"] == 4
+    # The plain window is the prefix alone: no file header (its three tokens at least), no cut token.
+    for ours, plain in zip(report["completions"]["healing"], report["completions"]["plain_window"]):
+        assert ours["prompt_tokens"] >= plain["prompt_tokens"] + 2, (ours, plain)

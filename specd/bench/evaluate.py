@@ -65,7 +65,11 @@ from specd.bench.workloads import SourceFile, _functions, function_body_lines, l
 log = logging.getLogger(__name__)
 
 KINDS = ("fresh_line", "line_end", "mid_line", "body_first", "multi_file")
-VARIANTS = ("healing", "no_healing", "psm", "anchored", "spm", "context", "no_context")
+VARIANTS = ("healing", "no_healing", "psm", "anchored", "spm", "context", "no_context", "plain_window")
+# What an editor plugin that sends a plain window gets from the same model (llama.vim's request):
+# the prefix and suffix in the family's standard order, or the prefix alone for a model without
+# FIM tokens (no file header), no token healing, no suggestion boundaries.
+PLAIN_WINDOW = "plain_window"
 METRICS = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "repeated_line",
            "retyped_next_line", "empty")
 BOUNDARY_ROWS = ("none", "repeated_line", "suffix_line", "block_end", "current_line", "all")
@@ -223,6 +227,10 @@ def variant_engines(engine, names: list[str]) -> dict[str, tuple[Any, bool]]:
         if name in ("context", "no_context"):
             out[name] = (engine, engine.options.token_healing)
             continue
+        if name == PLAIN_WINDOW:
+            family = "plain" if engine.template.name.startswith("plain") else engine.template.name
+            out[name] = (Engine(replace(engine.options, fim_layout="psm", fim_family=family), pair=engine.pair), False)
+            continue
         try:
             sibling = Engine(replace(engine.options, fim_layout=name), pair=engine.pair)
         except EngineError as err:
@@ -270,7 +278,7 @@ def run_cases(engines: dict[str, tuple[Any, bool]], cases: list[Case], max_token
                                         extra_context=chunks, path=path)
             result = engine.complete(replace(request, **NO_BOUNDARIES))
             engine.close_document(uri)
-            rules = rules_for(request, engine.options)
+            rules = BoundaryRules.none() if name == PLAIN_WINDOW else rules_for(request, engine.options)
             cut, _ = apply(result.text, around, rules)
             suggestion = postprocess(cut, ctx)
             results[name].append({"kind": case.kind, "case": case.name, "tokens": len(result.token_ids),
