@@ -149,9 +149,11 @@ class Engine(Fronted):
 
     def _widest_verify(self) -> int:
         """The widest target forward the planner may run: a chain, or a token tree of
-        ``TREE_BRANCHES`` drafts."""
+        ``TREE_BRANCHES`` drafts where the target's path runs trees."""
         chain = max(self.options.lookup_max, self.options.draft_max) + 1
-        return chain + (TREE_BRANCHES - 1) * self.options.lookup_max if self.options.token_tree else chain
+        target = self.paths.get("target")
+        trees = self.options.token_tree and (target is None or target[0].trees)
+        return chain + (TREE_BRANCHES - 1) * self.options.lookup_max if trees else chain
 
     def _forward_path(self, model, source: str, pair: ModelPair, role: str):
         """(path, why): as engine.forward_backend says: torch (``choose_forward_path``: the
