@@ -30,6 +30,10 @@ indentation; lines of punctuation alone (``}``, ``)``, ``];``) never count as re
 closers legitimately follow each other. Cuts drop the line break before the boundary and any
 blank lines before it, so the suggestion ends on its last kept line's text. Indentation is
 measured in columns, a tab advancing to the next multiple of ``TAB_WIDTH``.
+
+Line breaks: ``foreign_break`` finds a break of another style than the document's (a ``\r`` in an
+LF document, a lone ``\n`` in a CRLF one); the engine ends a completion there, and token healing
+never lets a token run into one.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ CLOSERS = "".join(BRACKETS.values())
 MULTILINE_MODES = ("blocks", "always")  # blocks: several lines only where a block is expected
 RULES = ("repeated_line", "suffix_line", "block_end", "current_line")
 WORD = re.compile(r"\w")
+_CRLF_FOREIGN = re.compile(r"(?<!\r)\n|\r(?=[^\n])")  # in a CRLF text: a lone \n, or a \r not before \n
 
 
 def indent_width(whitespace: str) -> int:
@@ -53,6 +58,16 @@ def indent_width(whitespace: str) -> int:
 
 def _indent_of(line: str) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def foreign_break(text: str, newline: str, start: int = 0) -> int:
+    """Index of the first line break at or after ``start`` that is not of the document's style
+    (``newline``: "\n" or "\r\n"); -1 when there is none. A CRLF text's final "\r" is not judged:
+    its "\n" may come with the next token."""
+    if newline == "\n":
+        return text.find("\r", start)
+    found = _CRLF_FOREIGN.search(text, start)
+    return found.start() if found else -1
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ style than the document's, and the suggestion boundaries of ``boundaries`` (a re
 suffix's next line, the end of the block, one line where no block is expected), so generation
 stops as soon as a boundary is known.
 
-The completion's text is its tokens decoded in context (after an anchor token, whose text is
+The completion's text is its tokens decoded in context (after a lead token, whose text is
 dropped again), so a SentencePiece tokenizer's leading ``▁`` reads as the space it is instead of
 being stripped as a text's implicit first space.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 
 from specd.engine.front.boundaries import BoundaryRules, Surroundings, boundary
-from specd.engine.speculation.healing import foreign_break
+from specd.suggestion_rules import foreign_break
 
 # Per tokenizer, whether each token's own text holds a line break, as decoded once: a decode
 # call costs tens of microseconds, and the rules ask it of every token of every completion.
@@ -33,9 +33,9 @@ class StopRules:
         # The document's line break: a break of another style ends the completion (None: none does).
         self.newline = newline
         if tokenizer is not None:
-            anchor = tokenizer.encode("x", add_special_tokens=False)
-            self._anchor = anchor[-1:]  # decoded before the completion's tokens (see the module's docstring)
-            self._anchor_text = tokenizer.decode(self._anchor, skip_special_tokens=False)
+            lead = tokenizer.encode("x", add_special_tokens=False)
+            self._lead = lead[-1:]  # decoded before the completion's tokens (see the module's docstring)
+            self._lead_text = tokenizer.decode(self._lead, skip_special_tokens=False)
         self.healed = healed  # the tokens re-type this first (token healing): not part of the completion
         self.stop_ids = stop_ids
         self.single_line = single_line
@@ -99,8 +99,8 @@ class StopRules:
         return found
 
     def _after_cursor(self) -> str:
-        text = self.tokenizer.decode(self._anchor + self.ids, skip_special_tokens=False)
-        text = text[len(self._anchor_text):] if text.startswith(self._anchor_text) else \
+        text = self.tokenizer.decode(self._lead + self.ids, skip_special_tokens=False)
+        text = text[len(self._lead_text):] if text.startswith(self._lead_text) else \
             self.tokenizer.decode(self.ids, skip_special_tokens=False)
         if not self.healed:
             return text

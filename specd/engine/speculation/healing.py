@@ -21,7 +21,6 @@ a CRLF one), the same rule by which the stop rules end a completion.
 from __future__ import annotations
 
 import bisect
-import re
 import sys
 from dataclasses import dataclass
 from typing import Protocol, Sequence
@@ -29,17 +28,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import torch
 
-_CRLF_FOREIGN = re.compile(r"(?<!\r)\n|\r(?=[^\n])")  # in a CRLF text: a lone \n, or a \r not before \n
-
-
-def foreign_break(text: str, newline: str, start: int = 0) -> int:
-    """Index of the first line break at or after ``start`` that is not of the document's style
-    (``newline``: "\n" or "\r\n"); -1 when there is none. A CRLF text's final "\r" is not judged:
-    its "\n" may come with the next token."""
-    if newline == "\n":
-        return text.find("\r", start)
-    found = _CRLF_FOREIGN.search(text, start)
-    return found.start() if found else -1
+from specd.suggestion_rules import foreign_break
 
 
 def token_texts(tokenizer, vocab_size: int) -> list[str]:
@@ -47,12 +36,12 @@ def token_texts(tokenizer, vocab_size: int) -> list[str]:
     that is never allowed while healing (a special token, one beyond the tokenizer, part of a
     UTF-8 sequence). One batch decode of the whole vocabulary: the costly part of a
     ``HealingVocabulary``, which is why the engine caches its result (``healing_cache``)."""
-    anchor = tokenizer.encode("x", add_special_tokens=False)[-1]
-    base = tokenizer.decode([anchor])
+    lead = tokenizer.encode("x", add_special_tokens=False)[-1]
+    base = tokenizer.decode([lead])
     known = min(len(tokenizer), vocab_size)
     special = set(tokenizer.all_special_ids) | {
         i for i, token in tokenizer.added_tokens_decoder.items() if getattr(token, "special", False)}
-    decoded = tokenizer.batch_decode([[anchor, i] for i in range(known)], skip_special_tokens=False)
+    decoded = tokenizer.batch_decode([[lead, i] for i in range(known)], skip_special_tokens=False)
     texts = [""] * vocab_size
     for i, text in enumerate(decoded):
         if i in special or not text.startswith(base):
