@@ -20,6 +20,10 @@ from specd.engine.forward.lean.layers import NO_HOST
 HOST_ROWS = 16  # products of at most this many rows may run through numpy's BLAS (see choose_host_products)
 HOST_CONTEXT = 256  # tokens of context behind choose_host_products' timed forwards
 HOST_REPEATS = 11  # timed forwards per width and route (after one warm-up round)
+# ... fewer where a width's rounds would take longer than this (a real model's forwards), but
+# never under HOST_MIN_REPEATS: a median of fewer would choose by noise.
+HOST_BUDGET_S = 0.5
+HOST_MIN_REPEATS = 3
 HOST_MARGIN = 0.97  # numpy's BLAS takes a width class only when at least 3% faster (ties stay on torch)
 # choose_host_products' probes: a forward of each width (key) decides the row counts (value) it stands for
 HOST_PROBES = {1: range(1, 2), 2: range(2, 4), 8: range(4, HOST_ROWS + 1)}
@@ -49,7 +53,9 @@ def choose_host_products(lean, setting: str, repeats: int) -> frozenset[int]:
     times: dict[tuple[int, bool], list[float]] = {}
     for width in HOST_PROBES:
         ids = torch.randint(0, vocab, (1, width), generator=generator)
-        for i in range(repeats + 1):
+        rounds, i = repeats + 1, 0
+        while i < rounds:
+            round_started = time.perf_counter()
             for host in ((False, True) if i % 2 else (True, False)):
                 lean.route_products(ALL_HOST_ROWS if host else NO_HOST)
                 started = time.perf_counter()
@@ -57,6 +63,9 @@ def choose_host_products(lean, setting: str, repeats: int) -> frozenset[int]:
                 if i:  # the first round warms up
                     times.setdefault((width, host), []).append(time.perf_counter() - started)
                 cache.length = HOST_CONTEXT
+            if i == 0:  # a dear model gets fewer rounds: start-up waits on them
+                rounds = 1 + max(HOST_MIN_REPEATS, min(repeats, int(HOST_BUDGET_S / (time.perf_counter() - round_started))))
+            i += 1
     median = {key: statistics.median(values) * 1000 for key, values in times.items()}
     chosen = frozenset(rows for width, rows in HOST_PROBES.items()
                        if median[width, True] < HOST_MARGIN * median[width, False] for rows in rows)
