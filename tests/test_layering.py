@@ -1,10 +1,15 @@
 """The house's dependency directions (docs/architecture.md), read off the source: no import
-circles anywhere in specd or specd_lsp, and each room of the engine imports only rooms below it.
-Every import counts, also those inside functions (a lazy import is still a dependency)."""
+circles anywhere in specd or specd_lsp; each room of the engine imports only rooms below it, and
+the front no model machinery; the engine, the daemon, the bench and the protocol import only
+what the doc's code map lets them. Every import counts, also those inside functions (a lazy
+import is still a dependency); where the doc says a module loads without torch, a fresh
+interpreter checks it. specd-lsp's rules are in test_lsp_layering.py."""
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +24,16 @@ ENGINE_ROOMS = ["loading", "engine", "remote", "front", "speculation", "caches",
 ENGINE_FOUNDATIONS = {"types", "options", "models", "compat", "lookup", "builtin"}
 # What the engine, a plain library, never reaches.
 OUTSIDE_THE_ENGINE = ("specd.daemon", "specd.protocol", "specd.cli", "specd.client", "specd_lsp", "specd.bench")
+# What of specd outside itself the engine may import.
+ENGINE_MAY_IMPORT = ("specd.engine", "specd.llamacpp", "specd.suggestion_rules", "specd.demo")
+# The rooms and foundations that run models: the front knows tokenizers and text, never these.
+MODEL_MACHINERY = {"speculation", "caches", "forward", "models", "compat"}
+# What of specd the daemon may import; of the engine only its torch-free types, and its loader
+# lazily (inside a function: the worker thread calls it, after the loop has started).
+DAEMON_MAY_IMPORT = ("specd.daemon", "specd.protocol", "specd.config", "specd.logs", "specd.client",
+                     "specd.systemd_units", "specd.suggestion_rules", "specd.engine.types")
+DAEMON_LAZY_ONLY = ("specd.engine.loading",)
+HEAVY = ("torch", "transformers", "numpy", "tokenizers", "llama_cpp")
 
 
 def _modules() -> dict[str, Path]:
@@ -35,11 +50,16 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(name: str, path: Path) -> set[str]:
-    """The project modules ``name`` imports (``from pkg import mod`` names the module ``mod``)."""
+def _import_nodes(name: str, path: Path) -> list[tuple[str, bool]]:
+    """Every import in ``name``'s source: (the module, whether the import is inside a function).
+    A project module is named as in ``MODULES`` (``from pkg import mod`` names the module
+    ``mod``); anything else by its absolute dotted name."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    in_function = {id(inner) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for inner in ast.walk(node)}
+    out = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -49,11 +69,35 @@ def _imports(name: str, path: Path) -> set[str]:
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
         else:
             continue
-        out.update(t for t in targets if t in MODULES and t != name)
+        out.extend((target, id(node) in in_function) for target in targets if target != name)
     return out
 
 
-GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+NODES = {name: _import_nodes(name, path) for name, path in MODULES.items()}
+
+
+def _imports(name: str) -> set[str]:
+    """The project modules ``name`` imports."""
+    return {target for target, _lazy in NODES[name] if target in MODULES}
+
+
+def _outside_imports(name: str) -> set[str]:
+    """The top-level names of what ``name`` imports from outside the project."""
+    return {target.partition(".")[0] for target, _lazy in NODES[name]
+            if target not in MODULES and not target.startswith(("specd.", "specd_lsp."))} - {"specd", "specd_lsp"}
+
+
+def _loads(module: str) -> list[str]:
+    """The heavy libraries and the specd.engine modules that importing ``module`` loads, in a
+    fresh interpreter."""
+    code = (f"import json, sys, {module}; "
+            f"print(json.dumps(sorted(m for m in sys.modules if m in {HEAVY!r})"
+            f" + sorted(m for m in sys.modules if m.startswith('specd.engine'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout)
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
 
 
 def _cycles() -> list[list[str]]:
@@ -115,9 +159,77 @@ def test_engine_rooms_import_only_downward(name):
         assert ENGINE_ROOMS.index(other) > ENGINE_ROOMS.index(room), f"{name} imports upward: {target}"
 
 
+def test_the_engine_imports_only_what_the_map_allows():
+    for name in (n for n in MODULES if n.startswith("specd.engine")):
+        for target in GRAPH[name]:
+            assert target.startswith(ENGINE_MAY_IMPORT), f"{name} imports {target}"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if _room(n) == "front"))
+def test_the_front_knows_no_models(name):
+    """The front knows tokenizers and text: it never imports the rooms and foundations that run
+    models (speculation, caches, forward passes, model loading, transformers' calls)."""
+    for target in GRAPH[name]:
+        assert _room(target) not in MODEL_MACHINERY, f"{name} imports {target}"
+
+
+@pytest.mark.parametrize("module", ["specd.engine.front.engine_front", "specd.engine.front.stops",
+                                    "specd.engine.options", "specd.engine.builtin", "specd.engine.types",
+                                    "specd.engine.lookup"])
+def test_what_the_map_says_loads_without_torch_does(module):
+    loaded = _loads(module)
+    assert not {"torch", "transformers", "tokenizers", "llama_cpp"} & set(loaded), loaded
+
+
+def test_the_daemon_imports_only_what_the_map_allows():
+    for name in (n for n in MODULES if n.startswith("specd.daemon")):
+        for target, lazy in NODES[name]:
+            if target.partition(".")[0] not in ("specd", "specd_lsp") or target == "specd":
+                continue  # the standard library, third parties, and specd's own version
+            if lazy and target.startswith(DAEMON_LAZY_ONLY):
+                continue
+            assert target.startswith(DAEMON_MAY_IMPORT), f"{name} imports {target}{' (lazily)' if lazy else ''}"
+
+
+def test_the_daemon_starts_without_the_engine():
+    """The daemon's loop starts before torch loads: the server and the CLI's serve command import
+    nothing of the engine and no heavy library."""
+    for module in ("specd.daemon.server", "specd.daemon.commands"):
+        loaded = set(_loads(module))
+        assert not loaded & {"torch", "transformers", "tokenizers", "llama_cpp"}, (module, loaded)
+        assert loaded <= {"numpy", "specd.engine", "specd.engine.types"}, (module, loaded)
+
+
+def test_the_bench_never_imports_the_daemon():
+    """The bench may import the engine (and specd-lsp's post-processing, to score what an editor
+    shows), never the daemon, the socket or the CLI."""
+    for name in (n for n in MODULES if n.startswith("specd.bench")):
+        for target in GRAPH[name]:
+            assert not target.startswith(("specd.daemon", "specd.protocol", "specd.client", "specd.cli")), \
+                f"{name} imports {target}"
+            if target.startswith("specd_lsp"):
+                assert target == "specd_lsp.completion", f"{name} imports {target}"
+
+
 def test_the_protocol_knows_nothing_of_the_engine():
+    """The wire format imports only itself, the standard library and msgpack."""
     for name in (n for n in MODULES if n.startswith("specd.protocol")):
-        assert not any(t.startswith(("specd.engine", "specd.daemon")) for t in GRAPH[name]), name
+        assert all(t.startswith("specd.protocol") for t in GRAPH[name]), (name, GRAPH[name])
+        assert _outside_imports(name) <= set(sys.stdlib_module_names) | {"msgpack"}, name
+
+
+def test_the_layering_checks_can_fail(monkeypatch):
+    """The checks above read the graph they are given: an engine module importing the daemon,
+    the front importing a forward path, and the daemon importing the engine on its loop fail."""
+    monkeypatch.setitem(GRAPH, "specd.engine.front.prompt", GRAPH["specd.engine.front.prompt"] | {"specd.engine.forward.path"})
+    with pytest.raises(AssertionError):
+        test_the_front_knows_no_models("specd.engine.front.prompt")
+    monkeypatch.setitem(GRAPH, "specd.engine.types", GRAPH["specd.engine.types"] | {"specd.daemon.params"})
+    with pytest.raises(AssertionError):
+        test_the_engine_imports_only_what_the_map_allows()
+    monkeypatch.setitem(NODES, "specd.daemon.params", [*NODES["specd.daemon.params"], ("specd.engine.loading", False)])
+    with pytest.raises(AssertionError):
+        test_the_daemon_imports_only_what_the_map_allows()
 
 
 def test_the_suggestion_rules_import_only_the_standard_library():
@@ -125,7 +237,4 @@ def test_the_suggestion_rules_import_only_the_standard_library():
     nothing of specd and nothing any of them could not load."""
     name = "specd.suggestion_rules"
     assert GRAPH[name] == set()
-    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
-    assert {module.partition(".")[0] for module in imported} <= set(sys.stdlib_module_names)
+    assert _outside_imports(name) <= set(sys.stdlib_module_names)
