@@ -12,26 +12,25 @@ bytes as Neovim counts columns). Values come parsed (``params``): nothing here r
 from __future__ import annotations
 
 import asyncio
-from array import array
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Awaitable, Callable, Iterable
 
 from specd.daemon.params import ByteCursor, Cursor, Edit, OffsetCursor, RangeEdit, WholeText
 from specd.protocol.documents import Document as TextDocument
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.positions import TextIndex as SharedTextIndex
-from specd.protocol.positions import scan_line_starts
+from specd.protocol.positions import scan_line_starts, starts_array
 
 
 def utf8_size(text: str, limit: int) -> int:
     """UTF-8 length of ``text``, computed exactly only when it could be near ``limit``."""
-    if len(text) * 4 <= limit:
-        return len(text)  # surely under the limit; the exact figure is not needed
+    if len(text) * 4 <= limit or text.isascii():  # isascii: a flag of the str, O(1)
+        return len(text)  # surely under the limit, or exact: the text needs no encoding to tell
     return len(text.encode("utf-8", errors="surrogatepass"))
 
 
 __all__ = ["BufferStore", "Document", "TextIndex", "apply_edit", "apply_edits", "edit_end", "edit_index",
-           "document_index", "index_in_steps", "locate", "text_bytes", "utf8_size"]
+           "document_index", "in_pieces", "index_in_steps", "locate", "text_bytes", "utf8_size", "yield_turns"]
 
 
 class TextIndex(SharedTextIndex):
@@ -69,29 +68,55 @@ class TextIndex(SharedTextIndex):
 # the event loop serving others between them; below it, building at once costs one step. The
 # index is otherwise built on first use, which would stall the loop for the first edit of a
 # change to a large text.
-INDEX_STEP_CHARS = 256 * 1024  # characters scanned in one step
-STEPWISE_INDEX_CHARS = INDEX_STEP_CHARS
+INDEX_STEP_CHARS = 64 * 1024  # characters scanned in one step (~0.5 ms of code)
+STEPWISE_INDEX_CHARS = 256 * 1024
+# Loop turns given to other connections between two steps of work on a large text: a request
+# takes three to be answered (the read, the session's dispatch, the handler), and one more when
+# it arrives during a turn. One turn between steps let a ``status`` wait out several steps.
+STEP_YIELD_TURNS = 8
 
 
-async def index_in_steps(text: str) -> TextIndex:
-    """The line index of ``text``, built in short steps when the text is large."""
+async def yield_turns() -> None:
+    """Between two steps of work on a large text: ``STEP_YIELD_TURNS`` loop turns for others."""
+    for _turn in range(STEP_YIELD_TURNS):
+        await asyncio.sleep(0)
+
+
+async def index_in_steps(text: str, between: Callable[[], Awaitable[None]] = yield_turns) -> TextIndex:
+    """The line index of ``text``, built in short steps when the text is large, ``between``
+    awaited after each."""
     index = TextIndex(text)
     if len(text) > STEPWISE_INDEX_CHARS:
-        starts, at = array("q", (0,)), 0  # machine integers: a list would hold an int object per line
+        starts, at = starts_array((0,), len(text)), 0  # machine integers: a list would hold an int object per line
         while at < len(text):
             found, at = scan_line_starts(text, at, INDEX_STEP_CHARS)
             starts.extend(found)
-            await asyncio.sleep(0)
+            await between()
         index.set_line_starts(starts)
     return index
 
 
-async def document_index(doc: Document) -> TextIndex:
+CUT_STEP_BLOCKS = 64  # blocks of a large text cut into pieces in one step (~1 MiB of code)
+
+
+async def in_pieces(index: TextIndex, between: Callable[[], Awaitable[None]] = yield_turns) -> TextIndex:
+    """``index`` with its text cut into one piece per block, in steps when it is large: a ranged
+    edit on a whole text cuts it first, one copy of all of it in one go."""
+    if index.in_pieces or not index.built or index.length <= STEPWISE_INDEX_CHARS:
+        return index
+    pieces: list[str] = []
+    for first in range(0, index.block_count, CUT_STEP_BLOCKS):
+        pieces += index.cut_blocks(first, first + CUT_STEP_BLOCKS)
+        await between()
+    return index.with_pieces(pieces)
+
+
+async def document_index(doc: Document, between: Callable[[], Awaitable[None]] = yield_turns) -> TextIndex:
     """``doc``'s line index, built in steps when the text is large and no request has needed it
     yet: an open keeps only the text, and the first ranged edit or line cursor pays for the index."""
     index = doc.index
     if not index.built and len(index.text) > STEPWISE_INDEX_CHARS:
-        index = await index_in_steps(doc.text)
+        index = await index_in_steps(doc.text, between)
         if index.text is doc.text:  # (callers hold the document's lock: always)
             doc.set_index(index)
     return index

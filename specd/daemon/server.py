@@ -29,6 +29,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -81,6 +82,9 @@ THREADS_GRACE_S = 2.0
 # worker runs Python between its forwards waits up to one interval at each hand-over, so a
 # shorter one keeps `status` and the socket within a millisecond or two of idle.
 SWITCH_INTERVAL_S = 0.001
+# A connection that sent a request this recently is being served: large documents' updates to
+# the engine wait (``worker.DocumentMirror``) while connections other than their sender are.
+OTHERS_ACTIVE_S = 0.5
 
 
 def exit_hard_after(seconds: float, exit_code: Callable[[], int]) -> threading.Timer:
@@ -129,7 +133,8 @@ class Daemon:
                                    cfg["daemon.max_open_bytes"], cfg["daemon.max_open_bytes_per_connection"])
         idle = cfg["daemon.idle_unload_s"] if idle_unload_s is None else idle_unload_s
         self.worker = ModelWorker(engine_factory or (lambda: load_engine(cfg)), idle, self._on_worker_state)
-        self.mirror = DocumentMirror(lambda: self.worker.engine, self.worker.wake)
+        self.mirror = DocumentMirror(lambda: self.worker.engine, self.worker.wake, self._serving_others)
+        self._last_request: dict[int, float] = {}  # connection id -> when its last request came (monotonic)
         self.workspace = Workspace(WorkspaceOptions.from_config(cfg), self._corpus_sink, self.worker.wake)
         self.completions = CompletionQueue(self.worker.submit, max_queued_chars=max(self.max_frame_bytes, self.buffers.max_document_bytes))
         self.connections: dict[int, Connection] = {}
@@ -147,7 +152,8 @@ class Daemon:
         self.completion = CompletionMethods(self.buffers, self._document_locks, self.completions,
                                             load_failure=self._load_failure, on_finished=self._engine_figures.invalidate,
                                             max_tokens_cap=cfg["daemon.max_tokens_cap"],
-                                            default_max_tokens=cfg["engine.max_tokens"])
+                                            default_max_tokens=cfg["engine.max_tokens"],
+                                            on_document_request=self.mirror.flush)
         # A status fetching figures, or a completion's steps on the model thread: both need the
         # GIL the loop would hold, so long edits and large messages go slower meanwhile.
         self._waiting_on_thread = lambda: engine_stats.waiting > 0 or self.worker.current is not None
@@ -178,6 +184,15 @@ class Daemon:
         self._bound_socket: tuple[Path, int] | None = None  # (path, inode) we must remove at exit
         self._lock = RuntimeLock(self.socket_path)
         self._ready_announced = False
+
+    def _serving_others(self, owner: int | None) -> bool:
+        """A completion runs on the model thread or waits for it, or a connection other than
+        ``owner`` sent a request in the last OTHERS_ACTIVE_S. Read from the document mirror's
+        thread: each read is one attribute, one ``len`` or one copy of a dict, atomic under the GIL."""
+        if self.worker.current is not None or len(self.completions) > 0 or self.worker.queued() > 0:
+            return True
+        since = time.monotonic() - OTHERS_ACTIVE_S
+        return any(conn != owner and at > since for conn, at in list(self._last_request.items()))
 
     def limits(self) -> dict[str, Any]:
         """The limits a client must keep to, as hello reports them."""
@@ -386,6 +401,7 @@ class Daemon:
             await session.run()
         finally:
             self.admission.leave(conn)
+            self._last_request.pop(conn.id, None)
             self.documents.release(conn)
             self.workspace.release_owner(conn.id)
             # Break Connection -> Session -> handler closures -> Connection, so a closed
@@ -397,6 +413,7 @@ class Daemon:
 
     async def _dispatch(self, conn: Connection, request: Request) -> Any:
         self.admission.spoke(conn)  # a complete request: a Unix connection is a client now
+        self._last_request[conn.id] = time.monotonic()
         route = self.methods.get(request.method)
         if route is None:
             raise RpcError(ErrorCode.METHOD_NOT_FOUND, f"no method {request.method!r}; known: {', '.join(m.value for m in Method)}")

@@ -326,22 +326,51 @@ class ModelWorker:
             job.future.set_result(result)
 
 
+# A large document's update costs the engine work proportional to the whole text (comparing the
+# old and new texts to find the edit: ~50 ms for 8 MiB, in C calls of a few milliseconds that
+# hold the GIL), and then idle work on the model thread (prefilling where the edit ended). Such
+# updates wait until the document has been quiet for LARGE_QUIET_S (only the latest text is
+# sent), and while others are served (``busy``: a completion started or queued on the model
+# thread, or another connection's requests lately), for at most LARGE_MAX_DELAY_S in all. A
+# completion on the document itself makes its update due at once (``flush``). Opens and closes
+# cost the engine little and are never held. Lossless decoding makes the engine's copy an
+# optimisation (lookup drafts, idle prefill), never what a completion's text is read from.
+LARGE_UPDATE_CHARS = 1 << 20
+LARGE_QUIET_S = 0.2
+LARGE_MAX_DELAY_S = 5.0
+LARGE_POLL_S = 0.01  # how often held updates are looked at again
+
+
+@dataclass
+class _Pending:
+    text: str | None  # None: closed
+    cursor: int | None = None
+    owner: int | None = None  # the connection that sent it
+    first_at: float = 0.0  # when the oldest update not yet sent came in
+    last_at: float = 0.0  # when the latest came in
+    urgent: bool = False  # a completion on the document is coming: send it now
+
+
 class DocumentMirror:
     """Keeps the engine's view of open documents current, off the event loop.
 
     A mirror, not a shared store: the engine reads its documents on the model thread while the
     loop edits the buffers, so the two share only immutable ``str`` snapshots, handed over here.
     Updates coalesce: only the latest text of each document is sent, so fast typing in a large
-    file costs one ``update_document`` per pause, not one per keystroke. Until the engine exists
-    updates are dropped; ``replay`` sends every open document once it does. After a batch that
-    closed large documents (their last references are dropped here, in the engine), the freed
-    memory goes back to the system (``heap.ClosedMemory``).
+    file costs one ``update_document`` per pause, not one per keystroke; a large document's
+    updates are also held while it is being edited and while model work runs (see
+    LARGE_UPDATE_CHARS). Until the engine exists updates are dropped; ``replay`` sends every
+    open document once it does. After a batch that closed large documents (their last
+    references are dropped here, in the engine), the freed memory goes back to the system
+    (``heap.ClosedMemory``).
     """
 
-    def __init__(self, get_engine: Callable[[], Any], on_synced: Callable[[], None] | None = None):
+    def __init__(self, get_engine: Callable[[], Any], on_synced: Callable[[], None] | None = None,
+                 busy: Callable[[int | None], bool] | None = None):
         self._get_engine = get_engine
         self._on_synced = on_synced  # the worker's wake: edited documents get prefilled when idle
-        self._pending: dict[str, tuple[str, int | None] | None] = {}  # uri -> (latest text, cursor), None = closed
+        self._busy = busy or (lambda owner: False)  # others than ``owner`` are being served
+        self._pending: dict[str, _Pending] = {}  # uri -> its latest text (and cursor), or its close
         self._known: dict[str, int] = {}  # uris the engine has open -> characters of their last text
         self.closed_memory = ClosedMemory()
         self._engine_seen: Any = None
@@ -352,20 +381,33 @@ class DocumentMirror:
     def start(self) -> None:
         self._thread.start()
 
-    def set(self, uri: str, text: str, cursor: int | None = None) -> None:
-        """The document's latest text and, after a ranged change, where its last edit ended."""
+    def set(self, uri: str, text: str, cursor: int | None = None, owner: int | None = None) -> None:
+        """The document's latest text and, after a ranged change, where its last edit ended;
+        ``owner``: the connection that sent it."""
+        now = time.monotonic()
         with self._cond:
-            self._pending[uri] = (text, cursor)
+            held = self._pending.get(uri)
+            first_at = held.first_at if held is not None and held.text is not None else now
+            self._pending[uri] = _Pending(text, cursor, owner, first_at, now, held is not None and held.urgent)
             self._cond.notify()
 
     def close(self, uri: str) -> None:
         with self._cond:
-            self._pending[uri] = None
+            self._pending[uri] = _Pending(None)
             self._cond.notify()
 
-    def replay(self, documents: dict[str, str]) -> None:
+    def flush(self, uri: str) -> None:
+        """A completion on ``uri`` is coming: send its held update now."""
         with self._cond:
-            self._pending.update({uri: (text, None) for uri, text in documents.items()})
+            held = self._pending.get(uri)
+            if held is not None and not held.urgent:
+                held.urgent = True
+                self._cond.notify()
+
+    def replay(self, documents: dict[str, str]) -> None:
+        now = time.monotonic()
+        with self._cond:
+            self._pending.update({uri: _Pending(text, None, None, now, now) for uri, text in documents.items()})
             self._cond.notify()
 
     def stop(self) -> None:
@@ -375,14 +417,36 @@ class DocumentMirror:
         if self._thread.is_alive():
             self._thread.join(5)
 
+    def _held(self, uri: str, update: _Pending, now: float) -> bool:
+        """Whether ``update`` waits: a large document's update, still being edited or while
+        others are served, within LARGE_MAX_DELAY_S."""
+        if update.text is None or update.urgent or uri not in self._known:
+            return False
+        if max(len(update.text), self._known[uri]) < LARGE_UPDATE_CHARS:
+            return False
+        if now - update.first_at >= LARGE_MAX_DELAY_S:
+            return False
+        return now - update.last_at < LARGE_QUIET_S or self._busy(update.owner)
+
+    def _take(self) -> dict[str, _Pending] | None:
+        """The updates to send now (waiting until there are some); None once stopping."""
+        with self._cond:
+            while True:
+                if self._stopping:
+                    return None
+                now = time.monotonic()
+                due = {uri: update for uri, update in self._pending.items() if not self._held(uri, update, now)}
+                if due:
+                    for uri in due:
+                        del self._pending[uri]
+                    return due
+                self._cond.wait(LARGE_POLL_S if self._pending else None)
+
     def _run(self) -> None:
         while True:
-            with self._cond:
-                while not self._pending and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                batch, self._pending = self._pending, {}
+            batch = self._take()
+            if batch is None:
+                return
             engine = self._get_engine()
             if engine is None:
                 continue  # replay() resends everything once the engine exists
@@ -390,16 +454,16 @@ class DocumentMirror:
                 self._engine_seen, self._known = engine, {}
             for uri, latest in batch.items():
                 try:
-                    if latest is None:
+                    if latest.text is None:
                         if uri in self._known:
                             self.closed_memory.closed(self._known.pop(uri))
                             engine.close_document(uri)
                     elif uri in self._known:
-                        engine.update_document(uri, *latest)
-                        self._known[uri] = len(latest[0])
+                        engine.update_document(uri, latest.text, latest.cursor)
+                        self._known[uri] = len(latest.text)
                     else:
-                        engine.open_document(uri, latest[0])
-                        self._known[uri] = len(latest[0])
+                        engine.open_document(uri, latest.text)
+                        self._known[uri] = len(latest.text)
                 except Exception:  # the engine's lookup index is an optimisation: log, go on
                     log.exception("engine document sync failed for %s", uri)
             batch = latest = None  # the closed texts' last references, dropped before the trim

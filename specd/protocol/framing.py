@@ -126,6 +126,12 @@ class FrameDecoder:
         """Bytes received since the last complete message (0 between messages)."""
         return len(self._buffer)
 
+    @property
+    def payload_ahead(self) -> int:
+        """Bytes still to come of a payload the walker has already stepped over: bytes that
+        hold no header to walk."""
+        return max(0, self._pos - len(self._buffer))
+
     def feed(self, data: bytes) -> list[Any]:
         """Return the values completed by ``data``; raise FrameError on undecodable input."""
         self._buffer += data

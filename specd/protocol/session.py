@@ -263,8 +263,10 @@ class Session:
 
     async def _feed(self, data: bytes) -> list[Any]:
         """The messages ``data`` completes, walked ``WALK_SLICE`` bytes at a time with a loop
-        turn for others between slices."""
-        if len(data) <= WALK_SLICE:
+        turn for others between slices; at once when it is all inside a string's payload (a
+        large document's text: nothing to walk, and 128 turns a MiB cost the loop's others
+        more than they gave them)."""
+        if len(data) <= WALK_SLICE or len(data) <= self._decoder.payload_ahead:
             return self._decoder.feed(data)
         objects: list[Any] = []
         with memoryview(data) as view:

@@ -66,8 +66,12 @@ class _Stream:
 class CompletionMethods:
     def __init__(self, buffers: BufferStore, locks: DocumentLocks, completions: CompletionQueue, *,
                  load_failure: Callable[[], RpcError | None], on_finished: Callable[[], None],
-                 max_tokens_cap: int, default_max_tokens: int):
+                 max_tokens_cap: int, default_max_tokens: int,
+                 on_document_request: Callable[[str], None] | None = None):
         self.buffers = buffers
+        # A complete on an open document: the engine's copy of it should be current (the
+        # document mirror sends a held update at once).
+        self._on_document_request = on_document_request
         # Every complete generates at most max_tokens_cap tokens: a larger ask (or default) is
         # lowered to it, so no client can hold the model for an unbounded job.
         self.max_tokens_cap = max_tokens_cap
@@ -109,6 +113,8 @@ class CompletionMethods:
         if params.text is None:  # the open document, after the changes sent before this request
             async with self.locks.hold(params.uri):
                 req, version = await self._request(params)
+            if self._on_document_request is not None:
+                self._on_document_request(params.uri)
         else:
             req, version = await self._request(params)
         if (failure := self._load_failure()) is not None:

@@ -12,21 +12,29 @@ import contextlib
 from typing import Any, AsyncIterator, Callable
 
 from specd.daemon.admission import Connection
-from specd.daemon.buffers import BufferStore, TextIndex, apply_edit, document_index, edit_end, index_in_steps
+from specd.daemon.buffers import (
+    STEPWISE_INDEX_CHARS,
+    BufferStore,
+    TextIndex,
+    apply_edit,
+    document_index,
+    edit_end,
+    in_pieces,
+    index_in_steps,
+    yield_turns,
+)
 from specd.daemon.params import ChangeParams, CloseParams, Edits, OpenParams
 from specd.daemon.worker import DocumentMirror
 
 # A change with many edits is applied in steps of about EDIT_STEP_S, the loop serving other
-# clients in between. A request takes three loop turns to be answered (the read, the session's
-# dispatch, the handler), and one more when it arrives during a turn, so between two steps the
-# loop gets EDIT_YIELD_TURNS turns. While a request waits on a thread (``status`` fetching the
-# engine's figures, or a completion whose steps run on the model thread), the loop also sleeps
-# EDIT_PAUSE_S between steps (epoll rounds it up to
-# 1 ms; a request arriving ends it early): a sleeping loop lets go of the GIL, a busy one makes
-# the thread wait out the interpreter's switch interval each time. docs/reliability.md gives
-# the latencies behind these settings.
+# clients in between (``buffers.yield_turns``: enough turns for a request to be answered). While
+# a request waits on a thread (``status`` fetching the engine's figures, or a completion whose
+# steps run on the model thread), the loop also sleeps EDIT_PAUSE_S between steps (epoll rounds
+# it up to 1 ms; a request arriving ends it early): a sleeping loop lets go of the GIL, a busy
+# one makes the thread wait out the interpreter's switch interval each time. The steps of a
+# large text's line index and the copies of its whole text are paced the same way.
+# docs/reliability.md gives the latencies behind these settings.
 EDIT_STEP_S = 0.00025
-EDIT_YIELD_TURNS = 8
 EDIT_PAUSE_S = 0.0005
 
 
@@ -71,7 +79,7 @@ class DocumentMethods:
             # Only the text is kept: its line index waits for the first request that needs one.
             size = self.buffers.measure(params.uri, params.text, conn.id)
             doc = self.buffers.open(params.uri, params.text, params.version, conn.id, params.language, size=size)
-        self.mirror.set(params.uri, doc.text)
+        self.mirror.set(params.uri, doc.text, None, conn.id)
         return {"uri": params.uri, "version": doc.version}
 
     async def change(self, conn: Connection, params: ChangeParams, msgid: int | None) -> dict[str, Any]:
@@ -79,12 +87,15 @@ class DocumentMethods:
             doc = self.buffers.changeable(params.uri, params.version)
             if params.edits is None:
                 self.buffers.check_size(params.text, params.uri)
-                index = await index_in_steps(params.text)
+                index = await index_in_steps(params.text, self._serve_others)
             else:
-                index = await self._apply_in_steps(await document_index(doc), params.edits)
+                index = await in_pieces(await document_index(doc, self._serve_others), self._serve_others)
+                index = await self._apply_in_steps(index, params.edits)
+                if index.length > STEPWISE_INDEX_CHARS:
+                    await self._serve_others()  # the commit joins the pieces: a step of its own
             doc = self.buffers.commit(doc, index, params.version)
             cursor = edit_end(index, params.edits[-1]) if params.edits else None
-        self.mirror.set(params.uri, doc.text, cursor)
+        self.mirror.set(params.uri, doc.text, cursor, conn.id)
         return {"uri": params.uri, "version": doc.version}
 
     async def _apply_in_steps(self, index: TextIndex, edits: Edits) -> TextIndex:
@@ -100,8 +111,7 @@ class DocumentMethods:
     async def _serve_others(self) -> None:
         """Between two steps of a long change: a few loop turns for other clients' requests,
         and a short sleep while one of them waits on a thread (see EDIT_STEP_S)."""
-        for _turn in range(EDIT_YIELD_TURNS):
-            await asyncio.sleep(0)
+        await yield_turns()
         if self._waiting_on_thread():
             await asyncio.sleep(EDIT_PAUSE_S)
 
