@@ -69,7 +69,7 @@ class StatusWatch:
 
 
 def probe(count: int, kind: str, budget_mib: int | None) -> None:
-    config = {"log.level": "warning"}
+    config = {"log.level": "warning", "model.target": "demo"}
     if budget_mib is not None:
         config.update({"daemon.max_open_bytes": budget_mib * MiB, "daemon.max_open_bytes_per_connection": budget_mib * MiB})
     with tempfile.TemporaryDirectory() as root:

@@ -56,7 +56,8 @@ LONG_JOBS_THAT_MUST_FINISH = 2  # one of each prompt
 
 @pytest.fixture(scope="module")
 def demo_daemon(tmp_path_factory):
-    proc = DaemonProcess(tmp_path_factory.mktemp("fairness"), engine="real", config={"log.level": "info"})
+    proc = DaemonProcess(tmp_path_factory.mktemp("fairness"), engine="real", config={"log.level": "info",
+                                                                                  "model.target": "demo"})
     proc.start(timeout=240)
     yield proc
     proc.stop()
