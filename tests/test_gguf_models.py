@@ -246,6 +246,29 @@ def test_specd_complete_with_a_gguf_model(gguf_files, tmp_path):
     assert 1 <= len(result["token_ids"]) <= 8 and result["prompt_ids"]
 
 
+def test_a_gguf_pair_loads_and_completes_without_transformers_model_machinery(gguf_files):
+    """No torch weights, so none of transformers' model machinery (``modeling_utils`` and what it
+    pulls in: seconds to import), in a fresh interpreter. Read from ``sys.modules``: transformers
+    imports its submodules through ``importlib``, which ``python -X importtime`` does not report."""
+    target, draft = gguf_files("qwen2", "q8_0")
+    code = (
+        "import json, sys\n"
+        "from specd.engine import CompletionRequest\n"
+        "from specd.engine.engine import Engine\n"
+        "from specd.engine.options import EngineOptions\n"
+        f"engine = Engine(EngineOptions(target={str(target)!r}, draft={str(draft)!r}, forward_backend='llamacpp'))\n"
+        "engine.ensure_loaded()\n"
+        "result = engine.complete(CompletionRequest(text='def list_files(root):\\n    return ', max_tokens=8))\n"
+        "print(json.dumps({'paths': sorted(p.name for p, _ in engine.paths.values()), 'tokens': len(result.token_ids),\n"
+        "                  'transformers': sorted(m for m in sys.modules if m.startswith('transformers'))}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    loaded = json.loads(proc.stdout.splitlines()[-1])
+    assert loaded["paths"] == ["llamacpp", "llamacpp"] and loaded["tokens"] >= 1
+    assert "transformers.modeling_utils" not in loaded["transformers"], loaded["transformers"]
+
+
 def test_doctor_says_the_target_is_a_gguf_file(gguf_files):
     target, draft = gguf_files("qwen2", "q8_0")
     proc = subprocess.run([sys.executable, "-m", "specd", "doctor", "--model", str(target), "--draft-model", str(draft)],

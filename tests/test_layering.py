@@ -181,6 +181,17 @@ def test_what_the_map_says_loads_without_torch_does(module):
     assert not {"torch", "transformers", "tokenizers", "llama_cpp"} & set(loaded), loaded
 
 
+def test_the_engine_loads_without_transformers_model_machinery():
+    """transformers' model machinery (``modeling_utils`` and what it pulls in) takes seconds to
+    import and serves only a torch model: importing the engine leaves it for a load that needs
+    it, so a GGUF model on llama.cpp's forward never pays for it."""
+    code = "import json, sys, specd.engine.engine; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    loaded = set(json.loads(done.stdout))
+    assert "specd.engine.engine" in loaded and "torch" in loaded
+    assert "transformers.modeling_utils" not in loaded
+
+
 def test_the_daemon_imports_only_what_the_map_allows():
     for name in (n for n in MODULES if n.startswith("specd.daemon")):
         for target, lazy in NODES[name]:

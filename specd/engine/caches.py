@@ -11,15 +11,17 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel
 
 from specd.engine.forward.path import ForwardPath
 from specd.engine.forward.transformers import HFForward
 from specd.engine.lookup import NgramIndex
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 

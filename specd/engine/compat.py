@@ -1,5 +1,9 @@
 """Every transformers call whose spelling changes between versions lives here.
 
+transformers itself is imported only where a call needs it (``new_cache``), so importing the
+engine, and serving a GGUF model on llama.cpp's forward, never loads transformers' model
+machinery (``transformers.modeling_utils`` and what it pulls in: seconds of start-up).
+
 Supported: transformers 5.x. Known differences handled:
 - the cache keyword of ``forward``: ``past_key_values`` (5.0 - 5.2x) became ``cache`` (later 5.x);
 - ``DynamicCache.crop`` takes a negative count of tokens to drop in 5.x (4.x took a length);
@@ -11,10 +15,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel
 
 
 @functools.lru_cache(maxsize=None)
@@ -38,6 +44,8 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     position: a sliding window's layer would drop what falls out of the window and then refuse
     to roll back past it (``crop`` raises once the window is full), and every rejected draft is a
     rollback. The model's attention mask still slides, so the logits are the same."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+
     cache = DynamicCache(config=model.config)
     cache.layers = [DynamicLayer() if isinstance(layer, DynamicSlidingWindowLayer) else layer
                     for layer in cache.layers]

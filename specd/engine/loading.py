@@ -27,7 +27,7 @@ def load_engine(cfg):
     gc.disable()
     try:
         started = time.perf_counter()
-        from specd.engine.engine import Engine  # torch and transformers, when not imported yet
+        from specd.engine.engine import Engine  # torch, when not imported yet (transformers with a torch model)
 
         import_s = time.perf_counter() - started
         engine = Engine(options)

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from specd.engine.options import context_window
 from specd.engine.types import ModelLoadError, UnsupportedModel
 from specd.llamacpp.gguf import is_gguf_name
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from specd.llamacpp.model import GgufModel
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,8 @@ def tokenizer_fingerprint(name: str) -> str | None:
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer  # on use: a GGUF pair tokenizes with llama.cpp's
+
     try:
         with _progress_bars_only_on_a_terminal():
             return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
@@ -247,6 +250,8 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
 
 def load_model(name: str, role: str, device: torch.device, dtype: torch.dtype,
                trust_remote_code: bool = False) -> PreTrainedModel:
+    from transformers import AutoModelForCausalLM  # on use: its model machinery takes seconds to import
+
     _check_source(name, role)
     try:
         with _progress_bars_only_on_a_terminal():

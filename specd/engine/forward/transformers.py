@@ -4,11 +4,15 @@ each call, so a test that replaces one there reaches this path)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import DynamicCache, PreTrainedModel
 
 from specd.engine import compat
 from specd.engine.forward.path import BasicPath
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache, PreTrainedModel
 
 
 class HFForward(BasicPath):

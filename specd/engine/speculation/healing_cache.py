@@ -14,6 +14,7 @@ over the old one, so a reader never sees half a file. A tokenizer whose files we
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -35,12 +36,12 @@ def cache_dir() -> Path:
 
 def cache_key(tokenizer, vocab_size: int, tokenizer_hash: str) -> str:
     """What the texts depend on, hashed: the tokenizer files' hash, the class that reads them,
-    the vocabulary size, and the versions of the libraries that decode."""
-    import tokenizers
-    import transformers
-
+    the vocabulary size, and the versions of the libraries that decode (from their installed
+    metadata, the same strings as ``__version__``: importing transformers only for its version
+    would slow the load of a GGUF model, which uses none of it)."""
+    versions = [importlib.metadata.version(name) for name in ("transformers", "tokenizers")]
     kind = f"{type(tokenizer).__module__}.{type(tokenizer).__qualname__}"
-    parts = (str(FORMAT), tokenizer_hash, kind, str(vocab_size), transformers.__version__, tokenizers.__version__)
+    parts = (str(FORMAT), tokenizer_hash, kind, str(vocab_size), *versions)
     return hashlib.sha256("|".join(parts).encode()).hexdigest()
 
 

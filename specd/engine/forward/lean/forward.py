@@ -11,11 +11,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
 
 from specd.engine.forward.graphs import GRAPH_WIDTHS, Captured, CudaGraphs, EagerGraphs
 from specd.engine.forward.lean import host
@@ -24,6 +23,9 @@ from specd.engine.forward.lean.cache import StaticCache
 from specd.engine.forward.lean.families import family_of, unsupported_reason
 from specd.engine.forward.lean.layers import NO_HOST, Layer, apply_norm, copies_pay, projection
 from specd.engine.forward.lean.rotary import rope_tables, rotate
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
-from transformers.pytorch_utils import Conv1D
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ACTIVATIONS = {  # each returns a tensor the caller may modify in place
     "silu": functools.partial(F.silu, inplace=True),
@@ -111,6 +112,8 @@ def matmul(weight: torch.Tensor, bias: torch.Tensor | None, *, conv1d: bool, cop
 
 def projection(module: nn.Module, copy: bool) -> Matmul:
     """An nn.Linear's or a Conv1D's product."""
+    from transformers.pytorch_utils import Conv1D  # on use: importing the engine loads no transformers
+
     return matmul(module.weight, module.bias, conv1d=type(module) is Conv1D, copy=copy)
 
 

@@ -12,13 +12,15 @@ Family modules may import ``layers`` and ``rotary``, never ``forward`` (which im
 
 from __future__ import annotations
 
-from typing import Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 from torch import nn
-from transformers import PreTrainedModel
 
 from specd.engine.forward.lean.families import gpt2, llama, neox, opt, seed_oss
 from specd.engine.forward.lean.layers import Decoder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class Family(Protocol):

@@ -11,11 +11,14 @@ float32 rounding.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
-from transformers import PreTrainedModel
-from transformers.pytorch_utils import Conv1D
 
 from specd.engine.forward.lean.layers import ACTIVATIONS, Decoder, Layer, norm_kind, norm_of, projection
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # model type -> the transformers.models package that holds its classes
 MODEL_TYPES = {"gpt2": "gpt2", "gpt_bigcode": "gpt_bigcode"}
@@ -23,6 +26,8 @@ BODY = "transformer"  # the decoder's attribute on the ...ForCausalLM
 
 
 def reason(model: PreTrainedModel) -> str | None:
+    from transformers.pytorch_utils import Conv1D  # on use: importing the engine loads no transformers
+
     config, body = model.config, model.transformer
     if config.add_cross_attention:
         return "cross-attention layers (add_cross_attention)"

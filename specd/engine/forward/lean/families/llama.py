@@ -21,8 +21,9 @@ its model type.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
-from transformers import PreTrainedModel
 
 from specd.engine.forward.lean.layers import (
     ACTIVATIONS,
@@ -36,6 +37,9 @@ from specd.engine.forward.lean.layers import (
     projection,
 )
 from specd.engine.forward.lean.rotary import STATIC_ROPE_TYPES, rotaries
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # model type -> the transformers.models package that holds its classes
 MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral", "starcoder2": "starcoder2",

@@ -7,11 +7,15 @@ and by default a parallel residual: x + attn(norm1(x)) + mlp(norm2(x)).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
-from transformers import PreTrainedModel
 
 from specd.engine.forward.lean.layers import ACTIVATIONS, Decoder, Layer, norm_of, plain_modules_reason, projection
 from specd.engine.forward.lean.rotary import STATIC_ROPE_TYPES, rotaries
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # model type -> the transformers.models package that holds its classes
 MODEL_TYPES = {"gpt_neox": "gpt_neox"}

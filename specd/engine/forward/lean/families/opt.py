@@ -6,8 +6,9 @@ Learned positions offset by 2, q/k/v as nn.Linear fused here, relu, LayerNorms b
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import nn
-from transformers import PreTrainedModel
 
 from specd.engine.forward.lean.layers import (
     ACTIVATIONS,
@@ -18,6 +19,9 @@ from specd.engine.forward.lean.layers import (
     plain_modules_reason,
     projection,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # model type -> the transformers.models package that holds its classes
 MODEL_TYPES = {"opt": "opt"}
