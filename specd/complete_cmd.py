@@ -53,12 +53,13 @@ def complete_locally(cfg, text: str, offset: int, path: Path, options: dict[str,
 
 
 def fetch_default_model(cfg) -> bool:
-    """Fetch the default model here, with its line on stderr, before a daemon is started to serve
-    it (a daemon fetching it would leave the terminal silent for the download); False, with the
-    one-line reason printed, when it cannot be had."""
+    """On a terminal, fetch the default model here, with its line on stderr, before a daemon is
+    started to serve it (a daemon fetching it would leave the terminal silent for the download);
+    False, with the one-line reason printed, when it cannot be had. Elsewhere (scripts, editors)
+    the daemon fetches it as it loads, and says so in its log."""
     from specd.engine.builtin import DEFAULT, FetchError, fetch, is_fetched
 
-    if cfg["model.target"] or cfg["model.backend"] != "local" or is_fetched(DEFAULT):
+    if cfg["model.target"] or cfg["model.backend"] != "local" or is_fetched(DEFAULT) or not sys.stderr.isatty():
         return True
     try:
         fetch(DEFAULT, say=lambda line: print(line, file=sys.stderr, flush=True))

@@ -144,3 +144,25 @@ def _shows_and_accepts(nvim, daemon, tmp_path):
     assert result["buffer"] == accepted.removesuffix("\n")
     assert result["status_after_accept"]["accepted"] == 1
     assert result["server_status"]["positionEncoding"] == "utf-8"
+
+
+@pytest.mark.slow
+def test_neovim_on_a_daemon_serving_the_real_model(nvim, tmp_path):
+    """The same, with the daemon serving the default model (SmolLM2-135M-Instruct, a real trained
+    model, its GGUF file on llama.cpp's forward): the ghost text Neovim shows is the daemon's
+    completion, post-processed, and accepting it puts it in the buffer."""
+    from conftest import SHARED_DAEMON_CONFIG
+    from daemon_helpers import DaemonProcess
+    from real_model import as_default_model
+
+    config = {**SHARED_DAEMON_CONFIG, "engine.forward_backend": "llamacpp"}
+    real_daemon = DaemonProcess(tmp_path / "daemon", engine="real", config=config)
+    as_default_model(Path(real_daemon.env["XDG_CACHE_HOME"]))
+    real_daemon.start(timeout=300)
+    try:
+        with real_daemon.client() as client:
+            status = client.status()
+        assert status["dtype"] == "gguf Q4_1" and "SmolLM2-135M-Instruct" in status["models"]["target"], status
+        _shows_and_accepts(nvim, real_daemon, tmp_path)
+    finally:
+        real_daemon.stop()

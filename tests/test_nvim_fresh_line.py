@@ -92,6 +92,7 @@ def session(tmp_path):
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
     env["PYTHONPATH"] = str(REPO)
     env.setdefault("OMP_NUM_THREADS", "1")
+    env["SPECD_MODEL_TARGET"] = "demo"  # the embedded pair: these measure the editor side, not the model
     pack = tmp_path / "data" / "nvim" / "site" / "pack" / "specd" / "start"
     pack.mkdir(parents=True)
     (pack / "specd.nvim").symlink_to(REPO / "editor-plugins" / "neovim")

@@ -105,6 +105,7 @@ def home(tmp_path_factory):
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
     env["PYTHONPATH"] = str(REPO)
     env.setdefault("OMP_NUM_THREADS", "1")  # a busy 2-core machine: no spinning OpenMP threads
+    env["SPECD_MODEL_TARGET"] = "demo"  # the embedded pair: these measure the editor side, not the model
     pack = root / "data" / "nvim" / "site" / "pack" / "specd" / "start"
     pack.mkdir(parents=True)
     (pack / "specd.nvim").symlink_to(REPO / "editor-plugins" / "neovim")  # the README's "Native packages"

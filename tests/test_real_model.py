@@ -24,6 +24,7 @@ from conftest import GGUF_ON_LLAMACPP, SHARED_DAEMON_CONFIG
 from daemon_helpers import REPO, DaemonProcess
 from engine_helpers import assert_lossless
 from real_model import as_default_model, smollm2
+from specd.bench.near_ties import flip_margins, summarize
 from specd.engine import CompletionRequest
 from specd.engine.engine import Engine
 from specd.engine.options import EngineOptions
@@ -72,21 +73,27 @@ def test_the_file_runs_on_llama_cpps_forward_and_tokenizer(llamacpp_engine):
 
 
 def test_llama_cpp_output_is_its_own_greedy_of_the_file(llamacpp_engine, gguf):
-    """Every completion is what llama.cpp alone decodes from the same prompt, one token a forward.
-    llama.cpp's Q4_1 kernels round differently by batch width, so a flip at a near-tie (the
-    one-row decode's top two logits within ``NEAR_TIE``) would be counted apart; there are none
-    on these cursors."""
+    """Every completion is what llama.cpp alone decodes from the same prompt, one token a forward,
+    up to near-ties: llama.cpp's Q4_1 kernels round a forward of several rows differently from a
+    one-row step (specd's first step runs the prompt's last token with the first draft), so
+    where the one-row decode's two tokens are within ``NEAR_TIE`` logits either may win. Every
+    flip must be such a near-tie (``specd.bench.near_ties``). A 135M model at 4 bits has many:
+    measured here, 3 of these 4 cursors part at margins of 0.04-0.19 logits."""
     slot = LlamaSlot(gguf, n_ctx=4096)
-    outputs = 0
+    prompts, outputs, references = [], [], []
     for offset in [STACK_POP, *deep_offsets()]:
         text = STACK if offset == STACK_POP else HELD_OUT
         result = llamacpp_engine.complete(CompletionRequest(uri="file:///held-out.py", text=text, offset=offset,
                                                             max_tokens=MAX_TOKENS, token_healing=False))
         reference = slot.generate(result.prompt_ids, MAX_TOKENS, set(llamacpp_engine.stop_ids)).tokens
-        n = len(result.token_ids)
-        assert n and result.token_ids == reference[:n], (offset, result.stop_reason, result.token_ids, reference)
-        outputs += 1
-    assert outputs == 1 + len(DEEP_CURSORS)
+        assert result.token_ids, (offset, result.stop_reason)
+        prompts.append(result.prompt_ids)
+        outputs.append(result.token_ids)
+        references.append(reference)
+    mismatched = [i for i, (ours, theirs) in enumerate(zip(outputs, references)) if ours != theirs[:len(ours)]]
+    flips = summarize(flip_margins(slot, prompts, outputs, references, mismatched))
+    assert flips["defects"] == 0, flips
+    assert len(mismatched) < len(outputs), flips  # and the rest identical
 
 
 def test_the_torch_path_on_dequantized_weights_is_transformers_greedy(torch_engine):
