@@ -77,8 +77,8 @@ def test_llama_cpp_output_is_its_own_greedy_of_the_file(llamacpp_engine, gguf):
     up to near-ties: llama.cpp's Q4_1 kernels round a forward of several rows differently from a
     one-row step (specd's first step runs the prompt's last token with the first draft), so
     where the one-row decode's two tokens are within ``NEAR_TIE`` logits either may win. Every
-    flip must be such a near-tie (``specd.bench.near_ties``). A 135M model at 4 bits has many:
-    measured here, 3 of these 4 cursors part at margins of 0.04-0.19 logits."""
+    flip must be such a near-tie (``specd.bench.near_ties``); a 135M model at 4 bits has many
+    (docs/llamacpp.md)."""
     slot = LlamaSlot(gguf, n_ctx=4096)
     prompts, outputs, references = [], [], []
     for offset in [STACK_POP, *deep_offsets()]:
