@@ -5,8 +5,8 @@ llama.cpp's quantized CPU kernels round a batch of several rows differently from
 step, so a verify forward can pick the other of two tokens whose logits are nearly equal. For
 each output that differs from the reference, the first differing position is looked up in
 llama.cpp's own one-row decode (``LlamaSlot.step_logits``): the margin is the reference token's
-logit minus the other token's there. Below ``NEAR_TIE`` it is counted as a near-tie; above it,
-the flip cannot come from rounding and is a defect.
+logit minus the other token's there. Within ``NEAR_TIE`` either way it is counted as a near-tie;
+beyond it, the flip cannot come from rounding and is a defect.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ def flip_margins(slot, prompts: list[list[int]], outputs: list[list[int]], refer
 def summarize(flips: list[dict[str, Any]]) -> dict[str, Any]:
     """Counts for the report: near-ties (margin under ``NEAR_TIE``) apart from the rest."""
     margins = [f["margin"] for f in flips if f["margin"] is not None]
-    near = sum(1 for m in margins if m < NEAR_TIE)
+    # A negative margin: the reference's own token is not the replay's argmax (its cache was
+    # reused from another request, so its rows were batched otherwise); a near-tie by its size.
+    near = sum(1 for m in margins if abs(m) < NEAR_TIE)
     return {"flips": len(flips), "near_ties": near, "defects": len(flips) - near,
             "near_tie_threshold": NEAR_TIE, "margins": margins, "at": flips}
