@@ -92,12 +92,6 @@ def llama_cpp_cases(vocab: Path, base: str) -> list[tuple[str, list[int]]]:
 
 # ---- families --------------------------------------------------------------------------------
 
-# Pre-tokenizers of the families' own tokenizer.json files (llama.cpp's llama-vocab.cpp carries the
-# same expressions for its pre-tokenizer types).
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_DEEPSEEK_CODER_SPLITS = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+")
-
 # Qwen2.5-Coder's added tokens above Qwen2's <|im_end|> (151645), from its tokenizer_config.json.
 QWEN25_CODER_ADDED = {
     151646: "<|object_ref_start|>", 151647: "<|object_ref_end|>", 151648: "<|box_start|>", 151649: "<|box_end|>",
@@ -135,97 +129,19 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def _gguf_fields(path: Path) -> dict:
-    import gguf
-
-    reader = gguf.GGUFReader(path)
-    fields = reader.fields
-
-    def strings(key: str) -> list[str] | None:
-        found = fields.get(key)
-        return None if found is None else [bytes(found.parts[i]).decode("utf-8") for i in found.data]
-
-    def numbers(key: str) -> list | None:
-        found = fields.get(key)
-        return None if found is None else [found.parts[i].tolist()[0] for i in found.data]
-
-    def scalar(key: str):
-        found = fields.get(key)
-        return None if found is None else found.parts[found.data[0]].tolist()[0]
-
-    return {"model": bytes(fields["tokenizer.ggml.model"].parts[-1]).decode(),
-            "tokens": strings("tokenizer.ggml.tokens"), "types": numbers("tokenizer.ggml.token_type"),
-            "scores": numbers("tokenizer.ggml.scores"), "merges": strings("tokenizer.ggml.merges"),
-            "bos": scalar("tokenizer.ggml.bos_token_id"), "eos": scalar("tokenizer.ggml.eos_token_id"),
-            "unk": scalar("tokenizer.ggml.unknown_token_id")}
-
-
-UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp's token types
-
-
-def _spm_merges(vocab: dict[str, int], scores: list[float]) -> list[tuple[str, str]]:
-    """A SentencePiece BPE model's merges, as transformers derives them: every split of a piece
-    into two pieces, the merged piece's score first (then the parts' ids)."""
-    merges = []
-    for piece, piece_id in vocab.items():
-        for i in range(1, len(piece)):
-            left, right = piece[:i], piece[i:]
-            if left in vocab and right in vocab:
-                merges.append((-scores[piece_id], vocab[left], vocab[right], left, right))
-    merges.sort()
-    return [(left, right) for *_, left, right in merges]
-
-
 def build_tokenizer(family: Family, vocab: Path, out: Path) -> Path:
-    """``out`` as a tokenizer folder AutoTokenizer loads (built once; kept if there)."""
+    """``out`` as a tokenizer folder AutoTokenizer loads (built once; kept if there): the
+    package's own GGUF rebuild (``specd.llamacpp.dequantize.build_tokenizer``), with the family's
+    pre-tokenizer and the specials its vocabulary file lacks."""
     if (out / "tokenizer.json").is_file():
         return out
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    import gguf
 
-    gguf = _gguf_fields(vocab / f"ggml-vocab-{family.base}.gguf")
-    tokens, types = gguf["tokens"], gguf["types"]
-    # Placeholders ("[PAD151646]") fill llama.cpp's files up to the embedding size; the real
-    # tokenizers have no such entries (their length is below the model's vocab_size).
-    keep = {i: t for i, t in enumerate(tokens) if not (t.startswith("[PAD") and types[i] == USER_DEFINED)}
-    keep.update(family.added)
-    specials = {i for i in keep if i < len(types) and types[i] in (UNKNOWN, CONTROL)} | set(family.added)
-    added = {i: t for i, t in keep.items() if i in specials or (i < len(types) and types[i] == USER_DEFINED)}
-    vocab_map = {t: i for i, t in keep.items()}
-    if gguf["model"] == "gpt2":
-        merges = [tuple(m.split(" ", 1)) for m in gguf["merges"]]
-        tok = Tokenizer(models.BPE(vocab_map, merges, fuse_unk=False, byte_fallback=False))
-        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-        if family.base == "qwen2":
-            tok.normalizer = normalizers.NFC()
-            tok.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Split(Regex(_QWEN2_SPLIT), "isolated"), byte_level])
-        elif family.base == "deepseek-coder":
-            tok.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Split(Regex(expr), "isolated") for expr in _DEEPSEEK_CODER_SPLITS]
-                + [pre_tokenizers.Digits(individual_digits=True), byte_level])
-        elif family.base == "starcoder":
-            tok.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Digits(individual_digits=True),
-                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-        else:
-            raise ValueError(f"no pre-tokenizer known for {family.base}")
-        tok.decoder = decoders.ByteLevel()
-    elif gguf["model"] == "llama":  # SentencePiece BPE with byte fallback: Llama 2's tokenizer.json
-        base_vocab = {t: i for t, i in vocab_map.items() if i < len(tokens)}
-        merges = _spm_merges(base_vocab, gguf["scores"])
-        tok = Tokenizer(models.BPE(vocab_map, merges, unk_token=tokens[gguf["unk"]], fuse_unk=True, byte_fallback=True))
-        tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
-    else:
-        raise ValueError(f"tokenizer model {gguf['model']!r} is not rebuilt here")
-    tok.add_tokens([AddedToken(t, special=i in specials, normalized=False) for i, t in sorted(added.items())])
-    bos = tokens[gguf["bos"]] if gguf["bos"] is not None else None
-    eos = tokens[gguf["eos"]] if gguf["eos"] is not None else None
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
-                                   unk_token=tokens[gguf["unk"]] if gguf["model"] == "llama" else None)
-    for i, text in added.items():
+    from specd.llamacpp.dequantize import build_tokenizer as from_gguf, read_fields
+
+    fast = from_gguf(read_fields(gguf.GGUFReader(vocab / f"ggml-vocab-{family.base}.gguf")), added=family.added,
+                     pre=family.base)
+    for i, text in family.added.items():
         assert fast.convert_tokens_to_ids(text) == i, (family.name, text, i, fast.convert_tokens_to_ids(text))
     tmp = Path(tempfile.mkdtemp(prefix=".tok-", dir=out.parent))
     fast.save_pretrained(tmp)

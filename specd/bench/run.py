@@ -76,23 +76,6 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(parts)
 
 
-class _ModelUnavailable(Exception):
-    pass
-
-
-def _resolve(cfg) -> tuple[str, str]:
-    """The files the configured models load as (``resolve_models``: the default model, the demo
-    pair, a GGUF file dequantized for torch), so the baseline is chosen for what really runs."""
-    from specd.engine.engine import resolve_models
-    from specd.engine.options import EngineOptions
-    from specd.engine.types import EngineError
-
-    try:
-        return resolve_models(EngineOptions.from_config(cfg))
-    except EngineError as err:
-        raise _ModelUnavailable(str(err)) from None
-
-
 def _load_engine(cfg, target: str, draft: str):
     """The engine on ``target`` / ``draft`` as ``resolve_models`` named them."""
     from dataclasses import replace
@@ -356,6 +339,9 @@ def _report_forward_costs(args: argparse.Namespace, engine, costs: dict[str, Any
 
 
 def run_bench(args: argparse.Namespace, cfg) -> int:
+    from specd.engine.options import EngineOptions
+    from specd.engine.types import EngineError
+
     started = time.monotonic()
     costs_only = getattr(args, "forward_costs_only", False)
     try:
@@ -366,7 +352,12 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
         if args.limit < 1 or args.max_tokens < 1:
             raise ValueError("--limit and --max-tokens must be at least 1")
         files = [] if costs_only else load_corpus(args.corpus)
-        target, draft = _resolve(cfg)
+        # The files the models load as (the default model, the demo pair, a GGUF file dequantized
+        # for torch), so the baseline is chosen for what really runs. (torch loads here, after
+        # the cheap checks: a usage error answers at once.)
+        from specd.engine.engine import resolve_models
+
+        target, draft = resolve_models(EngineOptions.from_config(cfg))
         chosen = baseline(target, draft)
         method_names = chosen.methods(requested, target or draft)
         if requested and chosen.reference not in requested:
@@ -374,7 +365,7 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
     except ValueError as err:
         print(f"specd bench: {err}", file=sys.stderr)
         return EXIT_USAGE
-    except _ModelUnavailable as err:
+    except EngineError as err:  # the default model could not be fetched, a file not converted
         print(f"specd bench: {err}", file=sys.stderr)
         return EXIT_MODEL
     if not files and not costs_only:
