@@ -25,16 +25,14 @@ requests come on a new connection each loaded window). Run with ``-s`` to see th
 
 from __future__ import annotations
 
-import math
 import random
 import socket
-import statistics
 import threading
 import time
-from dataclasses import dataclass, field
 
 import pytest
 
+from big_documents_load import Figures, p95
 from daemon_helpers import DaemonProcess, raw_connect, wait_for
 from specd.engine.front.boundaries import NO_BOUNDARIES
 from specd.protocol.errors import RpcError
@@ -61,27 +59,6 @@ def demo_daemon(tmp_path_factory):
     proc.start(timeout=240)
     yield proc
     proc.stop()
-
-
-def p95(values: list[float]) -> float:
-    """Nearest-rank 95th percentile."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
-
-
-@dataclass
-class Figures:
-    complete_ms: list[float] = field(default_factory=list)
-    status_ms: list[float] = field(default_factory=list)
-
-    def add(self, other: Figures) -> None:
-        self.complete_ms += other.complete_ms
-        self.status_ms += other.status_ms
-
-    def line(self, name: str) -> str:
-        c, s = self.complete_ms, self.status_ms
-        return (f"{name:>16}: complete p50 {statistics.median(c):6.1f} p95 {p95(c):6.1f} ms (n={len(c)}); "
-                f"status p50 {statistics.median(s):5.1f} p95 {p95(s):5.1f} ms (n={len(s)})")
 
 
 def polite(daemon: DaemonProcess, seconds: float) -> Figures:
