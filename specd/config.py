@@ -281,6 +281,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                 _probability, words=("auto",)),
         "cache_budget_mb": Key(int, 2048, "memory for per-document KV caches, MiB", _at_most(1 << 24, " MiB")),
         "time_budget_ms": Key(int, 5000, "wall-clock limit per completion, ms", _at_most(DAY_MS, " ms")),
+        "first_suggestion_ms": Key(int, 1000, "prefill a cold document's completion may spend before it "
+                                   "answers from a narrower window while the full prompt prefills in idle "
+                                   "time, ms; 0 always waits for the full prompt", _at_most(DAY_MS, " ms")),
         "threads": Key(int, 0, "CPU threads for torch (0 = auto: half the cores, at most 4)", _at_most(4096, minimum=0)),
         "context_tokens": Key(int, 512, "prompt budget for other files' chunks (repo-level context), tokens", _at_most(1 << 20, minimum=0)),
         "auto_context": Key(bool, True, "fill that budget from open buffers and nearby workspace files"),

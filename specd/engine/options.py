@@ -40,6 +40,7 @@ class EngineOptions:
     draft_confidence: float | str = "auto"  # a probability, or auto: measured at load (speculation.agreement)
     cache_budget_mb: int = 2048
     time_budget_ms: int = 5000
+    first_suggestion_ms: int = 1000  # prefill a cold completion may spend; beyond it a narrower window answers
     threads: int = 0
     context_tokens: int = 512  # prompt budget for other files' chunks (repo-level context)
     auto_context: bool = True  # choose those chunks from open buffers and the workspace
