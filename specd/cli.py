@@ -139,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "this much untimed idle time, as the daemon does during specd-lsp's debounce (75 ms): "
                         "its idle prefill brings the target's and draft's caches to the cursor. Peers get "
                         "nothing (llama-server and generate() do not see edits). Default 0")
+    p.add_argument("--costs", default="measured", metavar="PROFILE",
+                   help="what specd's planner prices forwards at: measured (this machine's; default), or gpu (a 7B "
+                        "model on an H100: a verify of up to 8 tokens 1.05x a step); outputs stay the same, and "
+                        "the report adds each method's decode forwards priced at those costs (projected)")
     p.add_argument("--no-forward-costs", action="store_true",
                    help="skip measuring what one forward costs per forward path, width and context (quicker runs)")
     p.add_argument("--forward-costs-only", action="store_true",
@@ -217,6 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", metavar="DIR",
                    help="go on training this pair (its tokenizer, sizes and weights; lower peak learning rates) "
                         "instead of a fresh one")
+    p = sub.add_parser("train-draft", help="distil a draft model for a target from its own predictions on code",
+                       description="Distil a small draft that shares the target's tokenizer: the target runs once "
+                                   "over the corpus (its top-k next-token distributions kept), a narrow Llama "
+                                   "started from the target's embeddings learns them within --minutes, and "
+                                   "TRAINING.md beside the weights says how often it agrees with the target on "
+                                   "held-out code, what its step costs against the target's on each forward path, "
+                                   "and the tokens per forward that predicts. Ctrl-C saves a checkpoint in --out; "
+                                   "the same command goes on from it.")
+    from specd.distill.train import add_arguments as train_draft_arguments  # light: no torch at import
+
+    train_draft_arguments(p)
     return parser
 
 
@@ -242,6 +257,9 @@ def _handler(command: str) -> Callable[[argparse.Namespace, Any], int]:
     if command == "train-demo":
         from specd.demo.train import run_train_demo
         return run_train_demo
+    if command == "train-draft":
+        from specd.distill.train import run_train_draft
+        return run_train_draft
     raise AssertionError(command)
 
 

@@ -1,0 +1,77 @@
+"""The target as a teacher: any name specd serves resolved to a torch folder, and its next-token
+distributions on the corpus, run once and kept as the top ``k`` (ids and log-probabilities).
+
+A GGUF target (a ``.gguf`` file, ``ollama:NAME``, or the default model) teaches from its
+dequantized transformers folder (``specd.llamacpp.dequantize``): on a CPU torch runs it
+several times faster than llama.cpp does when every position's logits are read, and the two
+pick the same greedy token nearly everywhere; agreement is still measured against the file on
+llama.cpp's forward, as the engine serves it (``report``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str           # as given (empty: the default model)
+    folder: Path        # a transformers folder: weights, config and tokenizer
+    gguf: Path | None   # the GGUF file the engine serves, when the target is one
+
+    def describe(self) -> str:
+        return f"{self.name or 'the default model'} ({self.gguf or self.folder})"
+
+
+def resolve_target(name: str, say=None) -> Target:
+    """The target's torch folder (a GGUF file's dequantized one) and its GGUF file; empty is the
+    default model, ``demo`` the demo pair's target, as ``model.target`` means them."""
+    from specd.engine.builtin import resolve_names
+    from specd.llamacpp.gguf import is_gguf_name, resolve
+
+    resolved, _ = resolve_names(name, "", say=say)
+    if is_gguf_name(resolved):
+        from specd.llamacpp.dequantize import dequantized_folder
+
+        gguf = resolve(resolved)
+        return Target(name, dequantized_folder(str(gguf), progress=True), gguf)
+    folder = Path(resolved).expanduser()
+    if not folder.is_dir():
+        from specd.llamacpp.export import resolve_model_dir
+
+        folder = resolve_model_dir(resolved)  # a hub id's local snapshot
+    return Target(name, folder, None)
+
+
+def load_torch_model(folder: Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def top_k(logits, k: int):
+    """(ids [.., k] int32, log-probabilities [.., k] float16) of the ``k`` likeliest tokens."""
+    import torch
+
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = logprobs.topk(k, dim=-1)
+    return ids.to(torch.int32), values.to(torch.float16)
+
+
+def teach(model, windows, k: int, batch: int):
+    """The target's top-k over ``windows`` (a [B, T] LongTensor): (ids, logprobs), [B, T, k]."""
+    import torch
+
+    ids, values = [], []
+    with torch.no_grad():
+        for start in range(0, len(windows), batch):
+            logits = model(input_ids=windows[start:start + batch]).logits  # [b, T, V]
+            top_ids, top_values = top_k(logits, k)
+            ids.append(top_ids)
+            values.append(top_values)
+    return torch.cat(ids), torch.cat(values)
