@@ -61,6 +61,7 @@ from specd.engine.engine import Engine
 from specd.engine.options import context_window
 from specd.engine.caches import common_prefix
 from specd.engine.front.boundaries import NO_BOUNDARIES
+from specd.engine.speculation.costs import ForwardTally
 from specd.engine.types import CompletionRequest, SourceStats
 
 HF_PEERS = ("hf_greedy", "hf_prefix_cache", "hf_assisted", "hf_lookup")
@@ -72,6 +73,8 @@ ABLATIONS = tuple(m for m in SPECD_METHODS if m.startswith("specd_no_"))  # spec
 NEEDS_LLAMACPP = frozenset({*LLAMACPP_PEERS, "specd_llamacpp"})
 ALL_METHODS = PEERS + SPECD_METHODS
 NEEDS_DRAFT = frozenset({"hf_assisted", "specd_no_lookup"})
+# Peers whose every target forward makes one token: at simulated costs each is one step.
+ONE_TOKEN_PEERS = frozenset({"hf_greedy", "hf_prefix_cache", "llamacpp"})
 PROMPT_LOOKUP_TOKENS = 10  # HF's documented example value for prompt_lookup_num_tokens
 PROMPT_LOOKUP_MAX_NGRAM = 2  # transformers' default max_matching_ngram_size (left unset)
 DEFAULT_WINDOW = 4096  # a target whose files state no window
@@ -90,6 +93,8 @@ class Run:
     prefill_computed: int  # prompt tokens run through the target
     prefill_reused: int  # prompt tokens served from a cache
     sources: dict[str, SourceStats] = field(default_factory=dict)  # proposals/acceptances per drafter
+    forwards: ForwardTally | None = None  # specd's: the forwards its steps ran, by width
+    projected_ms: float | None = None  # those forwards at simulated costs (``--costs``), decode only
 
     @property
     def decode_ms(self) -> float:
@@ -318,6 +323,7 @@ class SpecdMethod:
         sync_workspace(self.engine, dict(item.workspace) if self.use_workspace else {})
         if self.idle_ms > 0 and self.kv_reuse:
             self._idle(request.uri, item.text)
+        before = self.engine.planning.ran.copy()
         started = time.perf_counter()
         result = self.engine.complete(request)
         ms = (time.perf_counter() - started) * 1000
@@ -325,7 +331,8 @@ class SpecdMethod:
             raise RuntimeError(f"{self.name}: the engine built a different prompt for {item.label} "
                                "than the one the HF peers were given")
         return Run(list(result.token_ids), ms, result.target_forwards, result.first_token_ms,
-                   result.prefill_computed, result.prefill_reused, dict(result.sources))
+                   result.prefill_computed, result.prefill_reused, dict(result.sources),
+                   forwards=self.engine.planning.ran.since(before))
 
     def _idle(self, uri: str, text: str) -> None:
         """The edit, then idle prefill until it is done or ``idle_ms`` have passed (untimed)."""

@@ -8,6 +8,11 @@ median decode times (the time after the first token), the part drafting can shor
 ``vs_ablations`` (``specd`` only) is the paired ratio the other way round, per ablation:
 ``ablation ms / specd ms``, geometric mean (above 1: specd is faster).
 
+At simulated costs (``--costs``, ``simulated.py``) a method's ``projected_ms`` is its decode
+forwards priced at those costs, summed over the workload, and ``projected_speedup_vs[peer]`` the
+peer's over it (above 1: fewer simulated ms); ``target_forwards_by_width`` shows how wide
+specd's planner verified.
+
 The reference every output is compared with is the report's ``reference``: ``hf_greedy`` on a
 transformers target, ``llamacpp`` on a GGUF one (``reference.py``).
 A completion whose reference output is empty proves nothing about identity:
@@ -84,6 +89,11 @@ def summarize_method(runs: list[Run], reference: list[list[int]], documents: lis
             entry["steps"] += stats.steps
     for entry in acceptance.values():
         entry["rate"] = _round(entry["accepted"] / entry["proposed"] if entry["proposed"] else 0.0, 4)
+    projected = [r.projected_ms for r in runs]
+    widths: dict[int, int] = {}  # specd's target forwards by width (its draft plus the pending token)
+    for run in runs:
+        for width, count in (run.forwards.target.items() if run.forwards is not None else ()):
+            widths[width] = widths.get(width, 0) + count
     return {
         "median_ms": _round(statistics.median(times)) if times else 0.0,
         "p95_ms": _round(percentile(times, 95)),
@@ -105,6 +115,10 @@ def summarize_method(runs: list[Run], reference: list[list[int]], documents: lis
         "prefill_reused_fraction_warm": _warm_reuse(runs, documents),
         "acceptance": acceptance,
         "ms": [_round(t, 2) for t in times],
+        # At simulated costs (``--costs``): the workload's decode forwards priced so, summed; None
+        # where they are not known (measured costs, or a peer whose forward widths are not).
+        "projected_ms": _round(sum(projected)) if runs and None not in projected else None,
+        "target_forwards_by_width": {str(w): n for w, n in sorted(widths.items())} or None,
     }
 
 
@@ -143,6 +157,12 @@ def summarize_workload(runs: dict[str, list[Run]], prompt_lengths: list[int],
             peer: _round(_geomean(p.ms / m.ms for p, m in zip(runs[peer], runs[name]) if m.ms > 0))
             for peer in peers if peer != name
         }
+    projected = [p for p in peers if methods[p]["projected_ms"] is not None]
+    for name, summary in methods.items():
+        if summary["projected_ms"] is not None:
+            # The same forwards-at-simulated-costs ratio: above 1, fewer simulated ms than that peer.
+            summary["projected_speedup_vs"] = {peer: _ratio_of(methods[peer]["projected_ms"], summary["projected_ms"])
+                                               for peer in projected if peer != name}
     if "specd" in methods:
         # Each ablation's time over specd's for the same completion, geometric mean (above 1: specd
         # is faster): the ablations do the same work as specd wherever what they turn off is not
@@ -268,6 +288,11 @@ def format_table(report: dict[str, Any]) -> str:
     agreement = report.get("draft_agreement")
     if agreement:
         lines.append(f"draft model at load: {Agreement(**agreement).summary()}")
+    costs = report.get("costs") or {}
+    if costs.get("simulated"):
+        lines.append(f"forward costs SIMULATED ({costs['mode']}: {costs['profile']['basis']}): specd's planner chose "
+                     "its drafts at those costs while the forwards ran here; the wall times are this machine's; "
+                     f"projected = {costs['projection']}")
     if settings.get("idle_ms"):
         lines.append(f"specd methods hear each edit and get {settings['idle_ms']:g} ms of untimed idle time before "
                      "the request it triggers (the daemon's idle prefill during specd-lsp's debounce); peers do not")
@@ -297,6 +322,8 @@ def format_table(report: dict[str, Any]) -> str:
         for method, s in methods.items():
             cells = "".join(f"{_ratio(s[key].get(peer)):>{w}}" for (_, key, peer), w in zip(columns, widths))
             lines.append(f"  {method:<20}{cells}")
+        if costs.get("simulated"):
+            lines += _projected_lines(methods, costs["mode"], reference)
         ablations = methods.get("specd", {}).get("vs_ablations")
         if ablations:
             lines.append("  specd vs its ablations, paired (ablation ms / specd ms per completion, geometric mean; "
@@ -334,6 +361,18 @@ def format_table(report: dict[str, Any]) -> str:
         lines += ["", format_forward_costs(report["forward_costs"])]
     lines += ["", f"command: {report['command']}  ({report['wall_s']:.0f} s)"]
     return "\n".join(lines)
+
+
+def _projected_lines(methods: dict[str, Any], mode: str, reference: str) -> list[str]:
+    """Tokens per target forward and the decode forwards priced at the simulated costs, per method
+    that has a projection, with its ratio to the reference's."""
+    lines = [f"  {'projected at ' + mode + ' costs':<28}{'tok/fwd':>9}{'decode ms':>11}{'vs ' + reference:>16}"]
+    for method, s in methods.items():
+        if s.get("projected_ms") is None:
+            continue
+        ratio = "-" if method == reference else _ratio(s.get("projected_speedup_vs", {}).get(reference))
+        lines.append(f"  {method:<28}{s['mean_tokens_per_forward']:>9.2f}{s['projected_ms']:>11.1f}{ratio:>16}")
+    return lines
 
 
 def _header(report: dict[str, Any]) -> str:

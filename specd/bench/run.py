@@ -7,6 +7,8 @@ for each completion run all methods back to back, rotating which goes first, so 
 of a shared machine hits every method alike.
 What "identical" is measured against follows the target (``reference.py``): ``hf_greedy`` on
 a transformers model, ``llamacpp`` (llama.cpp's greedy of the same file) on a GGUF file.
+With ``--costs gpu`` specd's planner prices forwards as a GPU would (``simulated.py``) while they
+run here, and the report adds each method's decode forwards priced so.
 Results go to stdout (table, or JSON with ``--json``); logs and the progress bar to stderr.
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 
 from specd.bench import near_ties
 from specd.bench import report as reporting
+from specd.bench import simulated
 from specd.bench.costs import measure_forward_costs
 from specd.bench.peers import (ALL_METHODS, NEEDS_DRAFT, NEEDS_LLAMACPP, PROMPT_LOOKUP_MAX_NGRAM,
                                PROMPT_LOOKUP_TOKENS, Method, PromptIds, Run, make_method)
@@ -35,7 +38,7 @@ EXIT_USAGE = 2
 EXIT_MODEL = 1
 WARMUP_DOC = "warmup"
 PROMPT_KEY = "bench/prompts/{doc}"  # the engine document key the HF peers' prompts are built under
-WORKLOAD_METADATA = ("settings", "hf_settings", "reference", "reference_is")  # left out of a --forward-costs-only report
+WORKLOAD_METADATA = ("settings", "hf_settings", "costs", "reference", "reference_is")  # left out of a --forward-costs-only report
 
 
 def names_of(value: str | None, known: tuple[str, ...], what: str) -> list[str]:
@@ -66,6 +69,8 @@ def command_line(args: argparse.Namespace) -> str:
         value = getattr(args, name, None)
         if value is not None and value != defaults[name]:
             parts += [flag, str(value)]
+    if getattr(args, "costs", None) not in (None, simulated.MEASURED):
+        parts += ["--costs", args.costs]
     if getattr(args, "json", False):
         parts.append("--json")
     for flag, name in (("--no-forward-costs", "no_forward_costs"), ("--forward-costs-only", "forward_costs_only")):
@@ -195,8 +200,10 @@ def _close(engine, methods: list[Method], doc: str) -> None:
     engine.close_document(PROMPT_KEY.format(doc=doc))  # the prompt key's anchor, if any
 
 
-def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]]) -> dict[str, Any]:
-    """Run every method on every completion; per workload: ({method: [Run]}, prompt lengths, labels)."""
+def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]],
+            profile: simulated.CostProfile | None = None) -> dict[str, Any]:
+    """Run every method on every completion; per workload: ({method: [Run]}, prompt lengths, labels).
+    With a cost ``profile``, each run's decode forwards are also priced at its costs (``projected_ms``)."""
     first = next((items[0] for items in workloads.values() if items), None)
     if first is not None:
         warm = Completion(first.workload, WARMUP_DOC, first.text, first.offset)
@@ -221,7 +228,10 @@ def measure(engine, methods: list[Method], workloads: dict[str, list[Completion]
                 prompts.append(list(prompt))
                 shift = turn % len(methods)
                 for method in methods[shift:] + methods[:shift]:
-                    runs[method.name].append(method.run(item, prompt))
+                    run = method.run(item, prompt)
+                    if profile is not None:
+                        run.projected_ms = simulated.project(method, run, profile)
+                    runs[method.name].append(run)
                 if last_use[item.doc] == i:
                     _close(engine, methods, item.doc)
                 turn += 1
@@ -275,7 +285,8 @@ def hf_settings(engine) -> dict[str, Any] | None:
     }
 
 
-def _metadata(args: argparse.Namespace, engine, wall_s: float, reference: str) -> dict[str, Any]:
+def _metadata(args: argparse.Namespace, engine, wall_s: float, reference: str,
+              profile: simulated.CostProfile | None = None) -> dict[str, Any]:
     import torch
     import transformers
 
@@ -313,6 +324,8 @@ def _metadata(args: argparse.Namespace, engine, wall_s: float, reference: str) -
             "edit_replay_requests": edit_replay_requests(args.limit),
         },
         "hf_settings": hf_settings(engine),
+        # what the planner priced forwards at: this machine's measurements, or a simulated machine's
+        "costs": simulated.describe(profile, engine),
         "reference": reference,  # the method every output is compared with
         "reference_is": REFERENCE_MEANING[reference],
         "wall_s": round(wall_s, 1),
@@ -351,6 +364,7 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
         requested = names_of(args.methods, ALL_METHODS, "method") if args.methods else None
         if args.limit < 1 or args.max_tokens < 1:
             raise ValueError("--limit and --max-tokens must be at least 1")
+        profile = simulated.profile_named(getattr(args, "costs", None))
         files = [] if costs_only else load_corpus(args.corpus)
         # The files the models load as (the default model, the demo pair, a GGUF file dequantized
         # for torch), so the baseline is chosen for what really runs. (torch loads here, after
@@ -381,13 +395,14 @@ def run_bench(args: argparse.Namespace, cfg) -> int:
 
     previous_threads = torch.get_num_threads()
     try:
-        return _bench(args, cfg, (target, draft), files, workload_names, method_names, chosen.reference, started)
+        return _bench(args, cfg, (target, draft), files, workload_names, method_names, chosen.reference, started,
+                      profile)
     finally:
         torch.set_num_threads(previous_threads)  # in-process callers (tests) get theirs back
 
 
 def _bench(args: argparse.Namespace, cfg, models: tuple[str, str], files, workload_names: list[str], method_names: list[str],
-           reference: str, started: float) -> int:
+           reference: str, started: float, profile: simulated.CostProfile | None = None) -> int:
     from specd.engine.types import EngineError, ModelLoadError
 
     try:
@@ -416,9 +431,12 @@ def _bench(args: argparse.Namespace, cfg, models: tuple[str, str], files, worklo
         return EXIT_MODEL
     log.info("bench: %s; methods %s; %d source files",
              ", ".join(f"{n} {len(c)}" for n, c in workloads.items()), ", ".join(m.name for m in methods), len(files))
+    if profile is not None:  # before the warm-up: every step the planner plans is priced so
+        simulated.install(methods, profile)
+        log.info("forward costs simulated (%s): %s", profile.name, profile.basis)
 
-    results = measure(engine, methods, workloads)
-    report = _metadata(args, engine, time.monotonic() - started, reference)
+    results = measure(engine, methods, workloads, profile)
+    report = _metadata(args, engine, time.monotonic() - started, reference, profile)
     decode = engine.pair.tokenizer.decode
     report["workloads"] = {}
     slot = next((getattr(m, "slot", None) for m in methods if m.name == reference), None)

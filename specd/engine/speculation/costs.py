@@ -16,6 +16,10 @@ millisecond, so it needs two things per loaded pair:
 
 Expected tokens of a step that verifies k drafted tokens: 1 + first (1 + then (1 - then^(k-1))
 / (1 - then)) (the accepted prefix plus the target's own token after it).
+
+The costs may also be another machine's (``CostProfile``, ``SimulatedCosts``): the planner then
+decides as it would there while the forwards run here, and ``ForwardTally`` (what the steps ran,
+by width) priced at those costs projects the time they would take there.
 """
 
 from __future__ import annotations
@@ -198,6 +202,13 @@ class ForwardCosts:
                 if other != 1:
                     self.target[other] *= scale
 
+    def price(self, tally: "ForwardTally") -> float:
+        """ms of the forwards ``tally`` counts, at these costs (rows of logits on demand aside)."""
+        table = self.target_table(max(tally.target, default=1))
+        step, per_token = self.draft_rates() if tally.draft_forwards else (0.0, 0.0)
+        return (sum(table[width] * count for width, count in tally.target.items())
+                + tally.draft_forwards * step + tally.draft_catch_up * per_token)
+
     def step_ms(self, width: int, rows: float) -> float:
         """A target step of ``width`` tokens that reads ``rows`` rows of logits (expected)."""
         return self.target_ms(width) + self.head_row * rows
@@ -223,6 +234,116 @@ class ForwardCosts:
                 "head_row_ms": round(self.head_row, 3),
                 "draft_step_ms": None if self.draft_step is None else round(self.draft_step, 3),
                 "draft_catch_up_ms_per_token": None if self.draft_per_token is None else round(self.draft_per_token, 4)}
+
+
+@dataclass
+class ForwardTally:
+    """The forwards a planner's steps ran, for pricing at any costs (``ForwardCosts.price``): the
+    target's by width (the pending token and its draft, or a token tree's nodes; prompt tokens
+    riding with a request's first step are prefill and not counted), and the draft model's
+    forwards with the catch-up tokens beyond the first of each chain."""
+
+    target: dict[int, int] = field(default_factory=dict)  # width -> forwards
+    draft_forwards: int = 0
+    draft_catch_up: int = 0
+
+    def add_target(self, width: int) -> None:
+        self.target[width] = self.target.get(width, 0) + 1
+
+    def add_draft(self, catch_up: int, forwards: int) -> None:
+        """A draft chain of ``forwards`` forwards, the first of which also ran ``catch_up`` tokens."""
+        if forwards > 0:
+            self.draft_forwards += forwards
+            self.draft_catch_up += max(0, catch_up - 1)
+
+    @property
+    def target_forwards(self) -> int:
+        return sum(self.target.values())
+
+    def copy(self) -> "ForwardTally":
+        return ForwardTally(dict(self.target), self.draft_forwards, self.draft_catch_up)
+
+    def since(self, earlier: "ForwardTally") -> "ForwardTally":
+        """What ran after ``earlier`` (a ``copy`` of this tally) was taken."""
+        target = {width: count - earlier.target.get(width, 0) for width, count in self.target.items()}
+        return ForwardTally({width: count for width, count in target.items() if count},
+                            self.draft_forwards - earlier.draft_forwards, self.draft_catch_up - earlier.draft_catch_up)
+
+
+@dataclass(frozen=True)
+class CostProfile:
+    """Forward costs of a machine specd is not running on, from published figures. A target step
+    (one token) costs ``step_ms``; a verify of up to ``flat_rows`` tokens ``flat_ratio`` steps;
+    each token beyond those ``per_row`` of a step more. The draft model keeps the ratio of its
+    step to the target's measured here, and its catch-up costs per token what a token beyond
+    ``flat_rows`` costs the target, at that ratio. Rows of logits come with the forward."""
+
+    name: str
+    step_ms: float
+    flat_rows: int
+    flat_ratio: float
+    per_row: float
+    basis: str  # one line: the machine and model the figures stand for
+
+    def target_ms(self, width: int) -> float:
+        if width <= 1:
+            return self.step_ms
+        return self.step_ms * (self.flat_ratio + self.per_row * max(0, width - self.flat_rows))
+
+    def simulate(self, measured: ForwardCosts) -> "SimulatedCosts":
+        """Costs priced by this profile, the draft model's at its ratio in ``measured`` (this
+        machine's, which keeps recording what the steps take here)."""
+        widths = sorted({1, 2, self.flat_rows, self.flat_rows + 1})  # linear beyond: ``target_ms`` extends the last slope
+        costs = SimulatedCosts(target={width: self.target_ms(width) for width in widths}, profile=self,
+                               measured=measured)
+        if measured.draft_step is not None:
+            ratio = measured.draft_step / measured.target_ms(1)
+            costs.draft_step = self.step_ms * ratio
+            costs.draft_per_token = self.step_ms * self.per_row * ratio
+        return costs
+
+    def describe(self) -> dict:
+        return {"name": self.name, "step_ms": self.step_ms, "flat_rows": self.flat_rows,
+                "flat_ratio": self.flat_ratio, "per_row": self.per_row, "basis": self.basis}
+
+
+# A 7B model in bfloat16 on one H100 SXM, batch 1 (docs/bench.md, "Simulated GPU costs"). Its
+# decode step reads 13.5 GB of weights at 3.35 TB/s: 4.0 ms at the memory's peak, 5 ms at the
+# 80% that compiled batch-1 decoders reach. A forward of w tokens does w flops per byte of weight
+# it reads (a multiply-add per bf16 weight per token), and the H100's dense bf16 peak is 295
+# flops per byte of its bandwidth: a verify of 8 tokens is still a weight read, +5% for attention
+# over the extra queries and the wider activations. Beyond 8 each token is priced at its own
+# matmuls (2 x 6.7 GFLOP at half the dense peak: 0.027 ms, 0.55% of a step) as if none of it hid
+# under the read: dearer than the roofline, which stays flat past a hundred tokens.
+GPU = CostProfile("gpu", step_ms=5.0, flat_rows=8, flat_ratio=1.05, per_row=0.0055,
+                  basis="a 7B model in bf16 on one H100 SXM, batch 1: a verify of up to 8 tokens 1.05x a "
+                        "step, +0.55% of a step per token beyond")
+PROFILES = {profile.name: profile for profile in (GPU,)}
+MEASURED = "measured"  # no profile: the costs this machine measures
+
+
+@dataclass
+class SimulatedCosts(ForwardCosts):
+    """``ForwardCosts`` priced by a ``CostProfile``, not by this machine's clock: the planner
+    decides as it would on that machine while the forwards run here, and outputs stay the same
+    (the planner chooses drafts, never tokens). The prices stay fixed; what the steps take here
+    goes to ``measured``, which reports show beside them."""
+
+    profile: CostProfile | None = None
+    measured: ForwardCosts = field(default_factory=ForwardCosts)
+
+    def record_target(self, width: int, ms: float) -> None:
+        self.measured.record_target(width, ms)
+
+    def record_head_row(self, ms: float) -> None:
+        self.measured.record_head_row(ms)
+
+    def record_draft(self, catch_up: int, steps: int, ms: float) -> None:
+        self.measured.record_draft(catch_up, steps, ms)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "simulated": self.profile.name if self.profile else None,
+                "measured": self.measured.describe()}
 
 
 @dataclass

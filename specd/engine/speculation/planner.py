@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from specd.engine.caches import common_prefix
-from specd.engine.speculation.costs import Acceptance, ForwardCosts
+from specd.engine.speculation.costs import Acceptance, ForwardCosts, ForwardTally
 from specd.engine.speculation.drafters import EMPTY, Draft, Drafter, DraftTree, Prior
 from specd.engine.types import SourceStats
 
@@ -30,9 +30,11 @@ UNKNOWN_PRIOR: Prior = (0.3, 0.5)  # a kind no drafter declared a prior for
 @dataclass
 class PlannerMemory:
     """What the planner learns across requests, per loaded pair: costs and acceptance, and the
-    priors its drafters declared (``Drafter.priors``; a kind belongs to one drafter)."""
+    priors its drafters declared (``Drafter.priors``; a kind belongs to one drafter). ``ran``:
+    the forwards its steps ran, by width, for pricing at other costs (``ForwardCosts.price``)."""
 
     costs: ForwardCosts = field(default_factory=ForwardCosts)
+    ran: ForwardTally = field(default_factory=ForwardTally)
     acceptance: dict[str, Acceptance] = field(default_factory=dict)
     priors: dict[str, Prior] = field(default_factory=dict)
     steps_unpriced: dict[str, int] = field(default_factory=dict)  # priced drafter's kind -> steps it did not run
@@ -130,6 +132,7 @@ class DraftPlanner:
                 self.memory.steps_unpriced[cost.kind] = 0
                 started, forwards, recordings = time.perf_counter(), cost.forwards, cost.recordings
                 draft = dataclasses.replace(self._kinded(drafter, drafter.propose(seq, k)), asked=k)
+                self.memory.ran.add_draft(catch_up, cost.forwards - forwards)
                 if cost.recordings == recordings:  # a step that recorded a CUDA graph first is no measure
                     self.memory.costs.record_draft(catch_up, cost.forwards - forwards,
                                                    (time.perf_counter() - started) * 1000)
@@ -243,10 +246,19 @@ class DraftPlanner:
         """After verification: ``accepted`` of the draft's tokens stood; the target forward (and
         verification) took ``ms`` besides the rows of logits computed on demand, ``head_row_ms``
         each (0: the rows came with the forward)."""
+        self._ran(len(draft) + 1, ms, head_row_ms)
+        self._credit(draft, accepted)
+
+    def _ran(self, width: int, ms: float | None, head_row_ms: float) -> None:
+        """A target forward of ``width`` tokens ran: counted, and its cost recorded where timed."""
+        self.memory.ran.add_target(width)
         if ms is not None:
-            self.memory.costs.record_target(len(draft) + 1, ms)
+            self.memory.costs.record_target(width, ms)
         if head_row_ms > 0:
             self.memory.costs.record_head_row(head_row_ms)
+
+    def _credit(self, draft: Draft, accepted: int) -> None:
+        """``accepted`` of ``draft``'s tokens stood: its source's counts and its kind's acceptance."""
         if not draft.tokens:
             return
         stats = self.stats.setdefault(draft.source, SourceStats())
@@ -269,12 +281,9 @@ class DraftPlanner:
         recorded as the draft it is, with the tokens of it that stood; the forward as one of the
         tree's width. ``stats[TREE]``: trees, branches beyond the first, and how many trees a token
         off the first branch stood in."""
-        if ms is not None:
-            self.memory.costs.record_target(len(tree) + 1, ms)
-        if head_row_ms > 0:
-            self.memory.costs.record_head_row(head_row_ms)
+        self._ran(len(tree) + 1, ms, head_row_ms)
         for draft in tree.branches:
-            self.record(draft, common_prefix(draft.tokens, accepted))
+            self._credit(draft, common_prefix(draft.tokens, accepted))
         stats = self.stats.setdefault(TREE, SourceStats())
         stats.steps += 1
         stats.proposed += len(tree.branches) - 1
