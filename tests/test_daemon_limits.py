@@ -26,11 +26,9 @@ import pytest
 
 from daemon_helpers import DaemonProcess, apply_edits, edit_index, free_port, raw_connect, read_all, resolve_cursor, wait_for
 from specd.client import Client
-from specd.daemon import scheduler as scheduler_module
 from specd.daemon.buffers import TextIndex
 from specd.daemon.listeners import RuntimeLock, StartupError, prepare_private_dir
-from specd.daemon.scheduler import CompletionQueue
-from specd.daemon.worker import Job
+from specd.daemon.scheduler import Job, Scheduler
 from specd.protocol import ErrorCode, RpcError, pack
 from specd.protocol.framing import FrameDecoder, FrameError
 from specd.protocol.positions import TextIndex as SharedTextIndex
@@ -185,47 +183,71 @@ def test_a_column_on_a_huge_non_ascii_line_is_not_quadratic(encoding):
     assert elapsed < 1.0, f"{elapsed:.2f} s"
 
 
-# -- per queue: the completion queue -------------------------------------------------------------
+# -- per queue: the scheduler -------------------------------------------------------------------
 
 
 def _job(label: str, payload: object = None) -> Job:
     return Job(fn=lambda engine, cancel: (engine, payload), label=label)
 
 
+def _run_one(queue: Scheduler, model_s: float = 0.01) -> Job | None:
+    """What the worker does with the scheduler's next job: one step of ``model_s``, its last."""
+    job = queue.next_job(0)
+    if job is not None:
+        queue.charge(job, model_s)
+        queue.ended(job)
+        job.future.set_result(None)
+    return job
+
+
 def test_queue_serves_connections_in_turn():
     """Behind another connection's 64 queued completes, a 2-token complete waited 114 s."""
-    async def main() -> list[str]:
-        submitted: list[Job] = []
-        queue = CompletionQueue(submitted.append, max_queued_chars=10 * MiB, max_per_connection=64)
-        for number in range(40):
-            queue.put(1, _job(f"a{number}"), 10)
-        queue.put(2, _job("b0"), 10)
-        while len(queue):  # the worker finishes what it was handed, one at a time
-            running = next(job for job in submitted if not job.future.done())
-            running.future.set_running_or_notify_cancel()
-            running.future.set_result(None)
-            await asyncio.sleep(0)
-        return [job.label for job in submitted]
-
-    order = asyncio.run(main())
-    assert order.index("b0") == 1  # the worker holds one job per connection: b0 joins a0 there
+    queue = Scheduler(max_queued_chars=10 * MiB, max_per_connection=64)
+    for number in range(40):
+        queue.put(1, _job(f"a{number}"), 10)
+    started = queue.next_job(0)  # a0 starts; b0 comes while it runs
+    queue.put(2, _job("b0"), 10)
+    queue.charge(started, 0.01)
+    queue.ended(started)
+    started.future.set_result(None)
+    order = [started.label]
+    while (job := _run_one(queue)) is not None:
+        order.append(job.label)
+    assert order.index("b0") == 1  # served next: its connection has had no model time
     assert sorted(order) == sorted([f"a{n}" for n in range(40)] + ["b0"])
+
+
+def test_the_next_step_goes_to_the_lane_with_the_least_model_time():
+    """A started long job and another connection's new one: the new one's steps go first until
+    its lane has had as much model time; interactive before batch; a cancelled job first."""
+    queue = Scheduler(max_queued_chars=MiB)
+    queue.put(1, _job("long"), 10)
+    long = queue.next_job(0)
+    queue.charge(long, 0.5)
+    queue.put(2, _job("new"), 10)
+    new = queue.next_job(0)
+    assert new.label == "new" and queue.next_job(0) is new  # started, and still the least served
+    queue.charge(new, 1.0)
+    assert queue.next_job(0) is long
+    queue.put(3, Job(fn=lambda engine, cancel: None, label="batch", batch=True), 10)
+    assert queue.next_job(0) is long  # batch work waits while interactive work is started
+    new.request_cancel("superseded")
+    assert queue.next_job(0) is new  # its step ends it, freeing what it holds
 
 
 def test_the_retry_hint_of_a_long_running_job_is_not_another_clients_service_time():
     """A connection whose only job has run 3 s, with no finished job of its own yet, was told
     to retry in 20 ms (a quarter of another client's 80 ms completes): 1,000 retries a second."""
-    async def main() -> tuple[int, int]:
-        queue = CompletionQueue(lambda job: None, max_queued_chars=MiB)
-        queue._service_all_s = 0.08  # the others' completes, as _served_in averages them
-        queue.put(1, _job("long"), 10)
-        queue.put(2, _job("fresh"), 10)
-        (long,) = [job for job in queue._in_worker if job.label == "long"]
-        (fresh,) = [job for job in queue._in_worker if job.label == "fresh"]
-        long.started_at, fresh.started_at = time.monotonic() - 3.0, time.monotonic() - 0.01
-        return queue.retry_after_ms(1), queue.retry_after_ms(2)
-
-    long_hint, fresh_hint = asyncio.run(main())
+    queue = Scheduler(max_queued_chars=MiB)
+    queue._service_all_s = 0.08  # the others' completes, as _served_in averages them
+    queue.put(1, _job("long"), 10)
+    queue.put(2, _job("fresh"), 10)
+    long = queue.next_job(0)
+    queue.charge(long, 0.01)  # its first step: the other connection's job is next
+    fresh = queue.next_job(0)
+    assert (long.label, fresh.label) == ("long", "fresh")
+    long.started_at, fresh.started_at = time.monotonic() - 3.0, time.monotonic() - 0.01
+    long_hint, fresh_hint = queue.retry_after_ms(1), queue.retry_after_ms(2)
     assert 700 <= long_hint <= 800, long_hint  # a quarter of what it has run so far
     assert 60 <= fresh_hint <= 75, fresh_hint  # the usual service time, less what it has had
 
@@ -235,52 +257,45 @@ def test_cancelled_jobs_leave_the_queue_with_what_they_hold():
     class Payload:
         pass
 
-    async def main() -> None:
-        submitted: list[Job] = []
-        queue = CompletionQueue(submitted.append, max_queued_chars=10 * MiB)
-        queue.put(1, _job("running"), 1)
-        queue.put(1, _job("next"), 1)  # waits behind it
-        refs = []
-        for number in range(10):
-            payload = Payload()
-            refs.append(weakref.ref(payload))
-            job = _job(f"w{number}", payload)
-            del payload
-            queue.put(2, job, 1)
-            job.request_cancel("superseded")
-            queue.discard(job)
-            del job
-        assert len(queue) == 1  # "next" only
-        assert all(ref() is None for ref in refs), "a cancelled job's request outlived it"
-        # cancelled after being handed to the worker but before it started: its work is dropped
-        held = Payload()
-        ref = weakref.ref(held)
-        in_worker = _job("in-worker", held)
-        del held
-        submitted[0].future.set_running_or_notify_cancel()
-        queue._in_worker.add(in_worker)
-        in_worker.future.add_done_callback(queue._finished)
-        in_worker.request_cancel("superseded")
-        assert ref() is None
-
-    asyncio.run(main())
+    queue = Scheduler(max_queued_chars=10 * MiB)
+    queue.put(1, _job("running"), 1)
+    queue.next_job(0)
+    queue.put(1, _job("next"), 1)  # waits behind it
+    refs = []
+    for number in range(10):
+        payload = Payload()
+        refs.append(weakref.ref(payload))
+        job = _job(f"w{number}", payload)
+        del payload
+        queue.put(2, job, 1)
+        job.request_cancel("superseded")
+        queue.discard(job)
+        del job
+    assert len(queue) == 1  # "next" only
+    assert all(ref() is None for ref in refs), "a cancelled job's request outlived it"
+    # cancelled while waiting, and nobody discards it: its work is dropped all the same
+    held = Payload()
+    ref = weakref.ref(held)
+    waiting = _job("waiting", held)
+    del held
+    queue.put(3, waiting, 1)
+    waiting.request_cancel("superseded")
+    del waiting
+    assert ref() is None
 
 
 def test_queue_bounds_count_and_text_per_connection():
-    async def main() -> None:
-        queue = CompletionQueue(lambda job: None, max_queued_chars=1000, max_per_connection=4)
-        for number in range(1 + 4):  # one in the worker, four waiting
-            queue.put(1, _job(f"a{number}"), 10)
-        with pytest.raises(RpcError) as info:
-            queue.put(1, _job("one too many"), 10)
-        assert info.value.code == ErrorCode.BUSY.value
-        queue.put(2, _job("b0"), 10)  # another connection is not affected: b0 goes to the worker
-        queue.put(2, _job("b1"), 900)
-        with pytest.raises(RpcError) as info:
-            queue.put(2, _job("b2"), 200)
-        assert info.value.code == ErrorCode.BUSY.value and "characters" in info.value.message
-
-    asyncio.run(main())
+    queue = Scheduler(max_queued_chars=1000, max_per_connection=4)
+    for number in range(1 + 4):  # one for the worker, four waiting
+        queue.put(1, _job(f"a{number}"), 10)
+    with pytest.raises(RpcError) as info:
+        queue.put(1, _job("one too many"), 10)
+    assert info.value.code == ErrorCode.BUSY.value
+    queue.put(2, _job("b0"), 10)  # another connection is not affected: b0 is next for the worker
+    queue.put(2, _job("b1"), 900)
+    with pytest.raises(RpcError) as info:
+        queue.put(2, _job("b2"), 200)
+    assert info.value.code == ErrorCode.BUSY.value and "characters" in info.value.message
 
 
 # -- per connection: an in-process daemon ----------------------------------------------------------

@@ -9,8 +9,8 @@ The loop never waits on the model.
 
 Around it: ``listeners`` (socket setup and file safety), ``admission`` (who may connect and
 send what), ``params`` (all wire parsing), ``handlers`` (the methods), ``buffers`` (the open
-documents), ``scheduler`` (the completion queue), ``worker`` (the model thread and the
-engine's copy of the documents), ``metrics`` (what status reports), ``engine_api`` (what an
+documents), ``scheduler`` (admission and the order of the model's work), ``worker`` (the model
+thread and the engine's copy of the documents), ``metrics`` (what status reports), ``engine_api`` (what an
 engine must offer).
 
 Limits, per connection: one message at most ``daemon.max_frame_bytes`` however it is streamed,
@@ -55,7 +55,7 @@ from specd.daemon.params import (
     parse_open,
     parse_workspace,
 )
-from specd.daemon.scheduler import CompletionQueue
+from specd.daemon.scheduler import Scheduler
 from specd.daemon.worker import FAILED, LOADING, READY, STARTING, DocumentMirror, ModelWorker
 from specd.daemon.workspace import Workspace, WorkspaceOptions
 from specd.protocol import session as session_limits
@@ -132,11 +132,12 @@ class Daemon:
         self.buffers = BufferStore(cfg["daemon.max_documents"], cfg["daemon.max_document_bytes"],
                                    cfg["daemon.max_open_bytes"], cfg["daemon.max_open_bytes_per_connection"])
         idle = cfg["daemon.idle_unload_s"] if idle_unload_s is None else idle_unload_s
-        self.worker = ModelWorker(engine_factory or (lambda: load_engine(cfg)), idle, self._on_worker_state)
+        self.scheduler = Scheduler(max_queued_chars=max(self.max_frame_bytes, self.buffers.max_document_bytes))
+        self.worker = ModelWorker(engine_factory or (lambda: load_engine(cfg)), self.scheduler, idle,
+                                  self._on_worker_state)
         self.mirror = DocumentMirror(lambda: self.worker.engine, self.worker.wake, self._serving_others)
         self._last_request: dict[int, float] = {}  # connection id -> when its last request came (monotonic)
         self.workspace = Workspace(WorkspaceOptions.from_config(cfg), self._corpus_sink, self.worker.wake)
-        self.completions = CompletionQueue(self.worker.submit, max_queued_chars=max(self.max_frame_bytes, self.buffers.max_document_bytes))
         self.connections: dict[int, Connection] = {}
         self.admission = Admission(
             self.connections, allowed_uid=os.getuid() if allowed_uid is None else allowed_uid,
@@ -149,7 +150,7 @@ class Daemon:
         self._document_locks = DocumentLocks()
         self._engine_figures = EngineFigures(ENGINE_FIGURES_MAX_AGE_S)
         engine_stats = EngineStats(self.worker, self._engine_figures)
-        self.completion = CompletionMethods(self.buffers, self._document_locks, self.completions,
+        self.completion = CompletionMethods(self.buffers, self._document_locks, self.scheduler,
                                             load_failure=self._load_failure, on_finished=self._engine_figures.invalidate,
                                             max_tokens_cap=cfg["daemon.max_tokens_cap"],
                                             default_max_tokens=cfg["engine.max_tokens"],
@@ -161,7 +162,7 @@ class Daemon:
                                          on_closed=self.completion.document_closed,
                                          waiting_on_thread=self._waiting_on_thread)
         self.status = StatusMethods(cfg, socket_path=self.socket_path, worker=self.worker, buffers=self.buffers,
-                                    completions=self.completions, completion=self.completion, workspace=self.workspace,
+                                    completions=self.scheduler, completion=self.completion, workspace=self.workspace,
                                     connections=self.connections, engine=engine_stats, limits=self.limits)
         self.folders = FolderMethods(self.workspace)
         self.methods: dict[str, Route] = {
@@ -189,7 +190,7 @@ class Daemon:
         """A completion runs on the model thread or waits for it, or a connection other than
         ``owner`` sent a request in the last OTHERS_ACTIVE_S. Read from the document mirror's
         thread: each read is one attribute, one ``len`` or one copy of a dict, atomic under the GIL."""
-        if self.worker.current is not None or len(self.completions) > 0 or self.worker.queued() > 0:
+        if self.worker.current is not None or len(self.scheduler) > 0:
             return True
         since = time.monotonic() - OTHERS_ACTIVE_S
         return any(conn != owner and at > since for conn, at in list(self._last_request.items()))
@@ -204,7 +205,7 @@ class Daemon:
             "max_open_bytes_per_connection": self.buffers.max_open_bytes_per_connection,
             "max_connections": self.admission.max_connections,
             "max_uri_chars": MAX_URI_CHARS,
-            "max_queued_per_connection": self.completions.max_per_connection,
+            "max_queued_per_connection": self.scheduler.max_per_connection,
             "max_tokens_cap": self.completion.max_tokens_cap,
             "partial_message_timeout_s": self.partial_message_timeout_s,
         }
@@ -293,8 +294,7 @@ class Daemon:
                 self.mirror.replay(self.buffers.texts())
                 self.workspace.replay()
         elif state == FAILED:
-            self.completions.fail_all(self._load_failure())
-            self.worker.fail_queued(self._load_failure())
+            self.scheduler.fail_all(self._load_failure())
             # One line, whatever the exception held: it is what `specd serve`, the spawn log and
             # systemd's STATUS= show.
             message = " ".join(f"cannot load models: {self.worker.load_error}".split())
@@ -329,9 +329,8 @@ class Daemon:
             server.close()
         self._remove_socket_file()
         # Queued work is refused now; the started completions get a bounded time to finish.
-        self.completions.fail_all(self._load_failure())
-        self.worker.fail_queued(self._load_failure())
-        started = list(self.worker.started) or ([self.worker.current] if self.worker.current is not None else [])
+        self.scheduler.fail_all(self._load_failure())
+        started = self.scheduler.started()
         if started:
             budget_s = self.cfg["engine.time_budget_ms"] / 1000 + SHUTDOWN_GRACE_S
             await asyncio.wait([asyncio.wrap_future(job.future) for job in started], timeout=budget_s)

@@ -1,28 +1,26 @@
 """The one thread that does model work, and the thread that mirrors buffers into the engine.
 
 ``ModelWorker`` owns the engine: it loads it, runs jobs, releases the models after an idle
-period and reloads them for the next job. The event loop only submits jobs and awaits their
-futures, so it never blocks on the model.
+period and reloads them for the next job. The event loop only admits jobs to the scheduler and
+awaits their futures, so it never blocks on the model.
 
-Jobs run interleaved, step by step. A job with ``steps`` is a generator that yields between its
-steps (a completion: after its prefill and each decode step, ``Engine.complete_steps``);
-the worker keeps every started one and, after each step, runs the next step of the job whose
-*lane* (the connection that asked) has had the least model time lately (an exponentially decayed
-sum, half-life ``LANE_HALF_LIFE_S``), interactive work before batch work. So a 32-token request
-from one editor runs to its end while another client's 4,096-token job waits between two of its
-steps, and two long jobs share the model in turns. Each job works on its own document's state;
-time a job spends suspended is not charged to its time budget (``speculation.loop``). A job
-with only ``fn`` runs to its end in one go.
+Jobs run interleaved, step by step, in the order the scheduler (``scheduler.Scheduler``, the
+one fairness policy) gives: the worker asks it for the next job, runs one step of it, charges
+the time to the job's lane and asks again. A job with ``steps`` is a generator that yields
+between its steps (a completion: after its prefill and each decode step,
+``Engine.complete_steps``); each job works on its own document's state, and time a job spends
+suspended is not charged to its time budget (``speculation.loop``). A job with only ``fn``
+runs to its end in one go.
 
-Between jobs the worker gives the engine idle time in short slices (``BACKGROUND_SLICE_S``),
-running the idle work the engine declares (``engine_api.idle_work``, in priority order):
-``prefill_pending`` prefills the cache of the document just edited (where the edit ended),
-``index_pending_buffers`` re-tokenizes the edited parts of open buffers for lookup (a completion
-never does that for a large one), ``index_pending_corpus`` tokenizes workspace files,
-``warm_context`` prefills a document's cache with a new set of context chunks. A job that
-arrives waits one slice at most; ``wake`` (the workspace watcher fed the engine) starts the
-slices without a job. Idle work never runs while a job is started: it would move the caches
-under it.
+When no job is started or waiting, the worker gives the engine idle time in short slices
+(``BACKGROUND_SLICE_S``), running the idle work the engine declares (``engine_api.idle_work``,
+in priority order): ``prefill_pending`` prefills the cache of the document just edited (where
+the edit ended), ``index_pending_buffers`` re-tokenizes the edited parts of open buffers for
+lookup (a completion never does that for a large one), ``index_pending_corpus`` tokenizes
+workspace files, ``warm_context`` prefills a document's cache with a new set of context chunks.
+A job that arrives waits one slice at most; ``wake`` (the document mirror or the workspace
+watcher fed the engine) starts the slices without a job. Idle work never runs while a job is
+started: it would move the caches under it.
 
 A job carries a ``threading.Event`` the engine polls between decoding steps; setting it
 (``cancel``/supersede/disconnect/shutdown) makes the job raise ``Cancelled`` at its next step. A
@@ -31,16 +29,17 @@ job cancelled before it starts never reaches the engine: its future is cancelled
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
-import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
 from specd.daemon.engine_api import idle_work
 from specd.daemon.heap import ClosedMemory
+from specd.daemon.scheduler import Job, Scheduler
+
+__all__ = ["DocumentMirror", "Job", "ModelWorker"]
 
 log = logging.getLogger("specd.worker")
 
@@ -55,60 +54,27 @@ STOPPED = "stopped"
 EngineFactory = Callable[[], Any]
 
 BACKGROUND_SLICE_S = 0.02  # idle work per slice: the longest a new job waits for it
-LANE_HALF_LIFE_S = 2.0  # how fast a lane's model time is forgotten when choosing the next step
-
-
-@dataclass(eq=False)
-class Job:
-    fn: Callable[[Any, threading.Event], Any] | None = None  # (engine, cancel) -> result, in one go
-    steps: Callable[[Any, threading.Event], Generator[Any, None, Any]] | None = None  # or step by step
-    on_step: Callable[[Any], None] | None = None  # what each step yields, on the worker thread
-    label: str = "job"
-    key: str | None = None  # the document it works on, for supersede
-    lane: int = 0  # who asked (a connection): the worker shares model time between lanes
-    batch: bool = False  # batch work runs only when no interactive step is waiting
-    model_s: float = 0.0  # model time it has had so far
-    cancel: threading.Event = field(default_factory=threading.Event)
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    cancel_reason: str = ""
-    enqueued_at: float = field(default_factory=time.monotonic)
-    started_at: float | None = None
-
-    def request_cancel(self, reason: str) -> None:
-        """Stop this job: at once if still queued, at the engine's next step if running."""
-        if not self.cancel.is_set():
-            self.cancel_reason = reason
-            self.cancel.set()
-        self.future.cancel()  # only succeeds while the job is still queued
-
-    @property
-    def running(self) -> bool:
-        return self.started_at is not None and not self.future.done()
-
-
-_STOP = object()
-_WAKE = object()  # no job: there is background work to do
 
 
 class ModelWorker:
     def __init__(
         self,
         load_engine: EngineFactory,
+        scheduler: Scheduler,
         idle_unload_s: float = 0,
         on_state: Callable[[str], None] | None = None,
     ):
         self._load_engine = load_engine
+        self.scheduler = scheduler
         self.idle_unload_s = idle_unload_s
         self._on_state = on_state
-        self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="specd-model-worker", daemon=True)
+        self._stopping = False
         self.engine: Any = None
         self.state = STARTING
         self.load_error: BaseException | None = None
         self.current: Job | None = None  # the job whose step runs now (or ran last, until it ends)
-        self.started: list[Job] = []  # jobs begun and not ended, in the order they began
-        self._steps: dict[Job, Generator[Any, None, Any]] = {}
-        self._lane_time: dict[int, tuple[float, float]] = {}  # lane -> (decayed model seconds, as of when)
+        self._steps: dict[Job, Generator[Any, None, Any]] = {}  # started stepped jobs, in the order they began
         self.loaded_at: float | None = None
         self.last_activity = time.monotonic()
         self.load_seconds: float | None = None
@@ -118,42 +84,20 @@ class ModelWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, job: Job) -> Job:
-        self._queue.put(job)
-        return job
-
     def wake(self) -> None:
         """There is background work (the engine's corpus changed): do it when idle."""
-        self._queue.put(_WAKE)
-
-    def queued(self) -> int:
-        """Jobs waiting to run (not counting those cancelled while queued, still in the queue)."""
-        with self._queue.mutex:
-            return sum(1 for item in self._queue.queue if isinstance(item, Job) and not item.future.done())
+        self.scheduler.wake()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Finish the started jobs, fail the queued ones (their futures are cancelled), stop."""
-        self.fail_queued(self.load_error if self.state == FAILED else None)
-        self._queue.put(_STOP)
+        """Fail the waiting jobs, finish the started ones, stop."""
+        self.scheduler.fail_all(self.load_error if self.state == FAILED else None)
+        self._stopping = True
+        self.scheduler.wake()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()
-
-    def fail_queued(self, error: BaseException | None = None) -> None:
-        """Answer every queued job: with ``error`` when given, else as cancelled."""
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if not isinstance(item, Job):
-                continue
-            if error is not None and item.future.set_running_or_notify_cancel():
-                item.future.set_exception(error)
-            else:
-                item.request_cancel("the daemon is shutting down")
 
     # -- the worker thread -----------------------------------------------------------------
 
@@ -209,35 +153,16 @@ class ModelWorker:
             return
         self.last_activity = time.monotonic()
         background = True
-        stopping = False
-        while not stopping or self._steps:
-            items = []
-            if self._steps:  # started jobs: take what arrived, never wait
-                while True:
-                    try:
-                        items.append(self._queue.get_nowait())
-                    except queue.Empty:
-                        break
-            elif stopping:
-                break
-            else:
-                try:
-                    items.append(self._queue.get(timeout=0 if background else self._poll_interval()))
-                except queue.Empty:
-                    self._maybe_unload()
-                    background = self.state == READY and self._background()
-                    continue
-            for item in items:
-                if item is _STOP:
-                    stopping = True
-                elif item is _WAKE:
-                    background = True
-                else:
-                    self._begin(item)
-            if self._steps:
-                self._step(self._next_job())
+        while not (self._stopping and not self._steps):
+            # Stopping, started jobs finish but no new one starts.
+            job = self.scheduler.next_job(0 if background else self._poll_interval(), start=not self._stopping)
+            if job is not None:
+                self._turn(job)
                 self.last_activity = time.monotonic()
                 background = True  # a completion may have moved the cursor to where new context belongs
+            elif not self._stopping:
+                self._maybe_unload()
+                background = self.state == READY and self._background()
         self._set_state(STOPPED)
 
     def _background(self) -> bool:
@@ -252,74 +177,51 @@ class ModelWorker:
                 return False
         return False
 
-    def _begin(self, job: Job) -> None:
-        """Start ``job``: a job in one go runs to its end now; a stepped one is kept."""
-        if not job.future.set_running_or_notify_cancel():
-            return  # cancelled while queued; its caller has its answer already
-        job.started_at = time.monotonic()
+    def _turn(self, job: Job) -> None:
+        """The scheduler's choice: ``job``'s first step (starting it) or its next."""
         self.current = job
+        if job in self._steps or self._begin(job):
+            self._step(job)
+
+    def _begin(self, job: Job) -> bool:
+        """Start ``job``: a job in one go runs to its end now; True for a stepped one, kept."""
         try:
             self._ensure_loaded()
             if job.steps is None:
                 result = job.fn(self.engine, job.cancel)
             else:
                 self._steps[job] = job.steps(self.engine, job.cancel)
-                self.started.append(job)
-                return
+                return True
         except BaseException as err:  # handed to the awaiting request, never lost
             self._end(job, error=err)
         else:
             self._end(job, result)
-
-    def _next_job(self) -> Job:
-        """The started job to step next: a cancelled one first (its step ends it, freeing what it
-        holds), then interactive before batch, then the lane that has had the least model time
-        lately, then the job that began first."""
-        now = time.monotonic()
-        return min(self.started, key=lambda job: (not job.cancel.is_set(), job.batch,
-                                                  self._lane_seconds(job.lane, now), job.started_at))
-
-    def lane_seconds(self, lane: int) -> float:
-        """``lane``'s recent model time (decayed, half-life ``LANE_HALF_LIFE_S``), seconds."""
-        return self._lane_seconds(lane, time.monotonic())
-
-    def _lane_seconds(self, lane: int, now: float) -> float:
-        spent, when = self._lane_time.get(lane, (0.0, now))
-        return spent * 0.5 ** ((now - when) / LANE_HALF_LIFE_S)
+        return False
 
     def _step(self, job: Job) -> None:
-        self.current = job
         began = time.monotonic()
         try:
             made = next(self._steps[job])
         except StopIteration as done:
-            self._charge(job, began)
+            self.scheduler.charge(job, time.monotonic() - began)
             self._end(job, done.value)
             return
         except BaseException as err:  # handed to the awaiting request, never lost
-            self._charge(job, began)
+            self.scheduler.charge(job, time.monotonic() - began)
             self._end(job, error=err)
             return
-        self._charge(job, began)
+        self.scheduler.charge(job, time.monotonic() - began)
         if job.on_step is not None:
             try:
                 job.on_step(made)
             except Exception:  # a listener's failure must not end the job or the thread
                 log.exception("step listener of %s failed", job.label)
 
-    def _charge(self, job: Job, began: float) -> None:
-        now = time.monotonic()
-        job.model_s += now - began
-        self._lane_time[job.lane] = (self._lane_seconds(job.lane, now) + now - began, now)
-        if len(self._lane_time) > 256:  # forget lanes long quiet
-            self._lane_time = {lane: value for lane, value in self._lane_time.items()
-                               if self._lane_seconds(lane, now) > 1e-3}
-
     def _end(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
-        if self._steps.pop(job, None) is not None:
-            self.started.remove(job)
+        self._steps.pop(job, None)
+        self.scheduler.ended(job)
         # before answering: whoever got the answer sees the worker idle (or on another job)
-        self.current = self.started[0] if self.started else None
+        self.current = next(iter(self._steps), None)
         if error is not None:
             job.future.set_exception(error)
         else:

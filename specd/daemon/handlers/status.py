@@ -20,7 +20,7 @@ from specd.daemon.engine_api import StatsOnLoop
 from specd.daemon.handlers.completion import CompletionMethods
 from specd.daemon.metrics import EngineFigures, device_memory, process_memory
 from specd.daemon.params import HelloParams
-from specd.daemon.scheduler import CompletionQueue
+from specd.daemon.scheduler import Scheduler
 from specd.daemon.worker import ModelWorker
 from specd.daemon.workspace import Workspace
 from specd.logs import log_losses
@@ -70,7 +70,7 @@ class EngineStats:
 
 class StatusMethods:
     def __init__(self, cfg: Any, *, socket_path: Path, worker: ModelWorker, buffers: BufferStore,
-                 completions: CompletionQueue, completion: CompletionMethods, workspace: Workspace,
+                 completions: Scheduler, completion: CompletionMethods, workspace: Workspace,
                  connections: dict[int, Connection], engine: EngineStats, limits: Callable[[], dict[str, Any]]):
         self.cfg = cfg
         self.socket_path = socket_path
@@ -114,7 +114,7 @@ class StatusMethods:
 
     def _queues(self) -> list[dict[str, Any]]:
         """Each client connection's share of the model: what waits, what runs, its model time."""
-        started = {job.lane: job for job in list(self.worker.started)}
+        started = {job.lane: job for job in self.completions.started()}
         out = []
         for conn in list(self.connections.values()):
             if conn.pending:
@@ -127,7 +127,7 @@ class StatusMethods:
                 "waiting": self.completions.waiting(conn.id),
                 "in_worker": self.completions.handed(conn.id),
                 "started": job.label if job is not None else None,
-                "model_s": round(self.worker.lane_seconds(conn.id), 3),
+                "model_s": round(self.completions.lane_seconds(conn.id), 3),
             })
         return out
 
@@ -158,7 +158,7 @@ class StatusMethods:
                 "cancelled": counts["cancelled"],
                 "failed": counts["failed"],
                 "superseded": counts["superseded"],
-                "queued": len(self.completions) + self.worker.queued(),
+                "queued": len(self.completions),
                 "running": current.label if current is not None else None,
             },
             "documents": self.buffers.stats(conn.id),
