@@ -33,6 +33,9 @@ MODEL_MACHINERY = {"speculation", "caches", "forward", "models", "compat"}
 DAEMON_MAY_IMPORT = ("specd.daemon", "specd.protocol", "specd.config", "specd.logs", "specd.client",
                      "specd.systemd_units", "specd.suggestion_rules", "specd.engine.types")
 DAEMON_LAZY_ONLY = ("specd.engine.loading",)
+# What of specd the draft trainer (``specd train-draft``) may import: the engine as a library,
+# llama.cpp's files, the demo trainer's schedule, the logs; never the daemon, the wire or the bench.
+DISTILL_MAY_IMPORT = ("specd.distill", "specd.engine", "specd.llamacpp", "specd.demo", "specd.logs")
 HEAVY = ("torch", "transformers", "numpy", "tokenizers", "llama_cpp")
 
 
@@ -220,6 +223,18 @@ def test_the_bench_never_imports_the_daemon():
                 f"{name} imports {target}"
             if target.startswith("specd_lsp"):
                 assert target == "specd_lsp.completion", f"{name} imports {target}"
+
+
+def test_the_draft_trainer_imports_only_what_the_map_allows():
+    for name in (n for n in MODULES if n.startswith("specd.distill")):
+        for target in GRAPH[name]:
+            assert target.startswith(DISTILL_MAY_IMPORT), f"{name} imports {target}"
+
+
+def test_the_draft_trainers_options_load_without_torch():
+    """``specd --help`` builds every subcommand's parser: the trainer's options come from its
+    module, which must not load torch or transformers to give them."""
+    assert not set(_loads("specd.distill.train")) & {"torch", "transformers", "tokenizers", "llama_cpp"}
 
 
 def test_the_protocol_knows_nothing_of_the_engine():
