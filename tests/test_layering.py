@@ -25,13 +25,13 @@ ENGINE_FOUNDATIONS = {"types", "options", "models", "compat", "lookup", "builtin
 # What the engine, a plain library, never reaches.
 OUTSIDE_THE_ENGINE = ("specd.daemon", "specd.protocol", "specd.cli", "specd.client", "specd_lsp", "specd.bench")
 # What of specd outside itself the engine may import.
-ENGINE_MAY_IMPORT = ("specd.engine", "specd.llamacpp", "specd.suggestion_rules", "specd.demo")
+ENGINE_MAY_IMPORT = ("specd.engine", "specd.llamacpp", "specd.suggestion_rules", "specd.options_table", "specd.demo")
 # The rooms and foundations that run models: the front knows tokenizers and text, never these.
 MODEL_MACHINERY = {"speculation", "caches", "forward", "models", "compat"}
 # What of specd the daemon may import; of the engine only its torch-free types, and its loader
 # lazily (inside a function: the worker thread calls it, after the loop has started).
 DAEMON_MAY_IMPORT = ("specd.daemon", "specd.protocol", "specd.config", "specd.logs", "specd.client",
-                     "specd.systemd_units", "specd.suggestion_rules", "specd.engine.types")
+                     "specd.systemd_units", "specd.suggestion_rules", "specd.options_table", "specd.engine.types")
 DAEMON_LAZY_ONLY = ("specd.engine.loading",)
 # What of specd the draft trainer (``specd train-draft``) may import: the engine as a library,
 # llama.cpp's files, the demo trainer's schedule, the logs; never the daemon, the wire or the bench.
@@ -263,4 +263,12 @@ def test_the_suggestion_rules_import_only_the_standard_library():
     nothing of specd and nothing any of them could not load."""
     name = "specd.suggestion_rules"
     assert GRAPH[name] == set()
+    assert _outside_imports(name) <= set(sys.stdlib_module_names)
+
+
+def test_the_options_table_imports_only_the_standard_library_and_the_suggestion_rules():
+    """specd.options_table is read by the engine, the daemon on its loop, the CLI and specd-lsp,
+    so it imports nothing any of them could not load."""
+    name = "specd.options_table"
+    assert GRAPH[name] <= {"specd.suggestion_rules"}
     assert _outside_imports(name) <= set(sys.stdlib_module_names)

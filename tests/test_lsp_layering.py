@@ -12,7 +12,8 @@ from pathlib import Path
 LSP = Path(__file__).resolve().parent.parent / "lsp"
 FORBIDDEN = ("specd.engine", "specd.daemon", "torch", "transformers")
 # What of specd the LSP front end may import (``specd`` itself: its version).
-SPECD_ALLOWED = ("specd.client", "specd.protocol", "specd.config", "specd.logs", "specd.suggestion_rules")
+SPECD_ALLOWED = ("specd.client", "specd.protocol", "specd.config", "specd.logs", "specd.suggestion_rules",
+                 "specd.options_table")
 # Outside the standard library: pygls, the LSP types and their converter.
 THIRD_PARTY_ALLOWED = {"pygls", "lsprotocol", "cattrs"}
 

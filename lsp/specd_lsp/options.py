@@ -4,7 +4,8 @@ workspace/didChangeConfiguration.
 Keys are camelCase as LSP clients write them (snake_case is accepted too); they may sit at the
 top level or under a ``"specd"`` section. A value of the wrong type or out of range falls back
 to its default and is named in one message to the user, never an error: a typo in an editor
-config must not cost the user their completions.
+config must not cost the user their completions. Each setting's type, range and default are its
+option's in specd's one options table (``specd.options_table``), where the daemon's are too.
 
     {"enable": true, "triggerMode": "automatic", "maxTokens": 64, "singleLine": false,
      "debounceMs": 75, "alternatives": 3, "temperature": 0.7, "stream": true, "completionFallback": "auto",
@@ -17,82 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import field, make_dataclass
+from typing import Any
 
-TRIGGER_MODES = ("automatic", "manual")
-FALLBACK_MODES = ("auto", "always", "never")
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-@dataclass(frozen=True)
-class DaemonSettings:
-    socket: str = ""  # '' = specd's own config (SPECD_DAEMON_SOCKET, config file, $XDG_RUNTIME_DIR)
-    spawn: bool = True  # start `specd serve` when nothing answers at the socket
-    spawn_timeout_s: float = 60.0  # for the spawned daemon's socket to answer
-    request_timeout_ms: int = 10_000  # most a completion may take before we give up on it
-
-
-@dataclass(frozen=True)
-class CacheSettings:
-    type_through: bool = True  # answer from the last completion while the user types it
-    prefetch: bool = True  # after an accept, compute the next suggestion ahead of time
-    size: int = 64  # completions kept for type-through, over all documents
-
-
-@dataclass(frozen=True)
-class LogSettings:
-    level: str = "info"
-    file: str = ""  # '' = stderr only
-
-
-@dataclass(frozen=True)
-class Settings:
-    enable: bool = True
-    trigger_mode: str = "automatic"  # manual: only explicitly invoked completions
-    max_tokens: int = 64
-    single_line: bool = False
-    debounce_ms: int = 75  # automatic requests wait this long for the user to stop typing
-    alternatives: int = 3  # items for an explicitly invoked completion (first greedy, rest sampled)
-    temperature: float = 0.7  # for the sampled alternatives
-    time_budget_ms: int = 0  # per completion on the daemon (0 = the daemon's default)
-    stream: bool = True  # answer an automatic request with its first line, the rest into the cache
-    completion_fallback: str = "auto"  # textDocument/completion: auto = when the client lacks inline completion
-    daemon: DaemonSettings = field(default_factory=DaemonSettings)
-    cache: CacheSettings = field(default_factory=CacheSettings)
-    log: LogSettings = field(default_factory=LogSettings)
-
-
-def _positive(value: Any) -> bool:
-    return value > 0
-
-
-def _non_negative(value: Any) -> bool:
-    return value >= 0
-
-
-# (type, check, what the check demands) per field; fields not listed are nested sections.
-CHECKS: dict[str, tuple[type, Callable[[Any], bool] | None, str]] = {
-    "enable": (bool, None, ""),
-    "trigger_mode": (str, TRIGGER_MODES.__contains__, f"one of {', '.join(TRIGGER_MODES)}"),
-    "max_tokens": (int, lambda v: 1 <= v <= 4096, "between 1 and 4096"),
-    "single_line": (bool, None, ""),
-    "debounce_ms": (int, lambda v: 0 <= v <= 10_000, "between 0 and 10000"),
-    "alternatives": (int, lambda v: 1 <= v <= 10, "between 1 and 10"),
-    "temperature": (float, lambda v: 0.0 <= v <= 2.0, "between 0 and 2"),
-    "time_budget_ms": (int, _non_negative, ">= 0"),
-    "stream": (bool, None, ""),
-    "completion_fallback": (str, FALLBACK_MODES.__contains__, f"one of {', '.join(FALLBACK_MODES)}"),
-    "socket": (str, None, ""),
-    "spawn": (bool, None, ""),
-    "spawn_timeout_s": (float, _positive, "> 0"),
-    "request_timeout_ms": (int, _positive, "> 0"),
-    "type_through": (bool, None, ""),
-    "prefetch": (bool, None, ""),
-    "size": (int, lambda v: 0 <= v <= 10_000, "between 0 and 10000"),
-    "level": (str, LOG_LEVELS.__contains__, f"one of {', '.join(LOG_LEVELS)}"),
-    "file": (str, None, ""),
-}
+from specd.options_table import LSP_OPTIONS, Option
 
 
 def camel(name: str) -> str:
@@ -104,6 +33,42 @@ def snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
+# Each setting is an option of the one table (specd.options_table) that names an ``lsp`` path:
+# its type and range are the option's, its default the option's or, where an editor wants
+# another than the daemon's, its ``lsp_default``. Keyed by snake_case path ("daemon.spawn_timeout_s").
+SETTINGS: dict[str, Option] = {
+    ".".join(snake(part) for part in option.lsp.split(".")): option for option in LSP_OPTIONS
+}
+
+
+def _settings_class(name: str, group: str, nested: dict[str, type] | None = None) -> type:
+    """The frozen, fully defaulted dataclass of one group of settings ("" = the top level)."""
+    members: list[tuple[str, Any, Any]] = []
+    for path, option in SETTINGS.items():
+        where, _, leaf = path.rpartition(".")
+        if where == group:
+            kinds = option.type.__name__ if option.lsp_value is not None else f"{option.type.__name__} | None"
+            members.append((leaf, kinds, field(default=option.lsp_value)))
+    members += [(sub, cls.__name__, field(default_factory=cls)) for sub, cls in (nested or {}).items()]
+    return make_dataclass(name, members, frozen=True, namespace={"__module__": __name__})
+
+
+DaemonSettings = _settings_class("DaemonSettings", "daemon")
+CacheSettings = _settings_class("CacheSettings", "cache")
+LogSettings = _settings_class("LogSettings", "log")
+Settings = _settings_class("Settings", "", {"daemon": DaemonSettings, "cache": CacheSettings, "log": LogSettings})
+
+
+def _demand(option: Option) -> str:
+    """What a setting's value must be; the value that leaves it to the daemon is allowed too."""
+    demand = option.demand()
+    return demand if option.lsp_unset is None else f"{option.lsp_unset} or {demand}"
+
+
+def _allowed(option: Option, value: Any) -> bool:
+    return (option.lsp_unset is not None and value == option.lsp_unset) or option.problem(value) is None
+
+
 def _coerce(value: Any, kind: type) -> Any:
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -112,7 +77,7 @@ def _coerce(value: Any, kind: type) -> Any:
     return value
 
 
-def _build(cls: type, raw: Any, base: Any, path: str, problems: list[str]) -> Any:
+def _build(cls: type, raw: Any, base: Any, path: str, problems: list[str], group: str = "") -> Any:
     if not isinstance(raw, dict):
         if raw is not None:
             problems.append(f"{path or 'settings'} (expected an object)")
@@ -127,14 +92,15 @@ def _build(cls: type, raw: Any, base: Any, path: str, problems: list[str]) -> An
             continue
         current = getattr(base, name)
         if dataclasses.is_dataclass(current):
-            values[name] = _build(type(current), value, current, where, problems)
+            values[name] = _build(type(current), value, current, where, problems, name)
             continue
-        kind, check, demand = CHECKS[name]
+        option = SETTINGS[f"{group}.{name}" if group else name]
+        kind = option.type
         value = _coerce(value, kind)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             problems.append(f"{where} (expected {kind.__name__}, got {value!r})")
-        elif check is not None and not check(value):
-            problems.append(f"{where} (must be {demand}, got {value!r})")
+        elif not _allowed(option, value):
+            problems.append(f"{where} (must be {_demand(option)}, got {value!r})")
         else:
             values[name] = value
     return dataclasses.replace(base, **values)

@@ -10,10 +10,12 @@ the size limit is the buffers' and the handlers' to say. The checkers below them
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Union
 from urllib.parse import unquote, urlparse
 
+from specd.engine.types import CompletionRequest, ContextChunk
+from specd.options_table import WIRE_OPTIONS, Option
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.methods import ERROR_FORMATS, POSITION_ENCODINGS
 
@@ -105,13 +107,23 @@ def get_folders(params: dict[str, Any], name: str) -> list[str] | None:
     return out
 
 
-COMPLETE_OPTIONS = (
-    "max_tokens", "single_line", "stop_at_block_end", "temperature", "top_p", "seed",
-    "time_budget_ms", "use_draft_model", "use_lookup", "kv_reuse",
-    "stop_at_repeated_line", "stop_at_suffix_line", "multiline",
-)
-MULTILINE_MODES = ("blocks", "always")  # the engine's boundaries.MULTILINE_MODES: the daemon never imports the engine here
-MAX_TOKENS_LIMIT = 65536  # what the wire accepts; the daemon lowers it to daemon.max_tokens_cap
+# complete's options map: the options table's wire options (``specd.options_table``), each
+# checked against its one range or choices, into CompletionRequest fields.
+COMPLETE_OPTIONS = tuple(option.name for option in WIRE_OPTIONS)
+
+
+def _option_value(options: dict[str, Any], option: Option) -> Any:
+    name = option.name
+    if option.type is bool:
+        return get_bool(options, name)
+    if option.type is int:
+        return get_int(options, name, option.low, option.high)
+    if option.type is float:
+        return get_float(options, name, option.low, option.high)
+    value = options.get(name)
+    if value is not None and value not in option.choices:
+        raise param_error(f"{name} must be one of {', '.join(option.choices)}, got {value!r}")
+    return value
 
 
 def completion_options(options: Any) -> dict[str, Any]:
@@ -123,20 +135,7 @@ def completion_options(options: Any) -> dict[str, Any]:
     unknown = sorted(str(key) for key in options if key not in COMPLETE_OPTIONS)
     if unknown:
         raise param_error(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(COMPLETE_OPTIONS)}")
-    out: dict[str, Any] = {
-        "max_tokens": get_int(options, "max_tokens", 1, MAX_TOKENS_LIMIT),
-        "seed": get_int(options, "seed", 0, 2**63 - 1),
-        "time_budget_ms": get_int(options, "time_budget_ms", 1, 600_000),
-        "temperature": get_float(options, "temperature", 0.0, 100.0),
-        "top_p": get_float(options, "top_p", 0.0, 1.0),
-    }
-    for name in ("single_line", "stop_at_block_end", "stop_at_repeated_line", "stop_at_suffix_line",
-                 "use_draft_model", "use_lookup", "kv_reuse"):
-        out[name] = get_bool(options, name)
-    multiline = options.get("multiline")
-    if multiline is not None and multiline not in MULTILINE_MODES:
-        raise param_error(f"multiline must be one of {', '.join(MULTILINE_MODES)}, got {multiline!r}")
-    out["multiline"] = multiline
+    out = {option.name: _option_value(options, option) for option in WIRE_OPTIONS}
     # Leave out what was not given, so the engine's and CompletionRequest's defaults apply.
     return {key: value for key, value in out.items() if value is not None}
 
@@ -341,21 +340,13 @@ def parse_close(params: dict[str, Any]) -> CloseParams:
 
 
 @dataclass(frozen=True)
-class ChunkParams:
-    path: str
-    text: str
-
-
-@dataclass(frozen=True)
 class CompleteParams:
-    """The open document ``uri`` when ``text`` is None, else the stateless ``text``."""
+    """``request`` is the engine's request as the wire gave it: the open document ``uri`` when
+    its ``text`` is None, else the stateless ``text``; its offset is None until the handler
+    locates ``cursor`` in the text."""
 
-    uri: str | None
-    text: str | None
+    request: CompletionRequest
     cursor: Cursor
-    path: str | None
-    extra_context: list[ChunkParams] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)  # CompletionRequest keyword arguments
     stream: bool = False  # send the settled lines as they come (``progress`` notifications)
     batch: bool | None = None  # batch work (None: as the connection's hello said)
 
@@ -376,10 +367,10 @@ def parse_complete(params: dict[str, Any]) -> CompleteParams:
         if not isinstance(item, dict):
             raise param_error(f"extra_context[{number}] must be a map {{path, text}}")
         chunk_text = get_str(item, "text")
-        chunks.append(ChunkParams(path=get_uri(item, "path"), text=chunk_text))
-    return CompleteParams(uri, text, cursor, get_uri(params, "path", required=False), chunks,
-                          completion_options(params.get("options")), bool(get_bool(params, "stream")),
-                          get_bool(params, "batch"))
+        chunks.append(ContextChunk(path=get_uri(item, "path"), text=chunk_text))
+    request = CompletionRequest(uri=uri, text=text, path=get_uri(params, "path", required=False),
+                                extra_context=chunks, **completion_options(params.get("options")))
+    return CompleteParams(request, cursor, bool(get_bool(params, "stream")), get_bool(params, "batch"))
 
 
 @dataclass(frozen=True)

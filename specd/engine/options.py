@@ -6,55 +6,30 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
+from typing import Any
+
+from specd.options_table import ENGINE_OPTIONS, REQUEST_OPTIONS, annotation
+from specd.suggestion_rules import BoundaryRules
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class EngineOptions:
-    target: str = ""
-    draft: str = ""
-    device: str = "auto"
-    dtype: str = "auto"
-    trust_remote_code: bool = False
-    fim_family: str = "auto"
-    fim_layout: str = "auto"  # auto | psm | spm | anchored (see specd.engine.front.prompt)
-    max_tokens: int = 128
-    prefix_tokens: int = 1536
-    suffix_tokens: int = 512
-    use_draft_model: bool = True
-    use_lookup: bool = True
-    kv_reuse: bool = True
-    fast_forward: bool = True  # the lean static-cache forward where the architecture allows
-    transposed_weights: str = "auto"  # auto | on | off (forward.lean.LeanForward)
-    numpy_products: str = "auto"  # auto | on | off (forward.lean.LeanForward.host_products)
-    cuda_graphs: str = "auto"  # auto | on | off (forward.lean.LeanForward.use_graphs)
-    forward_backend: str = "auto"  # auto | torch | llamacpp (specd.engine.forward.auto, .llamacpp)
-    llamacpp_prefill: str = "auto"  # auto | torch | llamacpp: where llama.cpp's prompts from empty prefill (handoff.py)
-    token_healing: bool = True  # the prompt ends a token before the cursor; output re-types it
-    draft_max: int = 8
-    lookup_max: int = 16
-    token_tree: bool = True  # several drafts in one verify forward where the planner expects it to pay
-    draft_confidence: float | str = "auto"  # a probability, or auto: measured at load (speculation.agreement)
-    cache_budget_mb: int = 2048
-    time_budget_ms: int = 5000
-    first_suggestion_ms: int = 1000  # prefill a cold completion may spend; beyond it a narrower window answers
-    threads: int = 0
-    context_tokens: int = 512  # prompt budget for other files' chunks (repo-level context)
-    auto_context: bool = True  # choose those chunks from open buffers and the workspace
-    # Suggestion boundaries (specd.engine.front.boundaries), each request's default.
-    stop_at_block_end: bool = True
-    stop_at_repeated_line: bool = True
-    stop_at_suffix_line: bool = True
-    multiline: str = "blocks"  # blocks (several lines only where a block is expected) | always
+def _from_config(cls, cfg) -> "EngineOptions":
+    values = {**cfg.section("model"), **cfg.section("engine")}
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in values.items() if k in names})
 
-    @classmethod
-    def from_config(cls, cfg) -> "EngineOptions":
-        values = {**cfg.section("model"), **cfg.section("engine")}
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
+
+# The ``model`` and ``engine`` config sections' options that the engine reads, each as the one
+# table (``specd.options_table``) defines it: ``EngineOptions(max_tokens=64)``, ``options.max_tokens``.
+EngineOptions = make_dataclass(
+    "EngineOptions",
+    [(option.name, annotation(option), field(default=option.default)) for option in ENGINE_OPTIONS],
+    namespace={"__module__": __name__, "from_config": classmethod(_from_config),
+               "__doc__": "What configures an engine: the ``model`` and ``engine`` sections of the options table."},
+)
 
 
 # The options that decide which forward paths an engine builds (``Engine.share_paths``).
@@ -100,3 +75,37 @@ def fit_prompt_budget(prefix: int, suffix: int, context: int, window: int | None
     return fitted
 
 
+# -- a request against the options ----------------------------------------------------------------
+
+# What a request may set over the engine's option (None on the request: the engine's).
+ASKED_OPTIONS = tuple(option.name for option in REQUEST_OPTIONS if option.engine)
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """A request's settings resolved against the engine's options (``resolve``)."""
+
+    max_tokens: int  # at least 1
+    time_budget_ms: int
+    use_draft_model: bool
+    use_lookup: bool
+    kv_reuse: bool  # and the request names a document: no document, nothing to reuse
+    token_healing: bool
+    rules: BoundaryRules  # the suggestion boundaries (stop_at_* and multiline)
+
+    @property
+    def budget_s(self) -> float:
+        return self.time_budget_ms / 1000.0
+
+
+def resolve(request: Any, options: Any) -> RequestSettings:
+    """The one place a request meets the engine's options, for the local and the remote engine
+    alike: each setting the request leaves None is the engine's option."""
+    value = {name: getattr(options, name) if getattr(request, name) is None else getattr(request, name)
+             for name in ASKED_OPTIONS}
+    rules = BoundaryRules(repeated_line=value["stop_at_repeated_line"], suffix_line=value["stop_at_suffix_line"],
+                          block_end=value["stop_at_block_end"], multiline=value["multiline"])
+    return RequestSettings(max_tokens=max(1, value["max_tokens"]), time_budget_ms=value["time_budget_ms"],
+                           use_draft_model=value["use_draft_model"], use_lookup=value["use_lookup"],
+                           kv_reuse=value["kv_reuse"] and bool(request.uri), token_healing=value["token_healing"],
+                           rules=rules)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, make_dataclass
 from typing import Any, Callable, Generator, TypeVar
+
+from specd.options_table import REQUEST_OPTIONS, Option, annotation
 
 T = TypeVar("T")
 
@@ -37,37 +39,28 @@ class ContextChunk:
     text: str
 
 
-@dataclass
-class CompletionRequest:
-    """One fill-in-the-middle completion.
+def _request_field(option: Option) -> tuple[str, str, Any]:
+    """A request's option: where the engine has the option too, None (the engine's); else the
+    option's own default."""
+    default = None if option.engine else option.default
+    return option.name, annotation(option, unset=option.engine), field(default=default)
 
-    ``offset`` is a character (code point) offset into the document text. The text comes from
-    ``text`` when given, else from the open document ``uri``.
-    """
 
-    uri: str | None = None
-    text: str | None = None
-    offset: int | None = None
-    max_tokens: int | None = None  # None: engine default
-    single_line: bool = False
-    # Suggestion boundaries (front/boundaries.py); None: the engine's default (engine.stop_at_* / multiline).
-    stop_at_block_end: bool | None = None
-    stop_at_repeated_line: bool | None = None
-    stop_at_suffix_line: bool | None = None
-    multiline: str | None = None  # blocks | always
-    # A line break of the other style than the document's ends the completion ("line_ending").
-    # Off only where output is compared token for token with a decoder that has no such stop.
-    stop_at_line_ending: bool = True
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    time_budget_ms: int | None = None
-    use_draft_model: bool | None = None  # None: engine default
-    use_lookup: bool | None = None
-    kv_reuse: bool | None = None
-    token_healing: bool | None = None  # None: engine default (engine.token_healing)
-    extra_context: list[ContextChunk] = field(default_factory=list)
-    path: str | None = None  # file path shown in repo-level prompts
+# One fill-in-the-middle completion. ``offset`` is a character (code point) offset into the
+# document text; the text comes from ``text`` when given, else from the open document ``uri``.
+# Its settings are the options table's request options (``specd.options_table``), each None
+# where the engine's option applies (``specd.engine.options.resolve``).
+CompletionRequest = make_dataclass(
+    "CompletionRequest",
+    [("uri", "str | None", field(default=None)),
+     ("text", "str | None", field(default=None)),
+     ("offset", "int | None", field(default=None)),
+     *(_request_field(option) for option in REQUEST_OPTIONS),
+     ("extra_context", "list[ContextChunk]", field(default_factory=list)),
+     ("path", "str | None", field(default=None))],  # file path shown in repo-level prompts
+    namespace={"__module__": __name__,
+               "__doc__": "One fill-in-the-middle completion: a document, a cursor, the request's settings."},
+)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from dataclasses import replace
 from typing import Any, Callable, Generator
 
 from specd.daemon.admission import Connection
@@ -21,6 +22,7 @@ from specd.daemon.metrics import LatencyWindow
 from specd.daemon.params import CancelParams, CompleteParams, LineCursor
 from specd.daemon.scheduler import CompletionQueue
 from specd.daemon.worker import Job
+from specd.engine.types import CompletionRequest
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.methods import PROGRESS_NOTIFICATION
 
@@ -84,37 +86,33 @@ class CompletionMethods:
         self.latency = LatencyWindow()
         self.counts: collections.Counter[str] = collections.Counter()  # completed, cancelled, failed, superseded
 
-    async def _request(self, params: CompleteParams) -> tuple[Any, int | None]:
-        """The engine's request for ``params``, and the version of the document it reads."""
-        from specd.engine.types import CompletionRequest, ContextChunk
-
+    async def _request(self, params: CompleteParams) -> tuple[CompletionRequest, int | None]:
+        """The engine's request for ``params``: the parsed one, with the text it reads, the
+        cursor's offset in it and max_tokens within the cap; and the version of that text."""
+        asked = params.request
         version = None
-        if params.text is None:
-            doc = self.buffers.get(params.uri)
+        if asked.text is None:
+            doc = self.buffers.get(asked.uri)
             text, version = doc.text, doc.version
             index = await document_index(doc) if isinstance(params.cursor, LineCursor) else doc.index
         else:
-            text = params.text
+            text = asked.text
             self.buffers.check_size(text, "text")
             index = await index_in_steps(text) if isinstance(params.cursor, LineCursor) else TextIndex(text)
         offset = locate(index, params.cursor)
-        chunks = []
-        for number, chunk in enumerate(params.extra_context):
+        for number, chunk in enumerate(asked.extra_context):
             self.buffers.check_size(chunk.text, f"extra_context[{number}]")
-            chunks.append(ContextChunk(path=chunk.path, text=chunk.text))
-        options = dict(params.options)
-        if options.get("max_tokens", self.default_max_tokens) > self.max_tokens_cap:
-            options["max_tokens"] = self.max_tokens_cap
-        request = CompletionRequest(uri=params.uri, text=text, offset=offset, path=params.path,
-                                    extra_context=chunks, **options)
-        return request, version
+        max_tokens = asked.max_tokens
+        if (self.default_max_tokens if max_tokens is None else max_tokens) > self.max_tokens_cap:
+            max_tokens = self.max_tokens_cap
+        return replace(asked, text=text, offset=offset, max_tokens=max_tokens), version
 
     async def complete(self, conn: Connection, params: CompleteParams, msgid: int | None) -> dict[str, Any]:
-        if params.text is None:  # the open document, after the changes sent before this request
-            async with self.locks.hold(params.uri):
+        if params.request.text is None:  # the open document, after the changes sent before this request
+            async with self.locks.hold(params.request.uri):
                 req, version = await self._request(params)
             if self._on_document_request is not None:
-                self._on_document_request(params.uri)
+                self._on_document_request(params.request.uri)
         else:
             req, version = await self._request(params)
         if (failure := self._load_failure()) is not None:

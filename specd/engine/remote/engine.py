@@ -38,9 +38,9 @@ from typing import Any
 
 from specd.engine.front.engine_front import EngineFront, Fronted
 from specd.engine.front.prompt import Prompt
-from specd.engine.front.boundaries import BoundaryRules, Surroundings, rules_for, surroundings
+from specd.engine.front.boundaries import BoundaryRules, Surroundings, surroundings
 from specd.engine.front.stops import StopRules
-from specd.engine.options import EngineOptions, context_window
+from specd.engine.options import EngineOptions, context_window, resolve
 from specd.engine.remote.client import (RemoteClient, RemoteError, RemoteOptions, Stream, Watch,
                                         event_text)
 from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError
@@ -224,12 +224,11 @@ class RemoteEngine(Fronted):
     def _complete(self, req: CompletionRequest, text: str, offset: int, cancel: threading.Event | None,
                   started: float) -> CompletionResult:
         prompt = self.front.request_prompt(req, text, offset, heal=False)
-        budget_s = (self.options.time_budget_ms if req.time_budget_ms is None else req.time_budget_ms) / 1000
-        max_tokens = max(1, self.options.max_tokens if req.max_tokens is None else req.max_tokens)
-        stops = TextStops(self.stop_texts, req.single_line, prompt.indent, rules=rules_for(req, self.options),
+        settings = resolve(req, self.options)
+        stops = TextStops(self.stop_texts, req.single_line, prompt.indent, rules=settings.rules,
                           around=surroundings(text, offset))
-        with Watch(self.client, cancel, started + budget_s) as watch:
-            prompt_ids, stream = self._open(req, prompt.ids, max_tokens, watch)
+        with Watch(self.client, cancel, started + settings.budget_s) as watch:
+            prompt_ids, stream = self._open(req, prompt.ids, settings.max_tokens, watch)
             finish = stop_reason = first_token_s = None
             lost: BaseException | None = None
             try:
