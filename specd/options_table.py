@@ -429,28 +429,28 @@ OPTIONS: tuple[Option, ...] = (
     Option("enable", bool, True, "answer completions at all", lsp="enable"),
     Option("trigger_mode", str, "automatic", "manual: answer only invoked requests", lsp="triggerMode",
            choices=TRIGGER_MODES),
-    Option("debounce_ms", int, 75, "automatic requests wait this long for the user to stop typing, ms",
+    Option("debounce_ms", int, 75, "wait before an automatic request goes to the daemon, ms",
            lsp="debounceMs", low=0, high=10_000),
     Option("alternatives", int, 3, "items for an invoked request (the first greedy, the rest sampled)",
            lsp="alternatives", low=1, high=10),
-    Option("stream", bool, True, "answer an automatic request with its first line, the rest into the cache "
-                                 "(specd/suggestionGrew)", lsp="stream"),
-    Option("completion_fallback", str, "auto", "offer textDocument/completion (auto: only to clients without "
-                                               "inline completion)", lsp="completionFallback", choices=FALLBACK_MODES),
-    Option("socket", str, "", "the daemon's socket path ('' = specd's own config: SPECD_DAEMON_SOCKET, the config "
-                              "file, $XDG_RUNTIME_DIR)", lsp="daemon.socket"),
-    Option("spawn", bool, True, "start `specd serve` when no daemon answers at the socket", lsp="daemon.spawn"),
+    Option("stream", bool, True, "answer automatic requests with the first line, the rest into the cache "
+                                 "(`specd/suggestionGrew`)", lsp="stream"),
+    Option("completion_fallback", str, "auto", "offer `textDocument/completion` (auto: only to clients "
+                                               "without inline completion)", lsp="completionFallback", choices=FALLBACK_MODES),
+    Option("socket", str, "", "the daemon's socket path (`\"\"`: specd's own config: SPECD_DAEMON_SOCKET, the "
+                              "config file, $XDG_RUNTIME_DIR)", lsp="daemon.socket"),
+    Option("spawn", bool, True, "start `specd serve` when no daemon answers", lsp="daemon.spawn"),
     Option("spawn_timeout_s", float, 60.0, "how long a spawned daemon may take to answer, s",
            lsp="daemon.spawnTimeoutS", above=0),
     Option("request_timeout_ms", int, 10_000, "give up on (and cancel) a completion after this, ms",
            lsp="daemon.requestTimeoutMs", above=0),
-    Option("type_through", bool, True, "answer from the last completion while the user types it",
+    Option("type_through", bool, True, "serve typed-through suggestions from the cache",
            lsp="cache.typeThrough"),
-    Option("prefetch", bool, True, "after an accept, compute the next suggestion ahead of time", lsp="cache.prefetch"),
-    Option("size", int, 64, "completions kept for type-through, over all documents", lsp="cache.size",
+    Option("prefetch", bool, True, "compute the next suggestion after an accept", lsp="cache.prefetch"),
+    Option("size", int, 64, "suggestions kept for type-through, over all documents", lsp="cache.size",
            low=0, high=10_000),
     Option("level", str, "info", "specd-lsp's log level", lsp="log.level", choices=LOG_LEVELS),
-    Option("file", str, "", "also log to this file ('' = stderr only)", lsp="log.file"),
+    Option("file", str, "", "also log to this file (`\"\"`: stderr only)", lsp="log.file"),
 )
 
 CONFIG_SECTIONS = ("model", "engine", "daemon", "workspace", "log")
@@ -473,3 +473,70 @@ def annotation(option: Option, unset: bool = False) -> str:
     if unset or option.default is None:
         kinds.append("None")
     return " | ".join(kinds)
+
+
+# -- the reference ------------------------------------------------------------------------------
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return "unset" if value is None else _number(value)
+
+
+def _kind(option: Option, default: Any) -> str:
+    """A value's type and range as the reference shows it: ``int 1–65536``, ``"a" | "b"``."""
+    if option.choices is not None:
+        return " \\| ".join(f'`"{choice}"`' for choice in option.choices)
+    kind = {bool: "bool", int: "int", float: "number", str: "string"}[option.type]
+    if option.low is not None and option.high is not None:
+        kind += f" {_number(option.low)}–{_number(option.high)}"
+    elif option.low is not None:
+        kind += f" ≥ {_number(option.low)}"
+    elif option.above is not None:
+        kind += f" > {_number(option.above)}"
+    if option.lsp_unset is not None and default == option.lsp_unset:
+        kind += f" or {_number(option.lsp_unset)} (the daemon's)"
+    kind += "".join(f" or `{word}`" for word in option.words)
+    return kind
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def config_reference() -> str:
+    """The config keys as docs/config.md lists them: one Markdown table per section."""
+    parts = []
+    for section in CONFIG_SECTIONS:
+        parts.append(f"### `[{section}]`\n\n| key | type, default | also per request | meaning |\n| --- | --- | --- | --- |")
+        for option in config_options(section):
+            asked = "`complete` options" if option.wire else ("`CompletionRequest`" if option.request else "")
+            parts.append(f"| `{option.name}` | {_kind(option, option.default)}, `{_shown(option.default)}` | "
+                         f"{asked} | {_cell(option.doc)} |")
+        parts.append("")
+    parts.append("### Per request only\n\n| key | type, default | on the wire | meaning |\n| --- | --- | --- | --- |")
+    for option in REQUEST_OPTIONS:
+        if not option.config:
+            wire = "`complete` options" if option.wire else ""
+            parts.append(f"| `{option.name}` | {_kind(option, option.default)}, `{_shown(option.default)}` | {wire} | "
+                         f"{_cell(option.doc)} |")
+    return "\n".join(parts) + "\n"
+
+
+def lsp_reference() -> str:
+    """specd-lsp's settings as docs/lsp.md lists them: one Markdown table."""
+    rows = ["| key | type, default | meaning |", "| --- | --- | --- |"]
+    for option in LSP_OPTIONS:
+        daemon = f" (the daemon's default: `{option.config}.{option.name}`)" if option.config else ""
+        rows.append(f"| `{option.lsp}` | {_kind(option, option.lsp_value)}, `{_shown(option.lsp_value)}` | "
+                    f"{_cell(option.doc)}{daemon} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m specd.options_table config|lsp: the reference tables, for the docs
+    import sys
+
+    print(lsp_reference() if sys.argv[1:] == ["lsp"] else config_reference(), end="")

@@ -18,7 +18,7 @@ from specd.daemon.params import COMPLETE_OPTIONS, completion_options, parse_comp
 from specd.engine.options import EngineOptions, resolve
 from specd.engine.types import CompletionRequest, ContextChunk
 from specd.options_table import (CONFIG_SECTIONS, ENGINE_OPTIONS, FIM_FAMILIES, FIM_LAYOUTS, LSP_OPTIONS, OPTIONS,
-                                 REQUEST_OPTIONS, WIRE_OPTIONS, Option)
+                                 REQUEST_OPTIONS, WIRE_OPTIONS, Option, config_reference, lsp_reference)
 from specd.protocol.errors import RpcError
 from specd.suggestion_rules import BoundaryRules
 from specd_lsp.options import SETTINGS, Settings, parse_settings, to_dict
@@ -203,6 +203,14 @@ def test_the_fim_lists_are_the_front_templates():
 
     assert set(FIM_FAMILIES) == {"auto", *TEMPLATES}
     assert FIM_LAYOUTS == ("auto", *LAYOUTS)
+
+
+@pytest.mark.parametrize("doc, reference", [("docs/config.md", config_reference), ("docs/lsp.md", lsp_reference)])
+def test_the_docs_list_the_table(doc, reference):
+    """The reference tables in the docs are the table's own rendering (``python -m
+    specd.options_table [lsp]`` prints them)."""
+    text = (ROOT / doc).read_text(encoding="utf-8")
+    assert f"\n{reference()}\n<!-- end of the generated table -->" in text
 
 
 # -- no second copy -------------------------------------------------------------------------------
