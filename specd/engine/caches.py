@@ -329,6 +329,7 @@ class DocumentState:
     last_prefix: str = ""  # text before the cursor at the last request ...
     last_completion: str = ""  # ... and what was completed there
     suggestions: list[NgramIndex] = field(default_factory=list)  # recent completions, newest first
+    window: int | None = None  # the narrow window's size in tokens where it holds one (``cold_start``)
     last_used: float = field(default_factory=time.monotonic)
 
     def remember(self, lead: Sequence[int], tokens: Sequence[int]) -> None:
@@ -365,6 +366,10 @@ class CacheStore:
             self._docs.move_to_end(key)
             state.last_used = time.monotonic()
         return state
+
+    def peek(self, key: str) -> DocumentState | None:
+        """The state under ``key``, its place in the LRU order left as it is."""
+        return self._docs.get(key)
 
     def put(self, key: str, state: DocumentState) -> None:
         self._docs[key] = state

@@ -18,6 +18,7 @@ from typing import Any, Callable, Generator
 import torch
 
 from specd.engine import compat
+from specd.engine.cold_start import ColdStart, Window, narrow_key
 from specd.engine.front.corpus import OpenBuffers
 from specd.engine.front.engine_front import EngineFront, Fronted
 from specd.engine.speculation.agreement import NO_SAMPLE_CONFIDENCE, Agreement, choose_confidence, code_sample
@@ -44,7 +45,6 @@ from specd.llamacpp.gguf import is_gguf_name
 
 log = logging.getLogger(__name__)
 
-PREFILL_SLICE = 64  # tokens per idle prefill forward: a new request waits for one slice at most
 WARM_PIECE_TOKENS = 256  # tokens prefilled per idle step while warming a new context chunk set
 MAX_OTHER_BUFFERS = 8  # open buffers searched by lookup, most recently edited first
 BUFFER_QUIET_S = 2.0  # an edited buffer is re-indexed for lookup once unchanged this long (OpenBuffers)
@@ -67,6 +67,7 @@ class Engine(Fronted):
         self._buffers = OpenBuffers(MAX_OTHER_BUFFERS, quiet_s=BUFFER_QUIET_S)  # open buffers' lookup indexes: idle time too
         self._lock = threading.Lock()  # the counters: stats() reads them from other threads
         self.caches = CacheStore(options.cache_budget_mb * 1024 * 1024)
+        self.cold = ColdStart(options.first_suggestion_ms)  # prefill speed, and narrow windows for cold requests
         self.totals: dict[str, SourceStats] = {}
         self.requests = 0
         self.oom_retries = 0
@@ -123,6 +124,9 @@ class Engine(Fronted):
         # The draft model's prior acceptance is what was measured (``agreement``), not a guess.
         priors = {drafters.ModelDrafter.source: self.agreement.prior} if self.agreement else {}
         self.planning = PlannerMemory(costs, priors=priors)
+        if costs.target:  # until a prefill is timed, the widest calibrated forward's cost per token
+            widest = max(costs.target)
+            self.cold.seed(costs.target[widest] / widest)
         log.info("forward costs%s: %s", " (kept from an earlier load)" if self.costs_cached else "", costs.describe())
         if self.agreement is not None:
             log.info("draft model %s: its prior acceptance", self.agreement_line())
@@ -225,6 +229,7 @@ class Engine(Fronted):
         self.front.close_document(uri)
         self._buffers.remove(uri)
         self.caches.drop(uri)
+        self.caches.drop(narrow_key(uri))
 
     def set_corpus_file(self, name: str, text: str | None) -> None:
         """Extra lookup corpus (workspace files); ``None`` removes one. Tokenized later, by
@@ -250,8 +255,9 @@ class Engine(Fronted):
 
     def prefill_pending(self, budget_s: float) -> bool:
         """Idle work: prefill the KV caches (target and draft) of the most recently edited
-        document for a completion where its last edit ended, in slices of ``PREFILL_SLICE``
-        tokens, so the next keystroke's request reuses them. True while more remains."""
+        document for a completion where its last edit ended, in pieces a new request waits for
+        at most (``ColdStart.piece_tokens``), so the next keystroke's request reuses them. True
+        while more remains."""
         if self.pair is None or not self.options.kv_reuse:
             return False
         documents = self.front.documents
@@ -267,7 +273,9 @@ class Engine(Fronted):
         if state is None:
             state = self._new_state()
             self.caches.put(uri, state)
-        done = state.prefill(prompt, deadline=time.monotonic() + budget_s, piece=PREFILL_SLICE)
+        before, started = common_prefix(state.target.ids, prompt), time.monotonic()
+        done = state.prefill(prompt, deadline=started + budget_s, piece=self.cold.piece_tokens())
+        self.cold.observe(len(state.target.ids) - before, time.monotonic() - started)
         if done:  # on a GPU with CUDA graphs: record what the next request would (else nothing)
             ahead = self.options.max_tokens + self._widest_verify()
             for kv in (state.target, state.draft):
@@ -393,6 +401,15 @@ class Engine(Fronted):
         prompt = self.front.request_prompt(req, text, offset, heal)
         key = req.uri or ANONYMOUS
         state = (self.caches.get(key) if settings.kv_reuse else None) or self._new_state()
+        window = self._narrow_window(settings, state, prompt, key)
+        if window is not None:  # the full prompt keeps prefilling in idle time, in ``state``
+            self.front.documents.resume_edited(req.uri, offset)
+            prompt = self.front.request_prompt(req, text, offset, heal, window=window.tokens)
+            key = narrow_key(key)
+            state = self.caches.get(key) or self._new_state()
+            state.window = window.tokens
+        elif settings.kv_reuse:  # warm again: the narrow window's cache has served its turn
+            self._retire_narrow(key, state)
 
         # Prefill: the target holds prompt[:-1] (the last token rides with the first step),
         # reusing the longest common prefix; or, where prompt tokens cost no logits (computed on
@@ -407,6 +424,7 @@ class Engine(Fronted):
             state.target.rollback(reused)
         else:
             state.target.prefill(prompt.ids[:-1])
+            self.cold.observe(len(prompt.ids) - 1 - reused, time.monotonic() - started)
         prefill_s = time.monotonic() - started
         away = time.monotonic()
         yield Progress(0, str)
@@ -439,6 +457,8 @@ class Engine(Fronted):
             self.caches.put(key, state)
             self.caches.enforce_budget(keep=key)
         self._count(planner.stats)
+        if window is not None:
+            self.cold.answered(window, req.uri)
         total_s = time.monotonic() - started
         return CompletionResult(
             text=completion,
@@ -456,6 +476,26 @@ class Engine(Fronted):
             total_ms=total_s * 1000,
             suspended_ms=suspended_s * 1000,
         )
+
+    def _narrow_window(self, settings: "_RequestSettings", state: DocumentState, prompt: Prompt,
+                       key: str) -> Window | None:
+        """The narrow window a request answers from where its document's full prompt needs more
+        prefill than ``engine.first_suggestion_ms`` affords (``cold_start``); None otherwise.
+        Only for a document an editor holds open (the daemon mirrors those here): a one-shot
+        request, its text sent with it, waits for its full prompt."""
+        if not settings.kv_reuse or self.front.documents.text(key) is None:
+            return None
+        pending = len(prompt.ids) - 1 - common_prefix(state.target.ids, prompt.ids)
+        narrow = self.caches.peek(narrow_key(key))
+        return self.cold.window(pending, len(prompt.ids), narrow.window if narrow is not None else None)
+
+    def _retire_narrow(self, key: str, state: DocumentState) -> None:
+        """Drop a document's narrow-window cache once its full prompt serves; what the narrow
+        requests remembered of their suggestions carries over."""
+        narrow = self.caches.get(narrow_key(key))
+        if narrow is not None:
+            state.carry_memory(narrow)
+            self.caches.drop(narrow_key(key))
 
     def _count(self, sources: dict[str, SourceStats]) -> None:
         with self._lock:  # stats() may read these from another thread
@@ -499,6 +539,7 @@ class Engine(Fronted):
                       "budget_bytes": self.caches.budget_bytes, "evictions": self.caches.evictions},
             "requests": self.requests,
             "oom_retries": self.oom_retries,
+            "first_suggestion": self.cold.stats(),
             "acceptance": acceptance,
             "planner": self._planner_stats(),
             "forward": {role: {"path": path.name, "why": why, "detail": path.description or None,

@@ -60,23 +60,27 @@ class EngineFront:
         return text, offset
 
     def build_prompt(self, uri: str | None, text: str, offset: int, chunks=None, path: str | None = None,
-                     heal: bool = False) -> Prompt:
-        """The document's prompt for a cursor at ``offset``. In the anchored layout the anchor
-        carries over from the document's previous prompt (``prompt.choose_anchor``), so the
-        same sequence of requests gives the same ids whoever asks."""
+                     heal: bool = False, window: int | None = None) -> Prompt:
+        """The document's prompt for a cursor at ``offset``; with ``window``, a narrow one about
+        that many tokens long (``PromptBuilder.narrowed``: no chunks). In the anchored layout the
+        anchor carries over from the document's previous prompt (``prompt.choose_anchor``), so
+        the same sequence of requests gives the same ids whoever asks."""
+        builder = self.prompts if window is None else self.prompts.narrowed(window)
         previous = self.documents.anchor(uri) if uri else None
-        prompt = self.prompts.build(text, offset, chunks, path, previous, heal=heal)
-        if uri and self.prompts.anchored:
+        prompt = builder.build(text, offset, None if window else chunks, path, previous, heal=heal)
+        if uri and builder.anchored:
             self.documents.set_anchor(uri, prompt.anchor)
         return prompt
 
-    def request_prompt(self, req: CompletionRequest, text: str, offset: int, heal: bool) -> Prompt:
+    def request_prompt(self, req: CompletionRequest, text: str, offset: int, heal: bool,
+                       window: int | None = None) -> Prompt:
         """The request's prompt, with its own context chunks or the document's active set (a
-        changed set is warmed in idle time, never chosen on the request's path)."""
+        changed set is warmed in idle time, never chosen on the request's path); with
+        ``window``, the narrow one (``build_prompt``)."""
         chunks = req.extra_context
-        if not chunks and req.uri and self.options.auto_context:
+        if not chunks and req.uri and self.options.auto_context and window is None:
             chunks = self.context.chunks_for(req.uri, text, offset, req.path or req.uri)
-        prompt = self.build_prompt(req.uri, text, offset, chunks, req.path or req.uri, heal=heal)
+        prompt = self.build_prompt(req.uri, text, offset, chunks, req.path or req.uri, heal=heal, window=window)
         if not prompt.ids:
             raise EngineError("empty prompt: nothing before the cursor and no FIM template to frame it")
         return prompt

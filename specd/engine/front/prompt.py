@@ -28,6 +28,7 @@ prepend nothing, so both are their plain ``encode``.
 from __future__ import annotations
 
 import bisect
+import copy
 import json
 import threading
 from collections import OrderedDict
@@ -37,7 +38,8 @@ from pathlib import Path, PurePosixPath
 from specd.engine.types import ContextChunk, EngineError
 
 PREFIX, SUFFIX = "{prefix}", "{suffix}"
-WINDOW_STEP_LINES = 32
+WINDOW_STEP_LINES = 32  # a prefix window starts on a line whose number is a multiple of this ...
+NARROW_STEP_LINES = 4  # ... or of this in a narrowed builder's, whose whole window is a few dozen lines
 LAYOUTS = ("psm", "spm", "anchored")
 ANCHOR_MAX_LINES = 8  # the anchor moves to the cursor's line once the typed span is longer ...
 ANCHOR_MAX_CHARS = 640  # ... in lines or characters (FIM middles of this size are common in training)
@@ -225,6 +227,7 @@ class PromptBuilder:
         self.suffix_tokens = suffix_tokens
         self.extra_tokens = extra_tokens
         self.layout = resolve_layout(template, layout)
+        self.step_lines = WINDOW_STEP_LINES
         self.healing = None  # a healing.HealingVocabulary turns token healing on (the engine sets it)
         # Continuations are encoded after CONTINUATION_MARKER where the tokenizer prepends a space
         # (None: plain encode). The marker's own tokens, which are dropped again.
@@ -240,6 +243,20 @@ class PromptBuilder:
         # find their window here instead of re-tokenizing up to budget x 12 characters (~5 ms).
         self._windows: OrderedDict[tuple, tuple[int, list[int] | None]] = OrderedDict()
         self._memo_lock = threading.Lock()  # the daemon's request and idle work may both build prompts
+
+    def narrowed(self, tokens: int) -> "PromptBuilder":
+        """A builder of prompts about ``tokens`` long: the prefix and (where the template has one)
+        suffix budgets scaled down together, no other files' chunks, window starts on a finer
+        grid. It shares this builder's tokenizer, healing vocabulary and memos (which key on
+        text and budget, so both builders' entries stay right)."""
+        narrow = copy.copy(self)
+        uses_suffix = SUFFIX in self.template.psm
+        total = self.prefix_tokens + (self.suffix_tokens if uses_suffix else 0)
+        narrow.prefix_tokens = max(1, min(self.prefix_tokens, tokens * self.prefix_tokens // max(1, total)))
+        narrow.suffix_tokens = min(self.suffix_tokens, max(0, tokens - narrow.prefix_tokens)) if uses_suffix else 0
+        narrow.extra_tokens = 0
+        narrow.step_lines = NARROW_STEP_LINES
+        return narrow
 
     @property
     def suffix_first(self) -> bool:
@@ -315,7 +332,7 @@ class PromptBuilder:
         grid_starts: list[int] = []
         line_no = text.count("\n", 0, pos) if pos >= 0 else 0
         while 0 <= pos <= offset:
-            if line_no % WINDOW_STEP_LINES == 0:
+            if line_no % self.step_lines == 0:
                 grid_starts.append(pos)
             newline = text.find("\n", pos, offset)
             if newline < 0:

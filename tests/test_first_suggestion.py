@@ -1,0 +1,122 @@
+"""The first suggestion in a document whose full prompt is not prefilled: a narrow window answers
+(sized from the measured prefill speed), the full prompt keeps prefilling in idle time without
+being disturbed, and requests go back to it once it is warm (``specd.engine.cold_start``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import assert_lossless, make_engine
+from specd.engine.cold_start import MIN_WINDOW, ColdStart, narrow_key
+from specd.engine.types import CompletionRequest
+
+URI = "file:///proj/long.py"
+
+
+class SlowMachine(ColdStart):
+    """A machine whose prefill costs ``ms_per_token`` whatever the engine measures: tiny models
+    prefill far too fast for any window to be needed."""
+
+    def __init__(self, budget_ms: int, ms_per_token: float):
+        super().__init__(budget_ms)
+        self.seed(ms_per_token)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        pass
+
+
+def long_document(sample_source: str) -> tuple[str, int]:
+    text = sample_source * 3
+    offset = text.index("\n", len(text) // 2) + 1
+    return text[:offset] + "    " + text[offset:], offset + 4
+
+
+def test_the_window_follows_the_measured_speed():
+    cold = ColdStart(1000)
+    assert cold.window(5000, 6000) is None  # nothing measured yet: no window is guessed
+    cold.observe(200, 1.0)  # 5 ms a token: 200 tokens a second
+    assert cold.affordable() == 200
+    assert cold.window(150, 2000) is None  # what is left of the full prompt fits the budget
+    window = cold.window(1500, 2000)
+    assert window.tokens == 192 and window.full_pending == 1500  # a multiple of 64 within the budget
+    assert cold.window(1500, 150) is None  # a window would not be shorter than the prompt
+    cold.observe(100, 0.4)  # faster now (4 ms a token): the document keeps its window ...
+    assert cold.window(1500, 2000, current=192).tokens == 192
+    cold.observe(1000, 40.0)  # ... until the machine gets much slower; never under the floor
+    assert cold.window(1500, 2000, current=192).tokens == MIN_WINDOW
+    assert ColdStart(0).window(5000, 6000) is None  # first_suggestion_ms = 0: always the full prompt
+    small = ColdStart(1000)
+    small.observe(100, 0.1)
+    assert small.piece_tokens() == 150  # idle pieces of about 150 ms at the measured speed
+
+
+def test_a_narrowed_builder_keeps_the_cursor_and_drops_far_context(llama_pair, sample_source):
+    target, _ = llama_pair
+    engine = make_engine(target, None)
+    text, offset = long_document(sample_source)
+    full = engine.prompts.build(text, offset, heal=False)
+    narrow = engine.prompts.narrowed(64).build(text, offset, heal=False)
+    assert len(narrow.ids) <= 64 + 8 < len(full.ids)
+    assert full.prefix_start < narrow.prefix_start < offset  # the prefix nearer the cursor,
+    assert offset < narrow.suffix_end < full.suffix_end  # the suffix too (where the family has one)
+    assert narrow.ids[-1] == full.ids[-1] and narrow.indent == full.indent  # the same cursor
+
+
+def test_a_cold_document_answers_from_a_window_while_its_full_prompt_prefills(llama_pair, sample_source):
+    target, _ = llama_pair
+    engine = make_engine(target, None)
+    engine.cold = SlowMachine(1000, 10.0)  # 100 tokens a second: 1 s affords 100
+    text, offset = long_document(sample_source)
+    engine.open_document(URI, text)
+    full_length = len(engine.build_prompt(URI, text, offset).ids)
+    assert full_length > 300
+
+    first = engine.complete(CompletionRequest(uri=URI, offset=offset, max_tokens=12))
+    assert len(first.prompt_ids) <= MIN_WINDOW + 8  # the window, not the full prompt
+    assert_lossless(engine, first, 12)  # the target's own greedy on the prompt it was given
+    assert engine.stats()["first_suggestion"]["narrow_answers"] == 1
+    assert engine.caches.peek(narrow_key(URI)) is not None
+
+    # The next keystroke, still cold: the same window, its cache reused.
+    text = text[:offset] + "x" + text[offset:]
+    engine.update_document(URI, text, offset + 1)
+    second = engine.complete(CompletionRequest(uri=URI, offset=offset + 1, max_tokens=12))
+    assert len(second.prompt_ids) <= MIN_WINDOW + 8 and second.prefill_reused > 0
+    assert_lossless(engine, second, 12)
+
+    # Idle time prefills the full prompt in the document's own cache, which the window's
+    # requests never touched; then requests answer from the full prompt again.
+    while engine.prefill_pending(0.05):
+        pass
+    warm = engine.complete(CompletionRequest(uri=URI, offset=offset + 1, max_tokens=12))
+    assert len(warm.prompt_ids) >= full_length and warm.prefill_computed <= 2
+    assert_lossless(engine, warm, 12)
+    assert engine.caches.peek(narrow_key(URI)) is None  # the window's cache is given back
+    assert engine.stats()["first_suggestion"]["narrow_answers"] == 2
+
+
+@pytest.mark.parametrize("how", ["text sent with it", "first_suggestion_ms = 0"])
+def test_one_shot_requests_and_a_zero_budget_wait_for_the_full_prompt(llama_pair, sample_source, how):
+    target, _ = llama_pair
+    engine = make_engine(target, None, first_suggestion_ms=0 if how == "first_suggestion_ms = 0" else 1000)
+    engine.cold = SlowMachine(engine.options.first_suggestion_ms, 10.0)
+    text, offset = long_document(sample_source)
+    if how == "text sent with it":  # specd complete: nothing open, the text comes with the request
+        result = engine.complete(CompletionRequest(uri=URI, text=text, offset=offset, max_tokens=4))
+    else:
+        engine.open_document(URI, text)
+        result = engine.complete(CompletionRequest(uri=URI, offset=offset, max_tokens=4))
+    assert len(result.prompt_ids) > 300
+    assert engine.stats()["first_suggestion"]["narrow_answers"] == 0
+
+
+def test_closing_a_document_drops_its_window(llama_pair, sample_source):
+    target, _ = llama_pair
+    engine = make_engine(target, None)
+    engine.cold = SlowMachine(1000, 10.0)
+    text, offset = long_document(sample_source)
+    engine.open_document(URI, text)
+    engine.complete(CompletionRequest(uri=URI, offset=offset, max_tokens=4))
+    assert engine.caches.peek(narrow_key(URI)) is not None
+    engine.close_document(URI)
+    assert engine.caches.peek(narrow_key(URI)) is None and engine.caches.peek(URI) is None
