@@ -88,7 +88,9 @@ def _load_engine(cfg, target: str, draft: str):
     from specd.engine.engine import Engine
     from specd.engine.options import EngineOptions
 
-    engine = Engine(replace(EngineOptions.from_config(cfg), target=target, draft=draft))
+    # Every method answers from the same full prompts: a cold document's narrow window
+    # (engine.first_suggestion_ms) is for editors; specd eval scores what it costs in quality.
+    engine = Engine(replace(EngineOptions.from_config(cfg), target=target, draft=draft, first_suggestion_ms=0))
     engine.ensure_loaded()
     return engine
 
