@@ -63,12 +63,22 @@ def top_k(logits, k: int):
     return ids.to(torch.int32), values.to(torch.float16)
 
 
-def teach(model, windows, k: int, batch: int):
-    """The target's top-k over ``windows`` (a [B, T] LongTensor): (ids, logprobs), [B, T, k]."""
+def bf16_arithmetic() -> bool:
+    """Whether this CPU multiplies in bfloat16 natively (AVX-512 BF16, AMX); emulated it is
+    slower than float32."""
+    import torch
+
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def teach(model, windows, k: int, batch: int, bf16: bool = False):
+    """The target's top-k over ``windows`` (a [B, T] LongTensor): (ids, logprobs), [B, T, k].
+    ``bf16``: under bfloat16 autocast, which moves log-probabilities by a few thousandths and
+    changes the greedy token only at near-ties: fine to learn from, not to judge by."""
     import torch
 
     ids, values = [], []
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         for start in range(0, len(windows), batch):
             logits = model(input_ids=windows[start:start + batch]).logits  # [b, T, V]
             top_ids, top_values = top_k(logits, k)

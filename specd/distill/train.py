@@ -38,7 +38,7 @@ from specd.distill.student import Shape
 
 log = logging.getLogger(__name__)
 
-TEACHER_SHARE = 0.4        # of the budget: the target over the corpus (its forward costs several student steps)
+TEACHER_SHARE = 0.5        # of the budget: the target over the corpus (a token of it costs ~2 of training)
 TOP_K = 32                 # teacher log-probabilities kept per position
 CHECKPOINT_EVERY_S = 120.0
 PROGRESS_EVALS = 8         # agreement on a few held-out windows, this many times during training
@@ -71,7 +71,7 @@ class Settings:
     weight_decay: float = 0.01
     teacher_share: float = TEACHER_SHARE
     max_corpus_tokens: int = 4_000_000    # tokenized up front; the teacher reaches what its time allows
-    eval_tokens: int = 16_384             # held-out tokens the final agreement is measured on
+    eval_tokens: int = 8192               # held-out tokens the final agreement is measured on
     gguf: str | None = None               # GGUF tensor type of the exported draft (None: no file)
     seed: int = 0
     threads: int = 2
@@ -243,7 +243,7 @@ class Run:
         import torch
 
         from specd.distill.corpus import split_files, token_windows
-        from specd.distill.teacher import teach
+        from specd.distill.teacher import bf16_arithmetic, teach
 
         if self.checkpoint.has("corpus.pt"):
             return self.checkpoint.load("corpus.pt")
@@ -263,8 +263,8 @@ class Run:
             f"{len(heldout)} windows{'' if split.heldout_named else ' (a share of the corpus)'}")
         heldout_ids = torch.tensor(heldout, dtype=torch.long)
         started = time.monotonic()
-        top_ids, _ = teach(teacher, heldout_ids, 1, s.teacher_batch)
-        say(f"teacher's greedy on the held-out windows in {time.monotonic() - started:.0f}s")
+        top_ids, _ = teach(teacher, heldout_ids, 1, s.teacher_batch, bf16_arithmetic())
+        say(f"teacher's greedy on the held-out windows (for the progress lines) in {time.monotonic() - started:.0f}s")
         data = {"train": torch.tensor(train, dtype=torch.int32), "heldout": heldout_ids.to(torch.int32),
                 "heldout_greedy": top_ids[..., 0], "train_files": len(split.train),
                 "heldout_files": [str(p) for p in split.heldout], "train_chars": train_chars,
@@ -299,10 +299,11 @@ class Run:
         import torch
         from tqdm import tqdm
 
-        from specd.distill.teacher import teach
+        from specd.distill.teacher import bf16_arithmetic, teach
 
         s, p = self.settings, self.progress
         windows = self.data["train"]
+        bf16 = bf16_arithmetic()
         budget = s.teacher_share * self.budget_s
         bar = tqdm(total=len(windows), initial=p.taught, desc="teacher", unit="win", file=sys.stderr,
                    dynamic_ncols=True)
@@ -311,7 +312,7 @@ class Run:
         try:
             while p.taught < len(windows) and p.teacher_s < budget:
                 batch = windows[p.taught:p.taught + s.teacher_batch].long()
-                ids, values = teach(teacher, batch, s.top_k, s.teacher_batch)
+                ids, values = teach(teacher, batch, s.top_k, s.teacher_batch, bf16)
                 pending_ids.append(ids)
                 pending_values.append(values)
                 p.taught += len(batch)
@@ -353,7 +354,10 @@ class Run:
         import torch
         from tqdm import tqdm
 
+        from specd.distill.teacher import bf16_arithmetic
+
         s, p = self.settings, self.progress
+        bf16 = bf16_arithmetic()
         top_ids, top_logprobs = self._taught()
         windows = self.data["train"][:len(top_ids)]
         if not len(windows):
@@ -375,7 +379,7 @@ class Run:
                     group["lr"] = s.lr * scale
                 pick = torch.tensor([rng.randrange(len(windows)) for _ in range(rows_per_step)])
                 loss = train_step(self.student, self.optimizer, windows[pick].long(), top_ids[pick],
-                                  top_logprobs[pick])
+                                  top_logprobs[pick], bf16)
                 p.step += 1
                 p.tokens += rows_per_step * s.seq_len
                 ema = loss if ema is None else 0.95 * ema + 0.05 * loss
@@ -434,12 +438,14 @@ class Run:
         return 0
 
 
-def train_step(model, optimizer, inputs, teacher_ids, teacher_logprobs) -> float:
-    """One optimizer step on windows ``inputs`` [B, T]; returns the loss."""
+def train_step(model, optimizer, inputs, teacher_ids, teacher_logprobs, bf16: bool = False) -> float:
+    """One optimizer step on windows ``inputs`` [B, T]; returns the loss. ``bf16``: products
+    under bfloat16 autocast (the head's over the whole vocabulary are most of a step)."""
     import torch
 
-    logits = model(input_ids=inputs).logits  # [B, T, V]
-    loss = distill_loss(logits.flatten(0, 1), teacher_ids.flatten(0, 1), teacher_logprobs.flatten(0, 1))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=inputs).logits  # [B, T, V]
+        loss = distill_loss(logits.flatten(0, 1), teacher_ids.flatten(0, 1), teacher_logprobs.flatten(0, 1))
     loss.backward()
     loss = loss.detach()
     torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
