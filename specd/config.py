@@ -3,9 +3,10 @@
 The schema (``SCHEMA``) is made from the one options table (``specd.options_table``): every key
 has a type, a default, a one-line help, a range or choices, and an optional check. Loading
 validates everything and raises ``ConfigError`` whose message is one line naming the key, where
-the bad value came from and what is allowed, so the CLI can print it and exit 2. Values are checked for their form only (a port in range, a device name torch
-spells, an absolute path): whether the device exists or the port is free is for the daemon,
-the engine and ``specd doctor`` to say, so that this module imports neither torch nor sockets.
+the bad value came from and what is allowed, so the CLI can print it and exit 2. Values are
+checked for their form only (the table's checks): whether the device exists or the port is free
+is for the daemon, the engine and ``specd doctor`` to say, so that this module imports neither
+torch nor sockets.
 """
 
 from __future__ import annotations

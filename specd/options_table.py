@@ -259,6 +259,11 @@ _ENGINE = {"config": "engine", "engine": True}
 _MODEL = {"config": "model", "engine": True}
 _ASKED = {"request": True, "wire": True}  # each complete may set it over the engine's option
 
+def _auto_on_off(name: str, doc: str) -> Option:
+    """An engine switch whose default, auto, is decided at load by what the models and the machine are."""
+    return Option(name, str, "auto", doc, choices=AUTO_ON_OFF, **_ENGINE)
+
+
 OPTIONS: tuple[Option, ...] = (
     # [model]: what to load, and the remote backend.
     Option("target", str, "", "target model: local directory, hub id, .gguf file or ollama:NAME ('' = the default, "
@@ -309,21 +314,18 @@ OPTIONS: tuple[Option, ...] = (
            request=True, **_ENGINE),
     Option("fast_forward", bool, True, "lean static-cache forward for Llama-family models (Llama, Qwen2, "
                                        "Mistral, StarCoder2); off = transformers' own forward", **_ENGINE),
-    Option("transposed_weights", str, "auto", "lean forward on a CPU: also hold every weight matrix transposed, "
-                                              "so each product reads the layout MKL is fastest at for its width "
-                                              "(one-row steps ~1.3x faster, logits rows ~2x); costs the weights' "
-                                              "memory again; auto = on for float32 models up to 2 GiB",
-           choices=AUTO_ON_OFF, **_ENGINE),
-    Option("numpy_products", str, "auto", "lean forward on a CPU (float32, transposed weights): run products "
-                                          "of 1-16 rows (decode steps, verifies, logits rows) through numpy's "
-                                          "BLAS (OpenBLAS in numpy's wheels) instead of torch's; auto = where "
-                                          "a few forwards timed at load say it is faster",
-           choices=AUTO_ON_OFF, **_ENGINE),
-    Option("cuda_graphs", str, "auto", "lean forward on a GPU: record each document's decode and verify "
-                                       "forwards (1-32 tokens) as CUDA graphs on first use and replay them, "
-                                       "one launch instead of hundreds a step; checked against the eager "
-                                       "forward at load; auto = on where the models are on CUDA",
-           choices=AUTO_ON_OFF, **_ENGINE),
+    _auto_on_off("transposed_weights", "lean forward on a CPU: also hold every weight matrix transposed, "
+                                       "so each product reads the layout MKL is fastest at for its width "
+                                       "(one-row steps ~1.3x faster, logits rows ~2x); costs the weights' "
+                                       "memory again; auto = on for float32 models up to 2 GiB"),
+    _auto_on_off("numpy_products", "lean forward on a CPU (float32, transposed weights): run products "
+                                   "of 1-16 rows (decode steps, verifies, logits rows) through numpy's "
+                                   "BLAS (OpenBLAS in numpy's wheels) instead of torch's; auto = where "
+                                   "a few forwards timed at load say it is faster"),
+    _auto_on_off("cuda_graphs", "lean forward on a GPU: record each document's decode and verify "
+                                "forwards (1-32 tokens) as CUDA graphs on first use and replay them, "
+                                "one launch instead of hundreds a step; checked against the eager "
+                                "forward at load; auto = on where the models are on CUDA"),
     Option("forward_backend", str, "auto", "what runs the forwards: auto (per model, whichever of torch and "
                                            "llama.cpp a few forwards timed at load say decodes faster; the choice "
                                            "is kept in $XDG_CACHE_HOME/specd/forward), torch (the lean path or "
@@ -436,7 +438,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("stream", bool, True, "answer automatic requests with the first line, the rest into the cache "
                                  "(`specd/suggestionGrew`)", lsp="stream"),
     Option("completion_fallback", str, "auto", "offer `textDocument/completion` (auto: only to clients "
-                                               "without inline completion)", lsp="completionFallback", choices=FALLBACK_MODES),
+                                               "without inline completion)",
+           lsp="completionFallback", choices=FALLBACK_MODES),
     Option("socket", str, "", "the daemon's socket path (`\"\"`: specd's own config: SPECD_DAEMON_SOCKET, the "
                               "config file, $XDG_RUNTIME_DIR)", lsp="daemon.socket"),
     Option("spawn", bool, True, "start `specd serve` when no daemon answers", lsp="daemon.spawn"),
@@ -511,7 +514,8 @@ def config_reference() -> str:
     """The config keys as docs/config.md lists them: one Markdown table per section."""
     parts = []
     for section in CONFIG_SECTIONS:
-        parts.append(f"### `[{section}]`\n\n| key | type, default | also per request | meaning |\n| --- | --- | --- | --- |")
+        parts.append(f"### `[{section}]`\n\n| key | type, default | also per request | meaning |\n"
+                     "| --- | --- | --- | --- |")
         for option in config_options(section):
             asked = "`complete` options" if option.wire else ("`CompletionRequest`" if option.request else "")
             parts.append(f"| `{option.name}` | {_kind(option, option.default)}, `{_shown(option.default)}` | "

@@ -178,8 +178,8 @@ def test_the_wire_parses_straight_into_the_engine_request():
                              "options": {"max_tokens": 5, "multiline": "always", "temperature": 0.5}})
     request = params.request
     assert isinstance(request, CompletionRequest)
-    assert request == CompletionRequest(uri="file:///a.py", path="a.py", extra_context=[ContextChunk("b.py", "b = 1\n")],
-                                        max_tokens=5, multiline="always", temperature=0.5)
+    assert request == CompletionRequest(uri="file:///a.py", path="a.py", max_tokens=5, multiline="always",
+                                        temperature=0.5, extra_context=[ContextChunk("b.py", "b = 1\n")])
     stateless = parse_complete({"text": "x = 1", "cursor": 3}).request
     assert stateless.text == "x = 1" and stateless.uri is None and stateless.offset is None
 
