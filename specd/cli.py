@@ -164,8 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kinds", help="comma-separated: fresh_line, line_end, mid_line, body_first, multi_file")
     p.add_argument("--variants", help="comma-separated: healing, no_healing, psm, anchored, spm, context, "
                                       "no_context, plain_window (the same model given a plain prefix/suffix "
-                                      "window, no healing, no boundaries: what llama.vim sends) (default: all "
-                                      "the family serves)")
+                                      "window, no healing, no boundaries: what llama.vim sends), window_128, window_256, "
+                                      "window_512 (the narrow window a cold document's first suggestions "
+                                      "answer from, engine.first_suggestion_ms) (default: all the family serves)")
     p.add_argument("--limit", type=int, default=10, help="cases per cursor kind (default: 10)")
     p.add_argument("--max-tokens", type=int, default=48, help="tokens per completion")
     p.add_argument("--seed", type=int, default=0, help="case sampling seed")

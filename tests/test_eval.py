@@ -83,12 +83,14 @@ def test_eval_cli_on_a_tiny_pair(tiny_pairs, sample_source, tmp_path):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["eval", "--model", str(target), "--draft-model", str(draft), "--device", "cpu",
                      "--corpus", str(corpus), "--limit", "2", "--max-tokens", "8", "--threads", "1",
-                     "--variants", "healing,no_healing,psm,spm,context,no_context,plain_window", "--json", "--plot",
+                     "--variants", "healing,no_healing,psm,spm,context,no_context,plain_window,window_128",
+                     "--json", "--plot",
                      str(plot)])
     assert code == 0, err.getvalue()
     data = json.loads(out.getvalue())
     # The tiny pair's Qwen tokens have no suffix-first layout: spm is left out, said in the log.
-    assert list(data["variants"]) == ["healing", "no_healing", "psm", "context", "no_context", "plain_window"]
+    assert list(data["variants"]) == ["healing", "no_healing", "psm", "context", "no_context", "plain_window",
+                                      "window_128"]
     assert "variant spm left out" in err.getvalue()
     assert data["kinds"] == list(KINDS)
     for variant in data["variants"].values():
@@ -96,6 +98,9 @@ def test_eval_cli_on_a_tiny_pair(tiny_pairs, sample_source, tmp_path):
         assert set(variant["by_kind"]) == set(KINDS)
         assert 0 <= variant["all"]["edit_similarity"] <= 1 and variant["all"]["tokens_per_forward"] > 0
     assert plot.stat().st_size > 10_000
+    # The narrow window a cold document answers from: a shorter prompt than the full one.
+    windows = data["variants"]["window_128"]["all"]["prompt_tokens"]
+    assert 0 < windows <= 128 + 8 and windows < data["variants"]["healing"]["all"]["prompt_tokens"]
     # Boundaries: the engine with them returns the boundary-cut text of the uncut completion.
     boundaries = data["boundaries"]
     assert boundaries["checked"] == data["cases"] and boundaries["mismatched"] == 0

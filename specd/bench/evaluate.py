@@ -65,7 +65,10 @@ from specd.bench.workloads import SourceFile, _functions, function_body_lines, l
 log = logging.getLogger(__name__)
 
 KINDS = ("fresh_line", "line_end", "mid_line", "body_first", "multi_file")
-VARIANTS = ("healing", "no_healing", "psm", "anchored", "spm", "context", "no_context", "plain_window")
+# window_N: the narrow window of N tokens a cold document's first suggestions answer from while
+# its full prompt prefills (``specd.engine.cold_start``), against the full prompt of the others.
+WINDOWS = ("window_128", "window_256", "window_512")
+VARIANTS = ("healing", "no_healing", "psm", "anchored", "spm", "context", "no_context", "plain_window", *WINDOWS)
 # What an editor plugin that sends a plain window gets from the same model (llama.vim's request):
 # the prefix and suffix in the family's standard order, or the prefix alone for a model without
 # FIM tokens (no file header), no token healing, no suggestion boundaries.
@@ -208,6 +211,7 @@ def summarize(scores: list[dict[str, Any]]) -> dict[str, Any]:
     forwards = sum(s.get("target_forwards", 0) for s in scores)
     # Speed's side of the same cases: tokens per target forward (what drafting from the prompt buys).
     out["tokens_per_forward"] = round(sum(s.get("tokens", 0) for s in scores) / forwards, 3) if forwards else 0.0
+    out["prompt_tokens"] = round(statistics.fmean(s.get("prompt_tokens", 0) for s in scores), 1) if scores else 0.0
     return out
 
 
@@ -226,6 +230,11 @@ def variant_engines(engine, names: list[str]) -> dict[str, tuple[Any, bool]]:
             continue
         if name in ("context", "no_context"):
             out[name] = (engine, engine.options.token_healing)
+            continue
+        if name in WINDOWS:
+            sibling = Engine(engine.options, pair=engine.pair)
+            sibling.front.prompts = sibling.prompts.narrowed(int(name.split("_")[1]))
+            out[name] = (sibling, engine.options.token_healing)
             continue
         if name == PLAIN_WINDOW:
             family = "plain" if engine.template.name.startswith("plain") else engine.template.name
@@ -336,15 +345,17 @@ def format_table(data: dict[str, Any]) -> str:
     lines = [header, "what the editor shows (after specd-lsp's post-processing) vs the deleted text; "
                      "fractions of cases (edit similarity: mean ratio)"]
     columns = ("exact", "edit_similarity", "parses", "stray_whitespace", "retyped_suffix", "repeated_line",
-               "retyped_next_line", "empty", "tokens_per_forward")
-    titles = ("exact", "edit sim", "parses", "stray ws", "re-typed", "repeated", "next line", "empty", "tok/fwd")
+               "retyped_next_line", "empty", "tokens_per_forward", "prompt_tokens")
+    titles = ("exact", "edit sim", "parses", "stray ws", "re-typed", "repeated", "next line", "empty", "tok/fwd",
+              "prompt")
     for kind in ["all", *data["kinds"]]:
         lines += ["", f"{kind}:" if kind != "all" else "all kinds:",
                   f"  {'variant':<12}{'cases':>6}" + "".join(f"{t:>10}" for t in titles)]
         for name, variant in data["variants"].items():
             s = variant["all"] if kind == "all" else variant["by_kind"][kind]
             lines.append(f"  {name:<12}{s['cases']:>6}" + "".join(
-                f"{s[c]:>10.2f}" if c in ("edit_similarity", "tokens_per_forward") else f"{s[c] * 100:>9.0f}%"
+                f"{s[c]:>10.2f}" if c in ("edit_similarity", "tokens_per_forward") else
+                f"{s[c]:>10.0f}" if c == "prompt_tokens" else f"{s[c] * 100:>9.0f}%"
                 for c in columns))
     lines += format_boundaries(data["boundaries"], data["kinds"])
     lines += ["", f"command: {data['command']}  ({data['wall_s']:.0f} s)"]
