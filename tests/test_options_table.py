@@ -213,6 +213,23 @@ def test_the_docs_list_the_table(doc, reference):
     assert f"\n{reference()}\n<!-- end of the generated table -->" in text
 
 
+def test_the_vs_code_extension_declares_the_table_s_settings():
+    """VS Code shows and checks its ``specd.*`` settings from package.json (JSON, so a copy):
+    each one specd-lsp has declares the table's default, range and choices."""
+    import json
+
+    package = json.loads((ROOT / "editor-plugins" / "vscode" / "package.json").read_text(encoding="utf-8"))
+    declared = package["contributes"]["configuration"]["properties"]
+    shared = [option for option in LSP_OPTIONS if f"specd.{option.lsp}" in declared]
+    assert {"maxTokens", "temperature", "triggerMode", "daemon.spawnTimeoutS"} <= {option.lsp for option in shared}
+    for option in shared:
+        setting = declared[f"specd.{option.lsp}"]
+        assert setting["default"] == option.lsp_value, option.lsp
+        assert setting.get("minimum") == option.low and setting.get("maximum") == option.high, option.lsp
+        assert setting.get("exclusiveMinimum") == option.above, option.lsp
+        assert tuple(setting.get("enum", ())) == (option.choices or ()), option.lsp
+
+
 # -- no second copy -------------------------------------------------------------------------------
 
 # Where options are read: the engine, the daemon, the config, the client, the CLI and specd-lsp (the
