@@ -120,3 +120,39 @@ def test_closing_a_document_drops_its_window(llama_pair, sample_source):
     assert engine.caches.peek(narrow_key(URI)) is not None
     engine.close_document(URI)
     assert engine.caches.peek(narrow_key(URI)) is None and engine.caches.peek(URI) is None
+
+
+def test_through_the_daemon_a_cold_document_answers_narrow_then_full(tmp_path, tiny_root, sample_source):
+    """The real daemon on the tiny pair, with a budget no prompt fits in (1 ms): the first
+    ``complete`` on a document just opened answers from a window, idle time prefills the full
+    prompt, and once the daemon is idle the next answers from it; ``status`` shows both."""
+    from conftest import SHARED_DAEMON_CONFIG
+    from daemon_helpers import DaemonProcess, daemon_idle, wait_for
+    from specd.daemon.commands import format_status
+    from tiny import make_tiny_pair
+
+    target, draft = make_tiny_pair(tiny_root / "llama", "llama")
+    config = {**SHARED_DAEMON_CONFIG, "model.target": target, "model.draft": draft, "model.device": "cpu",
+              "engine.first_suggestion_ms": 1, "engine.time_budget_ms": 600_000}
+    proc = DaemonProcess(tmp_path / "daemon", engine="real", config=config).start(timeout=120)
+    try:
+        text, offset = long_document(sample_source)
+        with proc.client() as client:
+            client.open_document(URI, text)
+            first = client.complete(uri=URI, cursor={"offset": offset}, options={"max_tokens": 8})
+            assert first["window_tokens"] == MIN_WINDOW and len(first["prompt_ids"]) <= MIN_WINDOW + 8
+            wait_for(lambda: daemon_idle(proc.socket_path), timeout=60, message="the daemon idle")
+            # Idle prefill runs in pieces until the full prompt is in: then a request needs less
+            # than the budget affords (a token or two) and answers from it.
+            def warm():
+                result = client.complete(uri=URI, cursor={"offset": offset}, options={"max_tokens": 8})
+                return result if result["window_tokens"] is None else None
+            full = wait_for(warm, timeout=60, interval=0.5, message="an answer from the full prompt")
+            assert len(full["prompt_ids"]) > 300 and full["prefill_computed"] <= 2
+            status = client.status()
+        about = status["engine"]["first_suggestion"]
+        assert about["budget_ms"] == 1 and about["narrow_answers"] >= 1 and about["prefill_tokens_per_s"] > 0
+        line = next(line for line in format_status(status).splitlines() if line.startswith("cold docs"))
+        assert "answered from a narrow window (last 64 tokens)" in line, line
+    finally:
+        proc.stop()

@@ -107,6 +107,22 @@ def _forward(engine: Any) -> str:
     return "; ".join(parts) or "-"
 
 
+def _first_suggestion(engine: Any) -> str:
+    """The measured prefill speed, what ``engine.first_suggestion_ms`` affords at it, and how many
+    cold documents' requests answered from a narrow window."""
+    about = engine.get("first_suggestion") if isinstance(engine, dict) else None
+    if not isinstance(about, dict):
+        return "-"
+    if not about.get("budget_ms"):
+        return "full prompt always (engine.first_suggestion_ms = 0)"
+    speed = about.get("prefill_tokens_per_s")
+    head = (f"prefill {speed:.0f} tokens/s: {about.get('affordable_tokens')} within {about['budget_ms']} ms"
+            if speed else "prefill speed not measured yet")
+    narrow = about.get("narrow_answers") or 0
+    last = f" (last {about['last_window_tokens']} tokens)" if about.get("last_window_tokens") else ""
+    return f"{head}; {narrow} answered from a narrow window{last}"
+
+
 def format_status(info: dict[str, Any]) -> str:
     models = info.get("models") or {}
     memory = info.get("memory") or {}
@@ -132,6 +148,7 @@ def format_status(info: dict[str, Any]) -> str:
         ("cache", _compact(info.get("cache"))),
         ("acceptance", _acceptance(info.get("acceptance"))),
         ("latency", lat),
+        ("cold docs", _first_suggestion(info.get("engine"))),
         ("requests", f"{requests.get('completed', 0)} completed, {requests.get('cancelled', 0)} cancelled, "
                      f"{requests.get('failed', 0)} failed, {requests.get('queued', 0)} queued"),
         ("documents", f"{documents.get('open', 0)} open"),

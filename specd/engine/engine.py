@@ -475,6 +475,7 @@ class Engine(Fronted):
             first_token_ms=(prefill_s + outcome.first_token_s) * 1000,
             total_ms=total_s * 1000,
             suspended_ms=suspended_s * 1000,
+            window_tokens=window.tokens if window is not None else None,
         )
 
     def _narrow_window(self, settings: "_RequestSettings", state: DocumentState, prompt: Prompt,

@@ -92,6 +92,9 @@ class CompletionResult:
     first_token_ms: float = 0.0
     total_ms: float = 0.0  # wall time, suspended time included
     suspended_ms: float = 0.0  # time it waited while other requests' steps ran (complete_steps)
+    # Tokens of the narrow window a cold document's request answered from while its full prompt
+    # prefilled (``engine.first_suggestion_ms``, ``cold_start``); None: the full prompt.
+    window_tokens: int | None = None
 
     @property
     def tokens_per_forward(self) -> float:
