@@ -196,6 +196,8 @@ def test_resolve_takes_the_request_over_the_engine_options():
                                       stop_at_block_end=True, token_healing=True), options)
     assert (asked.max_tokens, asked.use_lookup, asked.token_healing, asked.kv_reuse) == (1, True, True, True)
     assert asked.rules == BoundaryRules(True, True, True, "always")
+    # The suggestion rules' own defaults (a stdlib-only module, it cannot read the table) agree.
+    assert resolve(CompletionRequest(), EngineOptions()).rules == BoundaryRules()
 
 
 def test_the_fim_lists_are_the_front_templates():
