@@ -21,7 +21,7 @@ from specd.options_table import (CONFIG_SECTIONS, ENGINE_OPTIONS, FIM_FAMILIES, 
                                  REQUEST_OPTIONS, WIRE_OPTIONS, Option, config_reference, lsp_reference)
 from specd.protocol.errors import RpcError
 from specd.suggestion_rules import BoundaryRules
-from specd_lsp.options import SETTINGS, Settings, parse_settings, to_dict
+from specd_lsp.options import SETTINGS, Settings, parse_settings, to_dict, wire_options
 
 ROOT = Path(__file__).resolve().parent.parent
 NUMBERS = (int, float)
@@ -170,6 +170,14 @@ def test_the_shared_knobs_agree_across_config_wire_and_lsp():
     assert parse_settings({"maxTokens": 65536})[1] == [] and parse_settings({"maxTokens": 65537})[1]
     assert completion_options({"max_tokens": 65536}) == {"max_tokens": 65536}
     assert to_dict(Settings())["maxTokens"] == 64  # specd-lsp's own default: ghost text is short
+
+
+def test_specd_lsp_asks_the_daemon_with_its_settings():
+    assert wire_options(Settings()) == {"max_tokens": 64, "single_line": False, "temperature": 0.7}
+    settings, _ = parse_settings({"maxTokens": 9, "timeBudgetMs": 250, "singleLine": True})
+    options = wire_options(settings)
+    assert options == {"max_tokens": 9, "time_budget_ms": 250, "single_line": True, "temperature": 0.7}
+    assert completion_options(options) == options  # what specd-lsp may send, the daemon takes
 
 
 def test_the_wire_parses_straight_into_the_engine_request():

@@ -116,6 +116,20 @@ def parse_settings(raw: Any, base: Settings | None = None) -> tuple[Settings, li
     return settings, problems
 
 
+def wire_options(settings: Settings) -> dict[str, Any]:
+    """The settings that are also ``complete`` options, as the daemon takes them; one at its
+    "not set here" value is left out, so the daemon's own applies."""
+    options = {}
+    for path, option in SETTINGS.items():
+        if option.wire:
+            value = settings
+            for part in path.split("."):
+                value = getattr(value, part)
+            if option.lsp_unset is None or value != option.lsp_unset:
+                options[option.name] = value
+    return options
+
+
 def problems_message(problems: list[str]) -> str:
     """The one message that tells the user which settings fell back to their defaults."""
     return "specd: ignored invalid settings, using defaults for: " + "; ".join(problems)
