@@ -10,11 +10,13 @@ import pytest
 from lsprotocol import types
 
 from lsp_helpers import ACCEPTED, daemon_options, inline_capabilities, link_options, lsp_session, server_env
-from specd_lsp.completer import EXTRA_DRAWS, INVOKED, CompletionQuery, Completer
+from specd_lsp.alternatives import EXTRA_DRAWS
+from specd_lsp.completer import Completer
 from specd_lsp.completion import context_at, postprocess
 from specd_lsp.documents import DocumentStore
 from specd_lsp.options import parse_settings
 from specd_lsp.positions import TextIndex
+from specd_lsp.proposals import INVOKED, CompletionQuery
 
 pytestmark = pytest.mark.asyncio
 

@@ -25,11 +25,12 @@ from specd import __version__
 from specd.config import unknown_environment
 from specd.protocol.methods import LSP_ACCEPTED_COMMAND, LSP_STATUS_METHOD, LSP_SUGGESTION_GREW_METHOD
 
-from specd_lsp.completer import AUTOMATIC, INVOKED, CompletionQuery, Completer, Proposal, Selected
+from specd_lsp.completer import Completer
 from specd_lsp.daemon_link import READY, UNAVAILABLE, DaemonLink, LinkEvent
 from specd_lsp.documents import Document, DocumentStore
 from specd_lsp.options import Settings, parse_settings, problems_message, to_dict
 from specd_lsp.positions import DEFAULT_ENCODING, TextIndex
+from specd_lsp.proposals import AUTOMATIC, INVOKED, CompletionQuery, Proposal, Selected
 from specd_lsp.stdio import READ_TIMEOUT_S, run_stdio
 
 log = logging.getLogger("specd_lsp")
