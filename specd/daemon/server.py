@@ -36,7 +36,7 @@ from typing import Any, Callable
 from specd.daemon import systemd
 from specd.daemon.admission import FIRST_MESSAGE_DEADLINE_S, HELLO_DEADLINE_S, Admission, Connection, refuse
 from specd.daemon.buffers import BufferStore
-from specd.daemon.engine_api import CompletionEngine, CorpusEngine
+from specd.daemon.engine_api import CompletionEngine
 from specd.daemon.handlers import Route
 from specd.daemon.handlers.completion import CompletionMethods
 from specd.daemon.handlers.documents import DocumentLocks, DocumentMethods
@@ -111,6 +111,10 @@ def load_engine(cfg: Any) -> CompletionEngine:
 
 
 class Daemon:
+    """One concern: the daemon's lifecycle. It builds and wires the parts (listeners, admission,
+    scheduler, worker, mirror, workspace, handlers), starts them, serves each connection through
+    the dispatch table, and stops them in order; the work itself is the parts'."""
+
     def __init__(
         self,
         cfg: Any,
@@ -135,9 +139,9 @@ class Daemon:
         self.scheduler = Scheduler(max_queued_chars=max(self.max_frame_bytes, self.buffers.max_document_bytes))
         self.worker = ModelWorker(engine_factory or (lambda: load_engine(cfg)), self.scheduler, idle,
                                   self._on_worker_state)
-        self.mirror = DocumentMirror(lambda: self.worker.engine, self.worker.wake, self._serving_others)
+        self.mirror = DocumentMirror(self.worker, self._serving_others)
         self._last_request: dict[int, float] = {}  # connection id -> when its last request came (monotonic)
-        self.workspace = Workspace(WorkspaceOptions.from_config(cfg), self._corpus_sink, self.worker.wake)
+        self.workspace = Workspace(WorkspaceOptions.from_config(cfg), self.worker.set_corpus_file, self.worker.wake)
         self.connections: dict[int, Connection] = {}
         self.admission = Admission(
             self.connections, allowed_uid=os.getuid() if allowed_uid is None else allowed_uid,
@@ -151,7 +155,7 @@ class Daemon:
         self._engine_figures = EngineFigures(ENGINE_FIGURES_MAX_AGE_S)
         engine_stats = EngineStats(self.worker, self._engine_figures)
         self.completion = CompletionMethods(self.buffers, self._document_locks, self.scheduler,
-                                            load_failure=self._load_failure, on_finished=self._engine_figures.invalidate,
+                                            load_failure=self.worker.load_failure, on_finished=self._engine_figures.invalidate,
                                             max_tokens_cap=cfg["daemon.max_tokens_cap"],
                                             default_max_tokens=cfg["engine.max_tokens"],
                                             on_document_request=self.mirror.flush)
@@ -294,7 +298,7 @@ class Daemon:
                 self.mirror.replay(self.buffers.texts())
                 self.workspace.replay()
         elif state == FAILED:
-            self.scheduler.fail_all(self._load_failure())
+            self.scheduler.fail_all(self.worker.load_failure())
             # One line, whatever the exception held: it is what `specd serve`, the spawn log and
             # systemd's STATUS= show.
             message = " ".join(f"cannot load models: {self.worker.load_error}".split())
@@ -329,7 +333,7 @@ class Daemon:
             server.close()
         self._remove_socket_file()
         # Queued work is refused now; the started completions get a bounded time to finish.
-        self.scheduler.fail_all(self._load_failure())
+        self.scheduler.fail_all(self.worker.load_failure())
         started = self.scheduler.started()
         if started:
             budget_s = self.cfg["engine.time_budget_ms"] / 1000 + SHUTDOWN_GRACE_S
@@ -378,7 +382,7 @@ class Daemon:
         if self.shutting_down:
             # A client that connects while the daemon stops because its models failed to load
             # (the one that spawned it, typically) is told why, not only that it stops.
-            await refuse(reader, writer, self._load_failure()
+            await refuse(reader, writer, self.worker.load_failure()
                          or RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down"))
             return
         if (refusal := self.admission.refusal(conn)) is not None:
@@ -420,7 +424,7 @@ class Daemon:
         if self.shutting_down and request.method not in (Method.STATUS, Method.HELLO):
             # Stopping because the models failed to load: say why (the client that spawned it
             # asked exactly once, and "shutting down" would hide the cause).
-            raise self._load_failure() or RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
+            raise self.worker.load_failure() or RpcError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down")
         return await route(conn, request.params, request.msgid)
 
     async def _notification(self, conn: Connection, note: Notification) -> None:
@@ -434,19 +438,6 @@ class Daemon:
             await self.methods[Method.CANCEL](conn, note.params, None)
         else:
             log.debug("conn%d: ignored notification %s", conn.id, note.method)
-
-    def _load_failure(self) -> RpcError | None:
-        if self.worker.state != FAILED:
-            return None
-        return RpcError(ErrorCode.MODEL_LOAD_ERROR, f"cannot load models: {self.worker.load_error}")
-
-    def _corpus_sink(self, path: str, text: str | None) -> bool:
-        """The workspace watcher's output (on its thread): into the engine's lookup corpus."""
-        engine = self.worker.engine
-        if not isinstance(engine, CorpusEngine):
-            return False
-        engine.set_corpus_file(path, text)
-        return True
 
     async def shutdown(self, conn: Connection, params: None, msgid: int | None) -> dict[str, Any]:
         # The graceful path waits for this very answer to be written before closing sessions.

@@ -35,9 +35,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
-from specd.daemon.engine_api import idle_work
+from specd.daemon.engine_api import CorpusEngine, idle_work
 from specd.daemon.heap import ClosedMemory
 from specd.daemon.scheduler import Job, Scheduler
+from specd.protocol.errors import ErrorCode, RpcError
 
 __all__ = ["DocumentMirror", "Job", "ModelWorker"]
 
@@ -98,6 +99,21 @@ class ModelWorker:
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()
+
+    def load_failure(self) -> RpcError | None:
+        """The error every request gets once the first load failed; None before or without."""
+        if self.state != FAILED:
+            return None
+        return RpcError(ErrorCode.MODEL_LOAD_ERROR, f"cannot load models: {self.load_error}")
+
+    def set_corpus_file(self, path: str, text: str | None) -> bool:
+        """A workspace file for the engine's lookup corpus (None: gone), from the workspace
+        watcher's thread; False when there is no engine yet, or it keeps no corpus."""
+        engine = self.engine
+        if not isinstance(engine, CorpusEngine):
+            return False
+        engine.set_corpus_file(path, text)
+        return True
 
     # -- the worker thread -----------------------------------------------------------------
 
@@ -267,10 +283,8 @@ class DocumentMirror:
     (``heap.ClosedMemory``).
     """
 
-    def __init__(self, get_engine: Callable[[], Any], on_synced: Callable[[], None] | None = None,
-                 busy: Callable[[int | None], bool] | None = None):
-        self._get_engine = get_engine
-        self._on_synced = on_synced  # the worker's wake: edited documents get prefilled when idle
+    def __init__(self, worker: ModelWorker, busy: Callable[[int | None], bool] | None = None):
+        self._worker = worker  # whose engine gets the documents, woken after: edited ones get prefilled when idle
         self._busy = busy or (lambda owner: False)  # others than ``owner`` are being served
         self._pending: dict[str, _Pending] = {}  # uri -> its latest text (and cursor), or its close
         self._known: dict[str, int] = {}  # uris the engine has open -> characters of their last text
@@ -349,7 +363,7 @@ class DocumentMirror:
             batch = self._take()
             if batch is None:
                 return
-            engine = self._get_engine()
+            engine = self._worker.engine
             if engine is None:
                 continue  # replay() resends everything once the engine exists
             if engine is not self._engine_seen:
@@ -373,5 +387,4 @@ class DocumentMirror:
                 settled = not self._pending
             if settled:
                 self.closed_memory.settle()
-            if self._on_synced is not None:
-                self._on_synced()
+            self._worker.wake()
