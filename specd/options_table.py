@@ -4,7 +4,7 @@ wire; specd-lsp's settings). What reads options is made from ``OPTIONS``:
 
 - the config schema (``specd.config.SCHEMA``: defaults < TOML < ``SPECD_*`` < flags),
 - the engine's options (``specd.engine.options.EngineOptions``: the ``model`` and ``engine``
-  sections) and the one function that resolves a request against them (``options.resolve``),
+  sections) and the one function that resolves a request against them (``options.resolve_request``),
 - the request type and its defaults (``specd.engine.types.CompletionRequest``), which the wire's
   ``complete`` options parse straight into (``specd.daemon.params``),
 - specd-lsp's settings (``specd_lsp.options.Settings``),

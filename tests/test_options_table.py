@@ -15,7 +15,7 @@ import pytest
 
 from specd.config import SCHEMA, ConfigError, _coerce, load_config
 from specd.daemon.params import COMPLETE_OPTIONS, completion_options, parse_complete
-from specd.engine.options import EngineOptions, resolve
+from specd.engine.options import EngineOptions, resolve_request
 from specd.engine.types import CompletionRequest, ContextChunk
 from specd.options_table import (CONFIG_SECTIONS, ENGINE_OPTIONS, FIM_FAMILIES, FIM_LAYOUTS, LSP_OPTIONS, OPTIONS,
                                  REQUEST_OPTIONS, WIRE_OPTIONS, Option, config_reference, lsp_reference)
@@ -192,20 +192,20 @@ def test_the_wire_parses_straight_into_the_engine_request():
     assert stateless.text == "x = 1" and stateless.uri is None and stateless.offset is None
 
 
-def test_resolve_takes_the_request_over_the_engine_options():
+def test_resolve_request_takes_the_request_over_the_engine_options():
     options = EngineOptions(max_tokens=20, time_budget_ms=700, use_lookup=False, stop_at_block_end=False,
                             token_healing=False)
-    unset = resolve(CompletionRequest(text="x", offset=0), options)
+    unset = resolve_request(CompletionRequest(text="x", offset=0), options)
     assert (unset.max_tokens, unset.time_budget_ms, unset.budget_s) == (20, 700, 0.7)
     assert (unset.use_lookup, unset.use_draft_model, unset.token_healing) == (False, True, False)
     assert unset.rules == BoundaryRules(repeated_line=True, suffix_line=True, block_end=False, multiline="blocks")
     assert unset.kv_reuse is False  # no document: nothing to reuse
-    asked = resolve(CompletionRequest(uri="file:///a.py", max_tokens=0, use_lookup=True, multiline="always",
+    asked = resolve_request(CompletionRequest(uri="file:///a.py", max_tokens=0, use_lookup=True, multiline="always",
                                       stop_at_block_end=True, token_healing=True), options)
     assert (asked.max_tokens, asked.use_lookup, asked.token_healing, asked.kv_reuse) == (1, True, True, True)
     assert asked.rules == BoundaryRules(True, True, True, "always")
     # The suggestion rules' own defaults (a stdlib-only module, it cannot read the table) agree.
-    assert resolve(CompletionRequest(), EngineOptions()).rules == BoundaryRules()
+    assert resolve_request(CompletionRequest(), EngineOptions()).rules == BoundaryRules()
 
 
 def test_the_fim_lists_are_the_front_templates():

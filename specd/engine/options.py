@@ -83,7 +83,7 @@ ASKED_OPTIONS = tuple(option.name for option in REQUEST_OPTIONS if option.engine
 
 @dataclass(frozen=True)
 class RequestSettings:
-    """A request's settings resolved against the engine's options (``resolve``)."""
+    """A request's settings resolved against the engine's options (``resolve_request``)."""
 
     max_tokens: int  # at least 1
     time_budget_ms: int
@@ -98,7 +98,7 @@ class RequestSettings:
         return self.time_budget_ms / 1000.0
 
 
-def resolve(request: Any, options: Any) -> RequestSettings:
+def resolve_request(request: Any, options: Any) -> RequestSettings:
     """The one place a request meets the engine's options, for the local and the remote engine
     alike: each setting the request leaves None is the engine's option."""
     value = {name: getattr(options, name) if getattr(request, name) is None else getattr(request, name)

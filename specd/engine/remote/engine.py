@@ -40,7 +40,7 @@ from specd.engine.front.engine_front import EngineFront, Fronted
 from specd.engine.front.prompt import Prompt
 from specd.engine.front.boundaries import BoundaryRules, Surroundings, surroundings
 from specd.engine.front.stops import StopRules
-from specd.engine.options import EngineOptions, context_window, resolve
+from specd.engine.options import EngineOptions, context_window, resolve_request
 from specd.engine.remote.client import (RemoteClient, RemoteError, RemoteOptions, Stream, Watch,
                                         event_text)
 from specd.engine.types import Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError
@@ -224,7 +224,7 @@ class RemoteEngine(Fronted):
     def _complete(self, req: CompletionRequest, text: str, offset: int, cancel: threading.Event | None,
                   started: float) -> CompletionResult:
         prompt = self.front.request_prompt(req, text, offset, heal=False)
-        settings = resolve(req, self.options)
+        settings = resolve_request(req, self.options)
         stops = TextStops(self.stop_texts, req.single_line, prompt.indent, rules=settings.rules,
                           around=surroundings(text, offset))
         with Watch(self.client, cancel, started + settings.budget_s) as watch:
