@@ -21,7 +21,7 @@ SOURCES = {"specd": ROOT / "specd", "specd_lsp": ROOT / "lsp" / "specd_lsp"}
 # Inside specd.engine, from the top down: a room may import the rooms after it, never before.
 ENGINE_ROOMS = ["loading", "engine", "remote", "front", "speculation", "caches", "forward"]
 # Foundations any room may import.
-ENGINE_FOUNDATIONS = {"types", "options", "models", "compat", "lookup", "builtin"}
+ENGINE_FOUNDATIONS = {"types", "options", "models", "compat", "lookup", "builtin", "cold_start"}
 # What the engine, a plain library, never reaches.
 OUTSIDE_THE_ENGINE = ("specd.daemon", "specd.protocol", "specd.cli", "specd.client", "specd_lsp", "specd.bench")
 # What of specd outside itself the engine may import.
@@ -178,7 +178,7 @@ def test_the_front_knows_no_models(name):
 
 @pytest.mark.parametrize("module", ["specd.engine.front.engine_front", "specd.engine.front.stops",
                                     "specd.engine.options", "specd.engine.builtin", "specd.engine.types",
-                                    "specd.engine.lookup"])
+                                    "specd.engine.lookup", "specd.engine.cold_start"])
 def test_what_the_map_says_loads_without_torch_does(module):
     loaded = _loads(module)
     assert not {"torch", "transformers", "tokenizers", "llama_cpp"} & set(loaded), loaded

@@ -34,11 +34,12 @@ from specd.engine.lookup import NgramIndex
 from specd.engine.forward.auto import choose_auto
 from specd.engine.forward.choose import choose_forward_path, llamacpp_forward
 from specd.engine.models import ModelPair, StartupTimes, stderr_is_terminal, load_pair
-from specd.engine.options import FORWARD_OPTIONS, EngineOptions
+from specd.engine.options import FORWARD_OPTIONS, EngineOptions, resolve_request
 from specd.engine.front.prompt import Prompt
 from specd.engine.speculation.sampling import SamplingParams
-from specd.engine.front.boundaries import rules_for, surroundings
+from specd.engine.front.boundaries import surroundings
 from specd.engine.front.stops import StopRules
+from specd.suggestion_rules import BoundaryRules
 from specd.engine.types import (Cancelled, CompletionRequest, CompletionResult, EngineError, ModelLoadError, Progress,
                                 SourceStats, UnsupportedModel, run_to_end)
 from specd.llamacpp.gguf import is_gguf_name
@@ -352,23 +353,22 @@ class Engine(Fronted):
                 raise
 
     def _settings(self, req: CompletionRequest) -> "_RequestSettings":
-        """The request's settings, each defaulting to the engine's option."""
-        opts = self.options
-
-        def pick(value: Any, default: Any) -> Any:
-            return default if value is None else value
-
+        """The request's settings (``options.resolve_request``: each one it leaves unset is the
+        engine's option), with what is this engine's own: whether a draft model is loaded, the sampler."""
+        asked = resolve_request(req, self.options)
         sampling = SamplingParams(max(0.0, req.temperature), req.top_p)
         generator = None
         if not sampling.greedy:
             seed = req.seed if req.seed is not None else int(time.time_ns() % 2**31)
             generator = torch.Generator().manual_seed(seed)
         return _RequestSettings(
-            use_draft=pick(req.use_draft_model, opts.use_draft_model) and self.pair.draft is not None,
-            use_lookup=pick(req.use_lookup, opts.use_lookup),
-            kv_reuse=pick(req.kv_reuse, opts.kv_reuse) and bool(req.uri),
-            max_tokens=max(1, pick(req.max_tokens, opts.max_tokens)),
-            budget_s=pick(req.time_budget_ms, opts.time_budget_ms) / 1000.0,
+            use_draft=asked.use_draft_model and self.pair.draft is not None,
+            use_lookup=asked.use_lookup,
+            kv_reuse=asked.kv_reuse,
+            max_tokens=asked.max_tokens,
+            budget_s=asked.budget_s,
+            heal=asked.token_healing,
+            rules=asked.rules,
             sampling=sampling, generator=generator)
 
     def agreement_line(self) -> str:
@@ -397,7 +397,7 @@ class Engine(Fronted):
                   cancel: threading.Event | None) -> Generator[Progress, None, CompletionResult]:
         started = time.monotonic()
         settings = self._settings(req)
-        heal = self.options.token_healing if req.token_healing is None else req.token_healing
+        heal = settings.heal
         prompt = self.front.request_prompt(req, text, offset, heal)
         key = req.uri or ANONYMOUS
         state = (self.caches.get(key) if settings.kv_reuse else None) or self._new_state()
@@ -436,7 +436,7 @@ class Engine(Fronted):
         planner = self._planner(state, settings, req, text, offset, prompt, constraint)
         stop = StopRules(self.pair.tokenizer, self.stop_ids, req.single_line, prompt.indent, healed=prompt.healed,
                          newline=prompt.newline if req.stop_at_line_ending else None,
-                         rules=rules_for(req, self.options), around=surroundings(text, offset))
+                         rules=settings.rules, around=surroundings(text, offset))
         draft_forwards_before = state.draft.forwards if state.draft else 0
         steps = decode_steps(state.target, list(prompt.ids), planner, settings.sampling, settings.max_tokens, stop,
                              deadline=started + suspended_s + settings.budget_s, cancel=cancel,
@@ -571,6 +571,8 @@ class _RequestSettings:
     kv_reuse: bool  # and the request names a document
     max_tokens: int
     budget_s: float
+    heal: bool  # token healing
+    rules: BoundaryRules  # suggestion boundaries
     sampling: SamplingParams
     generator: torch.Generator | None
 

@@ -5,6 +5,7 @@ how a request's settings and the engine's options choose them.
 
 from __future__ import annotations
 
+from specd.engine.options import resolve_request
 from specd.suggestion_rules import (BLOCK_OPENERS, CLOSERS, MULTILINE_MODES, REPEAT_WINDOW, RULE_FUNCTIONS, RULES,
                                     TAB_WIDTH, BoundaryRules, Line, Surroundings, apply, block_end, boundary,
                                     current_line, expects_block, indent_width, lines_of, opens_block, repeated_line,
@@ -23,10 +24,5 @@ NO_BOUNDARIES = {"stop_at_block_end": False, "stop_at_repeated_line": False, "st
 
 def rules_for(request, options) -> BoundaryRules:
     """A request's boundaries: its own settings, the engine's options (``engine.stop_at_*``,
-    ``engine.multiline``) where it has none."""
-    def pick(name: str):
-        asked = getattr(request, name)
-        return getattr(options, name) if asked is None else asked
-
-    return BoundaryRules(repeated_line=pick("stop_at_repeated_line"), suffix_line=pick("stop_at_suffix_line"),
-                         block_end=pick("stop_at_block_end"), multiline=pick("multiline"))
+    ``engine.multiline``) where it has none (``options.resolve_request``)."""
+    return resolve_request(request, options).rules

@@ -242,6 +242,8 @@ class PromptBuilder:
         # prefix ends at an anchor that stays put while the user types, so successive keystrokes
         # find their window here instead of re-tokenizing up to budget x 12 characters (~5 ms).
         self._windows: OrderedDict[tuple, tuple[int, list[int] | None]] = OrderedDict()
+        # (window up to its last line, grid starts, budget) -> (start chosen, window length then): ``_fit_again``
+        self._starts: OrderedDict[tuple, tuple[int, int]] = OrderedDict()
         self._memo_lock = threading.Lock()  # the daemon's request and idle work may both build prompts
 
     def narrowed(self, tokens: int) -> "PromptBuilder":
@@ -347,7 +349,8 @@ class PromptBuilder:
                 if found is not None:
                     self._windows.move_to_end(key)
             if found is None:
-                found = self._fit_prefix(window, [start - first for start in grid_starts], budget)
+                found = self._fit_again(window, key[1], budget) or \
+                    self._fit_prefix(window, [start - first for start in grid_starts], budget)
                 with self._memo_lock:
                     self._windows[key] = found
                     if len(self._windows) > ENCODE_MEMO:
@@ -358,6 +361,20 @@ class PromptBuilder:
         start = grid_starts[-1] if grid_starts else floor
         ids = self.encode(text[start:offset])
         return start, ids[-budget:]
+
+    def _fit_again(self, window: str, starts: tuple[int, ...], budget: int) -> tuple[int, list[int]] | None:
+        """Where the prefix ends at the cursor (psm, prefix-last templates), a keystroke changes
+        only the window's last line: the start chosen for the same text up to that line, while
+        the window has not shrunk since and its tail from there still fits (the earliest start
+        that fits then is the same: text added at the end only adds tokens). One encode instead
+        of ``_fit_prefix``'s encode with offsets and its exact encode; None when nothing is known."""
+        head = (window[:window.rfind("\n") + 1], starts, budget)
+        with self._memo_lock:
+            known = self._starts.get(head)
+        if known is None or len(window) < known[1]:
+            return None
+        ids = self.encode(window[known[0]:])
+        return (known[0], ids) if len(ids) <= budget else None
 
     def _fit_prefix(self, window: str, starts: list[int], budget: int) -> tuple[int, list[int] | None]:
         """(start, ids) of the longest tail of ``window`` that begins at one of ``starts`` and fits
@@ -373,6 +390,10 @@ class PromptBuilder:
             else:  # the ids just computed (the same text)
                 ids = list(encoded["input_ids"])
             if len(ids) <= budget:
+                with self._memo_lock:  # for the next keystroke on this line (``_fit_again``)
+                    self._starts[(window[:window.rfind("\n") + 1], tuple(starts), budget)] = (start, len(window))
+                    if len(self._starts) > ENCODE_MEMO:
+                        self._starts.popitem(last=False)
                 return start, ids
         return 0, None
 
