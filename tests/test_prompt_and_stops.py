@@ -158,6 +158,39 @@ def test_typing_at_a_fixed_anchor_reuses_the_prefix_window_and_builds_the_same_p
         anchor = prompt.anchor
 
 
+def test_typing_where_the_prefix_ends_at_the_cursor_keeps_the_window_start_and_builds_the_same_prompt(tokenizer):
+    """Prefix-last prompts (psm, the prefix-only families) change with every keystroke; typing on
+    the cursor's line reuses the window's start chosen for the text above it (no pass with
+    offsets), and each prompt is exactly the one a fresh builder builds."""
+    before = "".join(f"def f{i}(values):\n    return values[{i}] * {i}\n\n" for i in range(80))
+    after = "\n\ndef tail():\n    pass\n"
+    line = "    result = compute(total, values)"
+    builder = PromptBuilder(tokenizer, TEMPLATES["plain"], 300, 0)
+    offsets_passes = []
+    real_call = type(tokenizer).__call__
+
+    def counting(self, text, *args, **kwargs):
+        offsets_passes.append(len(text))
+        return real_call(self, text, *args, **kwargs)
+
+    passes = 0
+    for typed in range(1, len(line) + 1):
+        text = before + line[:typed] + after
+        cursor = len(before) + typed
+        offsets_passes.clear()
+        type(tokenizer).__call__ = counting
+        try:
+            prompt = builder.build(text, cursor)
+        finally:
+            type(tokenizer).__call__ = real_call
+        fresh = PromptBuilder(tokenizer, TEMPLATES["plain"], 300, 0).build(text, cursor)
+        assert prompt.ids == fresh.ids and prompt.prefix_start == fresh.prefix_start
+        # A pass with offsets only where the window outgrew the budget (the start moves on, or
+        # the last grid stretch alone is over it and the tokens nearest the cursor are taken).
+        passes += bool(offsets_passes)
+    assert 1 <= passes <= 3, passes  # of 35 keystrokes
+
+
 def test_windows_are_fitted_in_tokens(tokenizer):
     text = "".join(f"line_{i} = {i} * 2\n" for i in range(400))
     cursor = len(text) // 2

@@ -362,19 +362,32 @@ class PromptBuilder:
         ids = self.encode(text[start:offset])
         return start, ids[-budget:]
 
-    def _fit_again(self, window: str, starts: tuple[int, ...], budget: int) -> tuple[int, list[int]] | None:
+    def _fit_again(self, window: str, starts: tuple[int, ...], budget: int) -> tuple[int, list[int] | None] | None:
         """Where the prefix ends at the cursor (psm, prefix-last templates), a keystroke changes
         only the window's last line: the start chosen for the same text up to that line, while
         the window has not shrunk since and its tail from there still fits (the earliest start
-        that fits then is the same: text added at the end only adds tokens). One encode instead
-        of ``_fit_prefix``'s encode with offsets and its exact encode; None when nothing is known."""
-        head = (window[:window.rfind("\n") + 1], starts, budget)
+        that fits then is the same: text added at the end only adds tokens), or (0, None) again
+        where no start fitted. One encode at most instead of ``_fit_prefix``'s encode with
+        offsets and its exact encode; None when nothing is known."""
         with self._memo_lock:
-            known = self._starts.get(head)
+            known = self._starts.get(self._head(window, starts, budget))
         if known is None or len(window) < known[1]:
             return None
+        if known[0] < 0:
+            return 0, None
         ids = self.encode(window[known[0]:])
         return (known[0], ids) if len(ids) <= budget else None
+
+    def _remember_start(self, window: str, starts: tuple[int, ...], budget: int, start: int) -> None:
+        """What ``_fit_prefix`` chose (-1: no start fitted), for ``_fit_again``."""
+        with self._memo_lock:
+            self._starts[self._head(window, starts, budget)] = (start, len(window))
+            if len(self._starts) > ENCODE_MEMO:
+                self._starts.popitem(last=False)
+
+    @staticmethod
+    def _head(window: str, starts: tuple[int, ...], budget: int) -> tuple:
+        return window[:window.rfind("\n") + 1], starts, budget
 
     def _fit_prefix(self, window: str, starts: list[int], budget: int) -> tuple[int, list[int] | None]:
         """(start, ids) of the longest tail of ``window`` that begins at one of ``starts`` and fits
@@ -390,11 +403,9 @@ class PromptBuilder:
             else:  # the ids just computed (the same text)
                 ids = list(encoded["input_ids"])
             if len(ids) <= budget:
-                with self._memo_lock:  # for the next keystroke on this line (``_fit_again``)
-                    self._starts[(window[:window.rfind("\n") + 1], tuple(starts), budget)] = (start, len(window))
-                    if len(self._starts) > ENCODE_MEMO:
-                        self._starts.popitem(last=False)
+                self._remember_start(window, tuple(starts), budget, start)
                 return start, ids
+        self._remember_start(window, tuple(starts), budget, -1)
         return 0, None
 
     def _suffix_window(self, text: str, offset: int) -> tuple[int, list[int]]:
