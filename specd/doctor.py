@@ -6,6 +6,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from pathlib import Path
 
 from specd import __version__
 
@@ -97,6 +98,7 @@ def run_doctor(args, cfg) -> int:
         print(f"  {role} forward: {path.name}" + (f" ({detail})" if detail else ""))
         if why:  # why this path (engine.forward_backend auto: the figures), or why not the one asked for
             print(f"    {why}")
+    print(f"  memory: {memory_line(engine)}")
     costs = engine.planning.costs
     widths = ", ".join(f"{w}: {ms:.1f}" for w, ms in sorted(costs.target.items()))
     print(f"  target forward ms by width: {widths}")
@@ -109,6 +111,31 @@ def run_doctor(args, cfg) -> int:
         print(f"    {line}")
     print("  OK")
     return 0
+
+
+def memory_line(engine) -> str:
+    """What the loaded models hold in memory and may come to hold: the weights (a GGUF file's
+    size; a torch model's parameters), the lean forward's transposed copies of them
+    (``engine.transposed_weights``), and the KV caches' budget."""
+    from specd.engine.forward.lean import LeanForward
+    from specd.engine.models import is_gguf
+
+    pair = engine.pair
+    weights = 0
+    for model in (pair.target, pair.draft):
+        if model is None:
+            continue
+        if is_gguf(model):
+            weights += Path(model.path).stat().st_size
+        else:
+            weights += sum(p.numel() * p.element_size() for p in model.parameters())
+    parts = [f"weights {weights / 2**20:.0f} MiB"]
+    copies = sum(path.copied_bytes for path, _ in engine.paths.values() if isinstance(path, LeanForward))
+    setting = engine.options.transposed_weights
+    if copies:
+        parts.append(f"transposed copies of them +{copies / 2**20:.0f} MiB (engine.transposed_weights = {setting})")
+    parts.append(f"KV caches up to {engine.options.cache_budget_mb} MiB (engine.cache_budget_mb)")
+    return ", ".join(parts)
 
 
 def _gguf_note(file: dict | None) -> str:

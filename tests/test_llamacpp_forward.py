@@ -1,9 +1,9 @@
 """engine.forward_backend = llamacpp: specd's decoding on llama.cpp's forward, still lossless.
 
-The engine runs every target and draft forward through llama.cpp (one context per model, one
-sequence per document); its output must still be exactly the target's greedy continuation
-(checked against plain transformers ``generate()``), with KV reuse across requests, drafts
-accepted and rejected, and the engine's out-of-memory path when the sequences run out.
+The engine runs every target and draft forward through llama.cpp (contexts made per model as
+documents need them, one sequence per document); its output must still be exactly the target's
+greedy continuation (checked against plain transformers ``generate()``), with KV reuse across requests, drafts
+accepted and rejected, and the least recently used document evicted when the sequences run out.
 
 GELU models (the GPT-2 family, Gemma, GPT-NeoX) stay on torch: llama.cpp's graphs read gelu from
 an f16 table, which moves logits enough to flip near-ties (docs/llamacpp.md), so the engine
@@ -85,9 +85,10 @@ def test_both_models_run_on_llama_cpp_and_output_is_the_targets(arch, engine_for
     assert sum(s.proposed - s.accepted for s in drafted) > 0  # ... and rejected, both on llama.cpp
 
 
-def test_a_document_beyond_the_sequences_evicts_the_others_and_is_served(tiny_pairs, tiny_root, sample_source):
-    """A cache budget with room for one target window: the second document's cache finds no free
-    sequence ("out of memory"), the engine evicts the first document and retries, once."""
+def test_a_document_beyond_the_sequences_evicts_the_least_recent_and_is_served(tiny_pairs, tiny_root, sample_source):
+    """A cache budget with room for one target window: the second document's cache finds no
+    sequence within the budget, and the path has the cache store evict the least recently used
+    document (``CacheStore.reclaim``); no out-of-memory retry."""
     target, _ = tiny_pairs["llama"]
     near = make_near_draft(target, tiny_root / "llama" / "near-draft")
     engine = make_engine(target, near, prefix_tokens=384, suffix_tokens=128, forward_backend="llamacpp",
@@ -98,7 +99,8 @@ def test_a_document_beyond_the_sequences_evicts_the_others_and_is_served(tiny_pa
                                                    offset=sample_source.index("    def to_dict"), max_tokens=8,
                                                    stop_at_block_end=False))
         assert_lossless(engine, result, 8)
-    assert engine.oom_retries == 2
+    assert engine.oom_retries == 0 and engine.caches.reclaimed == 2
+    assert list(engine.caches._docs) == ["file:///a.py"]
 
 
 @pytest.mark.parametrize("arch", GELU_ARCHS)

@@ -8,6 +8,7 @@ Invariant: ``len(state.ids) == cache length`` of every layer, also after a forwa
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -309,11 +310,13 @@ class KVState:
         return True
 
     def nbytes(self) -> int:
-        return self.path.nbytes(self.cache)
+        cache = self.cache  # None for a moment in ``reset``, which another thread's stats may see
+        return self.path.nbytes(cache) if cache is not None else 0
 
     def reset(self) -> None:
-        self.cache = self.path.new_cache()
         self.ids = []
+        self.cache = None  # its memory goes back first: a path with a pool of caches may need it
+        self.cache = self.path.new_cache()
 
 
 SUGGESTIONS_KEPT = 4  # completions per document indexed for lookup
@@ -352,19 +355,30 @@ class DocumentState:
         return all(kv.prefill(ids, deadline, piece) for kv in (self.target, self.draft) if kv is not None)
 
 
+STATS_LARGEST = 8  # documents ``CacheStore.stats`` lists by their caches' bytes
+
+
 class CacheStore:
-    """LRU of DocumentState under a byte budget. The state in use is never evicted."""
+    """LRU of DocumentState under a byte budget. ``enforce_budget`` never evicts the state in use;
+    a forward path whose caches live in a pool of its own (llama.cpp's contexts) calls
+    ``reclaim`` when the pool is full, one least recently used document at a time.
+
+    The worker thread puts, gets and evicts; documents close (``drop``) and ``stats`` read from
+    other threads, hence the lock around the order."""
 
     def __init__(self, budget_bytes: int):
         self.budget_bytes = budget_bytes
         self._docs: OrderedDict[str, DocumentState] = OrderedDict()
+        self._lock = threading.RLock()
         self.evictions = 0
+        self.reclaimed = 0  # of the evictions, those a forward path asked for to free a cache
 
     def get(self, key: str) -> DocumentState | None:
-        state = self._docs.get(key)
-        if state is not None:
-            self._docs.move_to_end(key)
-            state.last_used = time.monotonic()
+        with self._lock:
+            state = self._docs.get(key)
+            if state is not None:
+                self._docs.move_to_end(key)
+                state.last_used = time.monotonic()
         return state
 
     def peek(self, key: str) -> DocumentState | None:
@@ -372,36 +386,76 @@ class CacheStore:
         return self._docs.get(key)
 
     def put(self, key: str, state: DocumentState) -> None:
-        self._docs[key] = state
-        self._docs.move_to_end(key)
+        with self._lock:
+            self._docs[key] = state
+            self._docs.move_to_end(key)
+        for kv in (state.target, state.draft):
+            if kv is not None:
+                kv.path.add_reclaimer(self.reclaim)
 
     def drop(self, key: str) -> None:
-        self._docs.pop(key, None)
+        with self._lock:
+            state = self._docs.pop(key, None)
+        del state  # its caches go here, outside the lock (a path's finalizer may take its own)
 
     def clear(self) -> None:
-        self._docs.clear()
+        with self._lock:
+            states = list(self._docs.values())
+            self._docs.clear()
+        del states
 
     def evict_except(self, keep: str | None) -> int:
         """Evict every document but ``keep``; returns how many went (the OOM path)."""
-        victims = [k for k in self._docs if k != keep]
-        for key in victims:
-            del self._docs[key]
-        self.evictions += len(victims)
-        return len(victims)
+        with self._lock:
+            victims = [self._docs.pop(k) for k in list(self._docs) if k != keep]
+            self.evictions += len(victims)
+        count = len(victims)
+        del victims
+        return count
+
+    def reclaim(self) -> bool:
+        """Evict the least recently used document (a forward path's pool is full); False when
+        none is left. Its caches free as the state goes, unless a request in flight holds it."""
+        with self._lock:
+            if not self._docs:
+                return False
+            key, state = self._docs.popitem(last=False)
+            self.evictions += 1
+            self.reclaimed += 1
+        log.debug("evicted KV cache of %s to free a cache for another document", key)
+        del state
+        return True
 
     def enforce_budget(self, keep: str | None = None) -> None:
-        total = self.nbytes()
-        for key in list(self._docs):
-            if total <= self.budget_bytes:
-                break
-            if key == keep:
-                continue
-            total -= self._docs.pop(key).nbytes()
-            self.evictions += 1
-            log.debug("evicted KV cache of %s (budget %d bytes)", key, self.budget_bytes)
+        with self._lock:
+            total = self.nbytes()
+            victims = []
+            for key in list(self._docs):
+                if total <= self.budget_bytes:
+                    break
+                if key == keep:
+                    continue
+                victims.append(self._docs.pop(key))
+                total -= victims[-1].nbytes()
+                self.evictions += 1
+                log.debug("evicted KV cache of %s (budget %d bytes)", key, self.budget_bytes)
+        del victims
 
     def nbytes(self) -> int:
-        return sum(state.nbytes() for state in self._docs.values())
+        with self._lock:
+            return sum(state.nbytes() for state in self._docs.values())
+
+    def stats(self, largest: int = STATS_LARGEST) -> dict[str, Any]:
+        """Documents, bytes (what each forward path's caches hold in memory: a static cache's
+        slots, a llama.cpp sequence's cells), the budget, evictions, and the ``largest``
+        documents by bytes with the tokens their target cache holds."""
+        with self._lock:
+            sizes = [(key, state.nbytes(), len(state.target.ids)) for key, state in self._docs.items()]
+            evictions, reclaimed = self.evictions, self.reclaimed
+        sizes.sort(key=lambda item: -item[1])
+        return {"documents": len(sizes), "bytes": sum(size for _, size, _ in sizes), "budget_bytes": self.budget_bytes,
+                "evictions": evictions, "reclaimed": reclaimed,
+                "largest": [{"document": key, "bytes": size, "tokens": tokens} for key, size, tokens in sizes[:largest]]}
 
     def __len__(self) -> int:
         return len(self._docs)

@@ -70,11 +70,12 @@ def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions
                      sequences: int | None = None, window: int | None = None):
     """A ``LlamaCppForward`` for ``model`` (loaded from ``source``), on its GGUF file in the
     cache (written and checked the first time), its KV cells sized from the cache budget
-    (``sequences``: at most that many; ``window``: cells per sequence, by default the model's). ``prefill`` (default ``engine.llamacpp_prefill``): where
+    (``sequences``: at most that many, by default as many as the budget holds; ``window``: cells
+    per sequence, by default the model's). ``prefill`` (default ``engine.llamacpp_prefill``): where
     a prompt from an empty cache prefills: torch (K/V handed over), llamacpp, or auto (whichever
     a few prefills timed here say is faster, ``faster_prefill``)."""
     from specd.llamacpp.export import cached_gguf
-    from specd.engine.forward.llamacpp import MAX_SEQUENCES, LlamaCppForward
+    from specd.engine.forward.llamacpp import LlamaCppForward
 
     if is_gguf(model):
         return gguf_forward(model, options)
@@ -85,7 +86,7 @@ def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions
         or getattr(model.config, "max_position_embeddings", 4096)
     path = LlamaCppForward(cached_gguf(source, LLAMACPP_TYPES[pair.dtype]), budget_bytes=options.cache_budget_mb << 20,
                            window=window, threads=torch.get_num_threads(), kv_bytes=pair.dtype.itemsize,
-                           sequences=sequences or MAX_SEQUENCES)
+                           sequences=sequences)
     prefill = prefill or options.llamacpp_prefill
     if prefill in ("torch", "auto"):
         from specd.engine.forward.lean import LeanForward, unsupported_reason
@@ -143,7 +144,7 @@ def gguf_forward(model, options: EngineOptions):
 
     Each sequence gets the cells a request can fill (the prompt budgets, the completion, the
     widest verify), not the model's whole trained context: real GGUF files declare 32k-128k
-    positions, and cells are allocated up front for every sequence."""
+    positions, and a sequence's cells are resident from its context's making on."""
     from specd.engine.forward.llamacpp import LlamaCppForward
 
     needed = (options.prefix_tokens + options.suffix_tokens + options.context_tokens + options.max_tokens

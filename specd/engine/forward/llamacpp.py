@@ -8,13 +8,16 @@ path gives the engine llama.cpp's forward behind the interface ``KVState`` drive
 (``new_cache``, ``forward``, ``crop``, ``consistent``, ``nbytes``), on a GGUF file written
 from the loaded weights (:mod:`specd.llamacpp.export`, same token ids).
 
-One llama.cpp context holds every document's cache as one *sequence*, each in its own stream
-of ``window`` cells (a unified cache would make every forward attend over all documents'
-cells): a cache is a sequence id and a length; rollback is ``llama_memory_seq_rm`` past the
-length (nothing copied); a cache dropped by the engine (LRU eviction, a closed document) frees
-its sequence. How many sequences: as many windows as ``engine.cache_budget_mb`` holds, at most
-``MAX_SEQUENCES``; when all are taken, a new cache fails with "out of memory", which the engine
-answers as it does a torch OOM (evict the other documents, retry once).
+Each document's cache is one *sequence* of ``window`` cells in a llama.cpp context, in its own
+stream (a unified cache would make every forward attend over all documents' cells): a cache is
+a sequence and a length; rollback is ``llama_memory_seq_rm`` past the length (nothing copied).
+Contexts come in *slabs* of a few sequences, made when a cache needs one and freed when the last
+of their sequences is: llama.cpp clears a context's K/V buffer when it makes it, so every cell of
+a context is resident from then on, and one context for every sequence the budget could hold
+would cost the whole budget at load. The cells of all slabs stay within ``engine.cache_budget_mb``
+(``sequences`` windows); when no sequence can be had within it, the path asks the cache store
+(``add_reclaimer``) to evict its least recently used document, and only when nothing is left to
+evict does a new cache fail with "out of memory" (the engine's out-of-memory path).
 
 Lossless stays defined the same way: greedy output equals the target alone. K/V are kept in
 the weights' precision (f32 for f32 weights: llama-server's default f16 moves logits enough to
@@ -29,7 +32,9 @@ import ctypes
 import logging
 import threading
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -47,16 +52,38 @@ log = logging.getLogger(__name__)
 # 82M one, with logits identical to the bit; 32-256 were alike (cells come in blocks of 256).
 BATCH = 256
 HANDOFF_TOKENS = 64  # prompts from an empty cache at least this long prefill on torch (see handoff.py)
-MAX_SEQUENCES = 16  # documents (per model) whose caches the context holds at once, budget allowing
+# Sequences per llama.cpp context: at most SLAB_SEQUENCES, and at most 1/SLABS_PER_BUDGET of the
+# budget's, so a budget fills in steps. A context costs about 10 MiB beyond its cells (compute
+# buffers) and is made in one go, so one per sequence would add that to every document; larger
+# slabs strand more free cells in a context that one live sequence keeps.
+SLAB_SEQUENCES = 4
+SLABS_PER_BUDGET = 4
 GGML_F32, GGML_F16 = 0, 1  # ggml_type values of the KV cache's element type
 
 
+class Slab:
+    """One llama.cpp context of ``size`` sequences, each a stream of ``window`` cells."""
+
+    def __init__(self, llama_cpp, model, params, size: int):
+        self.ctx = llama_cpp.llama_init_from_model(model, params)
+        if self.ctx is None:
+            raise MemoryError(f"llama.cpp out of memory: could not make a context of {size} sequences")
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.size = size
+        self.free = list(range(size - 1, -1, -1))  # sequence ids not in use, the lowest last
+
+    @property
+    def used(self) -> int:
+        return self.size - len(self.free)
+
+
 class SequenceCache:
-    """One document's KV cache in the shared context: a sequence id and how many positions it holds."""
+    """One document's KV cache: a sequence of a slab (its context) and how many positions it holds."""
 
-    __slots__ = ("seq", "length", "__weakref__")
+    __slots__ = ("slab", "seq", "length", "__weakref__")
 
-    def __init__(self, seq: int):
+    def __init__(self, slab: Slab, seq: int):
+        self.slab = slab
         self.seq = seq
         self.length = 0
 
@@ -66,15 +93,21 @@ class LlamaCppForward(BasicPath):
     optional capabilities (``path.ForwardPath``) it has two: ``rows_from`` (llama.cpp computes
     logits for the positions a batch flags, and no others) and ``host_ids`` (``forward_ids``: a
     list in, numpy logits out, no torch in a decode step). Logits come with the forward, no
-    token trees, nothing recorded."""
+    token trees, nothing recorded.
+
+    Threads: the engine's worker runs every forward; a cache dropped on another thread (a closed
+    document) gives its sequence back there only if no forward runs, else the next call on the
+    worker does (``_reap``): llama.cpp's contexts are not safe to share between threads."""
 
     name = "llamacpp"
     rows_from = True
     host_ids = True
 
     def __init__(self, gguf_path: str | Path, *, budget_bytes: int, window: int, threads: int = 1,
-                 sequences: int = MAX_SEQUENCES, kv_bytes: int = 4, about: str = ""):
-        """``about``: what the file is, for ``description`` (a GGUF model's type and size)."""
+                 sequences: int | None = None, kv_bytes: int = 4, about: str = ""):
+        """``sequences``: at most this many caches at once (default: as many windows as
+        ``budget_bytes`` holds, at least one). ``about``: what the file is, for ``description``
+        (a GGUF model's type and size)."""
         llama_cpp = import_llama_cpp()
         from llama_cpp import _internals as internals
 
@@ -85,39 +118,56 @@ class LlamaCppForward(BasicPath):
         head_dim = llama_cpp.llama_model_n_embd(model) // heads
         self.bytes_per_token = 2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model) \
             * head_dim * kv_bytes
-        # One stream of ``window`` cells per sequence (not a unified cache: there every forward
-        # attends over the cells of all documents, masked).
-        sequences = max(1, min(sequences, budget_bytes // max(1, self.bytes_per_token * window)))
-        cells = sequences * window
+        self.window = window  # positions one sequence (one document's cache) holds
+        self.sequence_bytes = self.bytes_per_token * window  # resident from its slab's making
+        fit = max(1, budget_bytes // max(1, self.sequence_bytes))
+        self.sequences = fit if sequences is None else max(1, min(sequences, fit))
+        self.slab_size = max(1, min(SLAB_SEQUENCES, self.sequences // SLABS_PER_BUDGET))
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = cells
         params.n_batch = params.n_ubatch = BATCH
-        params.n_seq_max = sequences
         params.kv_unified = False
         params.type_k = params.type_v = GGML_F32 if kv_bytes == 4 else GGML_F16
         params.n_threads = params.n_threads_batch = threads
         # Flash attention off, as llama-cpp-python's default: on the CPUs measured it sped up long
         # prefills and slowed narrow verifies, and specd's forwards are mostly narrow (docs/llamacpp.md).
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        self._ctx = internals.LlamaContext(model=self._model, params=params, verbose=False)
+        self._params = params
+        self._slabs: list[Slab] = []
         self._batch = internals.LlamaBatch(n_tokens=BATCH, embd=0, n_seq_max=1, verbose=False)
         self.n_vocab = self._model.n_vocab()
-        self.cells = cells
-        self.window = window  # positions one sequence (one document's cache) holds
         self.path = str(gguf_path)
         self.about = about
-        self.sequences = sequences
-        self._free = list(range(sequences - 1, -1, -1))
-        self._lock = threading.Lock()  # the free list: finalizers may run on any thread
+        self.slabs_made = 0  # contexts made so far (and freed again once empty)
+        self._lock = threading.Lock()  # held by every call into a context, and by _reap
+        self._released: list[tuple[Slab, int]] = []  # sequences given back while a call ran (finalizers)
+        self._reclaimers: list[weakref.WeakMethod] = []  # see add_reclaimer
+        # The native contexts go before the model they were made from, whatever frees which first.
+        self._model._exit_stack.callback(self._free_slabs)
         self.torch_prefill = None  # a handoff.TorchPrefill: see use_torch_prefill
         self.prefill_note = ""
+
+    @property
+    def cells(self) -> int:
+        """KV cells allocated now, in every slab."""
+        return sum(slab.size for slab in self._slabs) * self.window
+
+    @property
+    def allocated_bytes(self) -> int:
+        """K/V bytes of every slab made and not yet freed (resident: llama.cpp clears them)."""
+        return self.cells * self.bytes_per_token
+
+    @property
+    def in_use(self) -> int:
+        """Sequences held by caches now."""
+        return sum(slab.used for slab in self._slabs)
 
     @property
     def description(self) -> str:
         """What ``specd doctor`` says of this path."""
         about = f" ({self.about})" if self.about else ""
-        parts = [f"llama.cpp on {Path(self.path).name}{about}, {self.sequences} sequences of "
-                 f"{self.cells // self.sequences} cells"]
+        parts = [f"llama.cpp on {Path(self.path).name}{about}, up to {self.sequences} sequences of {self.window} "
+                 f"cells ({self.sequence_bytes / 2**20:.0f} MiB each) in contexts of up to {self.slab_size} made as "
+                 f"documents need them ({len(self._slabs)} now, {self.allocated_bytes / 2**20:.0f} MiB)"]
         if self.prefill_note:
             parts.append(self.prefill_note)
         return ", ".join(parts)
@@ -137,37 +187,126 @@ class LlamaCppForward(BasicPath):
 
     def read_state(self, cache: SequenceCache) -> bytes:
         """The sequence's cells as ``llama_state_seq_get_data`` writes them (handoff.py)."""
-        ctx = self._ctx.ctx
-        size = self._llama_cpp.llama_state_seq_get_size(ctx, cache.seq)
-        buffer = (ctypes.c_uint8 * size)()
-        written = self._llama_cpp.llama_state_seq_get_data(ctx, buffer, size, cache.seq)
+        with self._calling():
+            ctx = cache.slab.ctx
+            size = self._llama_cpp.llama_state_seq_get_size(ctx, cache.seq)
+            buffer = (ctypes.c_uint8 * size)()
+            written = self._llama_cpp.llama_state_seq_get_data(ctx, buffer, size, cache.seq)
         if not written:
             raise HandoffError(f"llama.cpp wrote no state for sequence {cache.seq}")
         return bytes(buffer)[:written]
 
     def write_state(self, cache: SequenceCache, data: bytes) -> None:
         """Replace the sequence's cells with ``data`` (``handoff.build``); on failure it is empty."""
-        read = self._llama_cpp.llama_state_seq_set_data(self._ctx.ctx, as_ctypes(data), len(data), cache.seq)
-        if read != len(data):
-            self._ctx.kv_cache_seq_rm(cache.seq, -1, -1)
-            cache.length = 0
-            raise HandoffError(f"llama.cpp took {read} of {len(data)} bytes of sequence state")
+        with self._calling():
+            read = self._llama_cpp.llama_state_seq_set_data(cache.slab.ctx, as_ctypes(data), len(data), cache.seq)
+            if read != len(data):
+                self._seq_rm(cache, 0)
+                cache.length = 0
+                raise HandoffError(f"llama.cpp took {read} of {len(data)} bytes of sequence state")
 
-    # ---- the interface KVState drives --------------------------------------------------
+    # ---- slabs: contexts made on demand, within the budget ------------------------------
+
+    def add_reclaimer(self, reclaim: Callable[[], bool]) -> None:
+        """``reclaim()`` evicts the least recently used document's caches somewhere (a cache
+        store's ``reclaim``), False when it has none left: called when a new cache finds no
+        sequence within the budget. Held weakly (a bound method: the store may go)."""
+        ref = weakref.WeakMethod(reclaim)
+        with self._lock:
+            self._reclaimers = [r for r in self._reclaimers if r() is not None and r != ref] + [ref]
 
     def new_cache(self) -> SequenceCache:
-        with self._lock:
-            if not self._free:
-                raise MemoryError(f"llama.cpp out of memory: all {self.sequences} cache sequences are in use")
-            seq = self._free.pop()
-        cache = SequenceCache(seq)
-        weakref.finalize(cache, self._release, seq)
-        return cache
+        """A free sequence: in the fullest slab that has one (so emptier ones drain and go), in a
+        new slab while the budget has room, else one a reclaimer's eviction gives back."""
+        reclaimers = [reclaim for reclaim in (ref() for ref in self._reclaimers) if reclaim is not None]
+        while True:
+            with self._calling():
+                cache = self._take()
+            if cache is not None:
+                weakref.finalize(cache, self._release, cache.slab, cache.seq)
+                return cache
+            # One eviction at a time: a cache still held elsewhere (a request in flight) frees
+            # nothing when its document leaves the store, so the next goes too.
+            while reclaimers and not reclaimers[0]():
+                reclaimers.pop(0)
+            if not reclaimers:
+                raise MemoryError(f"llama.cpp out of memory: all {self.sequences} cache sequences "
+                                  f"({self.sequence_bytes * self.sequences >> 20} MiB) are in use")
 
-    def _release(self, seq: int) -> None:
-        self._ctx.kv_cache_seq_rm(seq, -1, -1)
+    def _take(self) -> SequenceCache | None:
+        open_slabs = [slab for slab in self._slabs if slab.free]
+        if open_slabs:
+            slab = max(open_slabs, key=lambda s: s.used)
+        else:
+            room = self.sequences - sum(s.size for s in self._slabs)
+            if room <= 0:
+                return None
+            slab = self._make_slab(min(self.slab_size, room))
+        return SequenceCache(slab, slab.free.pop())
+
+    def _make_slab(self, size: int) -> Slab:
+        params = self._params
+        params.n_seq_max = size
+        params.n_ctx = size * self.window
+        slab = Slab(self._llama_cpp, self._model.model, params, size)
+        self._slabs.append(slab)
+        self.slabs_made += 1
+        log.debug("llama.cpp context of %d sequences made (%d MiB of K/V in all)", size, self.allocated_bytes >> 20)
+        return slab
+
+    def _release(self, slab: Slab, seq: int) -> None:
+        """A cache's finalizer, on whatever thread dropped it: its sequence goes back now if no
+        call into a context runs, else when that call ends."""
+        self._released.append((slab, seq))  # list.append: atomic
+        self._release_pending()
+
+    @contextmanager
+    def _calling(self):
+        """Hold the contexts for one call; sequences given back meanwhile are reaped after it."""
         with self._lock:
-            self._free.append(seq)
+            self._reap()
+            try:
+                yield
+            finally:
+                self._reap()
+        if self._released:  # given back as the call ended, by a finalizer that found the lock held
+            self._release_pending()
+
+    def _release_pending(self) -> None:
+        if self._lock.acquire(blocking=False):
+            try:
+                self._reap()
+            finally:
+                self._lock.release()
+
+    def _reap(self) -> None:
+        """Empty the sequences given back (under ``_lock``), and free each slab left empty."""
+        while self._released:
+            slab, seq = self._released.pop()
+            if slab.ctx is None:
+                continue
+            self._llama_cpp.llama_memory_seq_rm(slab.memory, seq, -1, -1)
+            slab.free.append(seq)
+            if not slab.used:
+                self._slabs.remove(slab)
+                self._free_slab(slab)
+                log.debug("llama.cpp context of %d sequences freed (%d MiB of K/V left)", slab.size,
+                          self.allocated_bytes >> 20)
+
+    def _free_slab(self, slab: Slab) -> None:
+        ctx, slab.ctx, slab.memory = slab.ctx, None, None
+        if ctx is not None:
+            self._llama_cpp.llama_free(ctx)
+
+    def _free_slabs(self) -> None:
+        for slab in self._slabs:
+            self._free_slab(slab)
+        self._slabs = []
+
+    def _seq_rm(self, cache: SequenceCache, start: int) -> None:
+        self._llama_cpp.llama_memory_seq_rm(cache.slab.memory, cache.seq, start, -1)
+
+    # ---- the interface KVState drives --------------------------------------------------
 
     def forward(self, input_ids: torch.Tensor, cache: SequenceCache, last_only: bool = False,
                 rows_from: int = 0) -> torch.Tensor:
@@ -189,9 +328,17 @@ class LlamaCppForward(BasicPath):
                 logits = self.torch_prefill.prefill(torch.tensor([ids], dtype=torch.long), cache, last_only)
                 return (logits if last_only else logits[rows_from:]).contiguous().numpy()
             except BaseException:
-                self._ctx.kv_cache_seq_rm(cache.seq, -1, -1)
+                with self._calling():
+                    self._seq_rm(cache, 0)
                 cache.length = 0
                 raise
+        with self._calling():
+            return self._decode(ids, cache, last_only, rows_from)
+
+    def _decode(self, ids: list[int], cache: SequenceCache, last_only: bool, rows_from: int) -> np.ndarray:
+        """``forward_ids`` on llama.cpp, under ``_lock``."""
+        start = cache.length
+        ctx = cache.slab.ctx
         rows: list[np.ndarray] = []
         try:
             for offset in range(0, len(ids), BATCH):
@@ -199,16 +346,16 @@ class LlamaCppForward(BasicPath):
                 last_chunk = offset + BATCH >= len(ids)
                 skipped = len(chunk) if last_only else min(len(chunk), max(0, rows_from - offset))
                 outputs = self._fill(chunk, start + offset, cache.seq, skipped, last_chunk)
-                code = self._llama_cpp.llama_decode(self._ctx.ctx, self._batch.batch)
+                code = self._llama_cpp.llama_decode(ctx, self._batch.batch)
                 if code != 0:  # 1: no KV cell free for the batch; <0: an error
                     what = "out of memory: no free KV cells" if code == 1 else f"llama_decode returned {code}"
-                    raise MemoryError(f"llama.cpp {what} ({self.cells} cells)") if code == 1 else RuntimeError(what)
+                    raise MemoryError(f"llama.cpp {what} ({self.window} cells)") if code == 1 else RuntimeError(what)
                 if outputs:
-                    logits = np.ctypeslib.as_array(self._llama_cpp.llama_get_logits(self._ctx.ctx),
+                    logits = np.ctypeslib.as_array(self._llama_cpp.llama_get_logits(ctx),
                                                    shape=(outputs * self.n_vocab,))
                     rows.append(logits.reshape(outputs, self.n_vocab).copy())
         except BaseException:
-            self._ctx.kv_cache_seq_rm(cache.seq, start, -1)
+            self._seq_rm(cache, start)
             raise
         cache.length = start + len(ids)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
@@ -232,7 +379,8 @@ class LlamaCppForward(BasicPath):
     def crop(self, cache: SequenceCache, length: int) -> None:
         if not 0 <= length <= cache.length:
             raise ValueError(f"cannot crop a cache of {cache.length} tokens to {length}")
-        self._ctx.kv_cache_seq_rm(cache.seq, length, -1)
+        with self._calling():
+            self._seq_rm(cache, length)
         cache.length = length
 
     @staticmethod
@@ -240,6 +388,7 @@ class LlamaCppForward(BasicPath):
         return cache.length == length
 
     def nbytes(self, cache: SequenceCache) -> int:
-        return cache.length * self.bytes_per_token
+        """The sequence's cells, held or not: they are resident from its slab's making on."""
+        return self.sequence_bytes
 
 

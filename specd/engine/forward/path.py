@@ -10,7 +10,7 @@ as absent.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
@@ -67,6 +67,13 @@ class ForwardPath(Protocol):
         load-time checks and calibration, which say nothing of what requests will ask)."""
         ...
 
+    def add_reclaimer(self, reclaim: Callable[[], bool]) -> None:
+        """Where a path holds its caches' memory in a pool of its own (llama.cpp's contexts) and
+        the pool is full, it calls ``reclaim()`` (a cache store's: evict the least recently used
+        document, False when none is left) until a cache frees; elsewhere a cache's memory is the
+        store's to bound after each request, and this does nothing."""
+        ...
+
 
 class BasicPath:
     """The capabilities of a path that has none of the optional ones: logits come with the
@@ -95,4 +102,7 @@ class BasicPath:
         return 0
 
     def forget_uses(self) -> None:
+        return None
+
+    def add_reclaimer(self, reclaim: Callable[[], bool]) -> None:
         return None

@@ -53,7 +53,8 @@ class LeanForward:
         """``transposed_weights``: hold every weight matrix a second time, transposed, so that
         each product runs in the layout MKL is fastest at for its width (``layers.Matmul``):
         "on", "off", or "auto" = on for a float32 model on a CPU with at most
-        ``TRANSPOSED_WEIGHTS_MAX_BYTES`` of weights. It costs the weights' memory again."""
+        ``TRANSPOSED_WEIGHTS_MAX_BYTES`` of weights whose copies take at most a share of the memory
+        available (``layers.copies_pay``). It costs the weights' memory again."""
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"no lean forward for this model: {reason}")
@@ -61,7 +62,8 @@ class LeanForward:
             raise ValueError(f"transposed_weights must be auto, on or off, not {transposed_weights!r}")
         self.model = model
         self.max_positions = model.config.max_position_embeddings
-        copy = transposed_weights == "on" or (transposed_weights == "auto" and copies_pay(model))
+        copy, self.transposed_note = (transposed_weights == "on", "") if transposed_weights != "auto" \
+            else copies_pay(model)
         decoder = family_of(model).describe(model, copy)
         self.heads, self.kv_heads, self.head_dim = decoder.heads, decoder.kv_heads, decoder.head_dim
         self.act = decoder.act
@@ -95,6 +97,8 @@ class LeanForward:
         parts = ["static KV cache"]
         if self.copied_bytes:
             parts.append(f"weights also held transposed (+{self.copied_bytes / 2**20:.0f} MiB)")
+        elif self.transposed_note:
+            parts.append(self.transposed_note)
         if self.host_rows:
             rows = "1 row" if self.host_rows == {1} else f"{host.spans(self.host_rows)} rows"
             parts.append(f"products of {rows} through numpy's BLAS ({host.host_blas()})")
@@ -138,6 +142,10 @@ class LeanForward:
 
     def forget_uses(self) -> None:
         self.uses.clear()
+
+    @staticmethod
+    def add_reclaimer(reclaim) -> None:
+        """Nothing to do: a static cache is torch's memory, which the cache store bounds."""
 
     def new_cache(self, capacity: int = INITIAL_CAPACITY) -> StaticCache:
         weight = self.embed.weight

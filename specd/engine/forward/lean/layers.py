@@ -31,7 +31,8 @@ ACTIVATIONS = {  # each returns a tensor the caller may modify in place
     "gelu_new": functools.partial(F.gelu, approximate="tanh"),  # GPT-2's NewGELU: the same formula
 }
 NARROW_ROWS = 8  # products of at most this many rows run as (W @ x.T).T on a CPU (see Matmul)
-TRANSPOSED_WEIGHTS_MAX_BYTES = 2 << 30  # transposed_weights="auto": copy the weights of models up to this size
+TRANSPOSED_WEIGHTS_MAX_BYTES = 2 << 30  # transposed_weights="auto": copy the weights of models up to this size ...
+TRANSPOSED_MEMORY_SHARE = 4  # ... whose copies take at most 1/this of the memory available at load
 NO_HOST: frozenset[int] = frozenset()  # no product runs through numpy
 
 
@@ -138,12 +139,48 @@ def fused(linears: list[nn.Linear], copy: bool) -> Matmul:
     return matmul(weight, bias, conv1d=False, copy=copy, sizes=tuple(linear.out_features for linear in linears))
 
 
-def copies_pay(model: PreTrainedModel) -> bool:
-    """transposed_weights="auto": a float32 model on a CPU, small enough that its weights twice
-    over are no burden (measured on float32 with MKL; bf16/fp16 products take other kernels)."""
+def transposed_bytes(model: PreTrainedModel) -> int:
+    """What holding the weights transposed adds (``transposed_weights``): every matrix but the
+    input embeddings (a lookup), the LM head once even where it is the embeddings' own tensor."""
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    size = sum(p.numel() * p.element_size() for p in model.parameters() if p.dim() == 2 and p is not embed)
+    if head is not None and head.weight is embed:
+        size += embed.numel() * embed.element_size()
+    return size
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says could be had now without swapping (MemAvailable); None where it
+    does not say (not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def copies_pay(model: PreTrainedModel, available: int | None = None) -> tuple[bool, str]:
+    """transposed_weights="auto": (whether to hold the copies, why not where memory decided).
+    A float32 model on a CPU, small enough that its weights twice over are no burden (measured on
+    float32 with MKL; bf16/fp16 products take other kernels), and whose copies take at most
+    1/``TRANSPOSED_MEMORY_SHARE`` of the memory available at load (``available``, bytes; read
+    from the kernel when None): they make one-row products ~1.5x faster, but a model whose
+    memory doubles where memory is short pushes out the page cache or the editor."""
     weight = model.get_input_embeddings().weight
     size = sum(p.numel() * p.element_size() for p in model.parameters())
-    return weight.device.type == "cpu" and weight.dtype == torch.float32 and size <= TRANSPOSED_WEIGHTS_MAX_BYTES
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or size > TRANSPOSED_WEIGHTS_MAX_BYTES:
+        return False, ""
+    copies = transposed_bytes(model)
+    available = available_memory() if available is None else available
+    if available is not None and copies * TRANSPOSED_MEMORY_SHARE > available:
+        return False, (f"weights held once: transposed copies would take +{copies / 2**20:.0f} MiB, more than "
+                       f"1/{TRANSPOSED_MEMORY_SHARE} of the {available / 2**20:.0f} MiB available at load "
+                       f"(engine.transposed_weights = on holds them anyway)")
+    return True, ""
 
 
 @dataclass(frozen=True)
