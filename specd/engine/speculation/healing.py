@@ -71,6 +71,9 @@ class HealingVocabulary:
         self._sorted_texts = [self.texts[i] for i in order]
         self._sorted_ids = np.array(order, dtype=np.int64)
         self._allowed: dict[tuple[str, str], torch.Tensor] = {}
+        # Texts holding a line break: only these can break a document's line-break style, so
+        # ``allowed`` judges only them (a cut's candidates run to thousands of tokens).
+        self._breaks = [("\n" in text or "\r" in text) for text in self.texts]
 
     def decode_tail(self, tokenizer, ids: Sequence[int]) -> str:
         """The text the last of ``ids`` adds after the ones before it."""
@@ -97,8 +100,9 @@ class HealingVocabulary:
                 return text.startswith(rest) and not (exact_indent and text[size:size + 1] in (" ", "\t")) \
                     and foreign_break(text, newline, size) < 0
 
-            texts = self.texts
-            ids = torch.tensor([i for i in self._candidates(rest) if ok(texts[i])], dtype=torch.long)
+            texts, breaks = self.texts, self._breaks
+            ids = torch.tensor([i for i in self._candidates(rest)
+                                if (not exact_indent and not breaks[i]) or ok(texts[i])], dtype=torch.long)
             if len(self._allowed) > 4096:
                 self._allowed.clear()
             self._allowed[(rest, newline)] = ids
