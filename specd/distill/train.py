@@ -64,10 +64,10 @@ class Settings:
     minutes: float = 40.0                 # teacher + student, summed over resumes; saving and the report add to it
     shape: Shape = Shape()
     seq_len: int = 1024                   # tokens per window: engine prompts reach ~2k, the draft must attend far
-    tokens_per_step: int = 2048
+    tokens_per_step: int = 1024           # more, smaller steps: a CPU's budget buys a few hundred
     teacher_batch: int = 2                # windows per teacher forward
     top_k: int = TOP_K
-    lr: float = 2e-3
+    lr: float = 3e-3
     weight_decay: float = 0.01
     teacher_share: float = TEACHER_SHARE
     max_corpus_tokens: int = 4_000_000    # tokenized up front; the teacher reaches what its time allows
