@@ -128,32 +128,42 @@ def test_typing_in_the_anchored_layout_only_changes_the_prompt_tail(tokenizer):
     assert recomputed["anchored"] <= 3 * len(line)
 
 
+TYPED_BEFORE = "".join(f"def f{i}(values):\n    return values[{i}] * {i}\n\n" for i in range(80))
+TYPED_AFTER = "\n\ndef tail():\n    pass\n"
+TYPED_LINE = "    result = compute(total, values)"
+
+
+def typing_line(tokenizer, build):
+    """Types ``TYPED_LINE`` between ``TYPED_BEFORE`` and ``TYPED_AFTER`` one character at a time:
+    yields (characters typed, text, cursor, the prompt ``build(text, cursor)`` gave, the lengths
+    of the texts the tokenizer's offsets pass (``__call__``) read while building it)."""
+    real_call = type(tokenizer).__call__
+    for typed in range(1, len(TYPED_LINE) + 1):
+        text = TYPED_BEFORE + TYPED_LINE[:typed] + TYPED_AFTER
+        cursor = len(TYPED_BEFORE) + typed
+        calls: list[int] = []
+
+        def counting(self, text, *args, **kwargs):
+            calls.append(len(text))
+            return real_call(self, text, *args, **kwargs)
+
+        type(tokenizer).__call__ = counting
+        try:
+            prompt = build(text, cursor)
+        finally:
+            type(tokenizer).__call__ = real_call
+        yield typed, text, cursor, prompt, calls
+
+
 def test_typing_at_a_fixed_anchor_reuses_the_prefix_window_and_builds_the_same_prompt(tokenizer):
     """Keystrokes after a fixed anchor find their prefix window in the builder's memo (no
     tokenization of the prefix) and get exactly the prompt a fresh builder builds."""
-    before = "".join(f"def f{i}(values):\n    return values[{i}] * {i}\n\n" for i in range(80))
-    after = "\n\ndef tail():\n    pass\n"
-    line = "    result = compute(total, values)"
     builder = PromptBuilder(tokenizer, TEMPLATES["qwen"], 300, 100)
-    calls = []
-    real_call = type(tokenizer).__call__
-
-    def counting(self, text, *args, **kwargs):
-        calls.append(len(text))
-        return real_call(self, text, *args, **kwargs)
-
     anchor = None
-    for typed in range(1, len(line) + 1):
-        text = before + line[:typed] + after
-        cursor = len(before) + typed
-        calls.clear()
-        type(tokenizer).__call__ = counting
-        try:
-            prompt = builder.build(text, cursor, previous_anchor=anchor)
-        finally:
-            type(tokenizer).__call__ = real_call
+    for typed, text, cursor, prompt, calls in typing_line(
+            tokenizer, lambda text, cursor: builder.build(text, cursor, previous_anchor=anchor)):
         fresh = PromptBuilder(tokenizer, TEMPLATES["qwen"], 300, 100).build(text, cursor, previous_anchor=anchor)
-        assert prompt.ids == fresh.ids and prompt.anchor == fresh.anchor == len(before)
+        assert prompt.ids == fresh.ids and prompt.anchor == fresh.anchor == len(TYPED_BEFORE)
         assert (len(calls) == 0) == (typed > 1), (typed, calls)  # the window is tokenized once, at the first keystroke
         anchor = prompt.anchor
 
@@ -162,32 +172,14 @@ def test_typing_where_the_prefix_ends_at_the_cursor_keeps_the_window_start_and_b
     """Prefix-last prompts (psm, the prefix-only families) change with every keystroke; typing on
     the cursor's line reuses the window's start chosen for the text above it (no pass with
     offsets), and each prompt is exactly the one a fresh builder builds."""
-    before = "".join(f"def f{i}(values):\n    return values[{i}] * {i}\n\n" for i in range(80))
-    after = "\n\ndef tail():\n    pass\n"
-    line = "    result = compute(total, values)"
     builder = PromptBuilder(tokenizer, TEMPLATES["plain"], 300, 0)
-    offsets_passes = []
-    real_call = type(tokenizer).__call__
-
-    def counting(self, text, *args, **kwargs):
-        offsets_passes.append(len(text))
-        return real_call(self, text, *args, **kwargs)
-
     passes = 0
-    for typed in range(1, len(line) + 1):
-        text = before + line[:typed] + after
-        cursor = len(before) + typed
-        offsets_passes.clear()
-        type(tokenizer).__call__ = counting
-        try:
-            prompt = builder.build(text, cursor)
-        finally:
-            type(tokenizer).__call__ = real_call
+    for _, text, cursor, prompt, calls in typing_line(tokenizer, builder.build):
         fresh = PromptBuilder(tokenizer, TEMPLATES["plain"], 300, 0).build(text, cursor)
         assert prompt.ids == fresh.ids and prompt.prefix_start == fresh.prefix_start
         # A pass with offsets only where the window outgrew the budget (the start moves on, or
         # the last grid stretch alone is over it and the tokens nearest the cursor are taken).
-        passes += bool(offsets_passes)
+        passes += bool(calls)
     assert 1 <= passes <= 3, passes  # of 35 keystrokes
 
 
