@@ -365,8 +365,10 @@ class Run:
         budget = max(self.budget_s - p.teacher_s, 1.0)
         rows_per_step = max(1, s.tokens_per_step // s.seq_len)
         rng = random.Random(s.seed + p.step)
-        probe = self.data["heldout"][:PROGRESS_EVAL_WINDOWS].long()
-        probe_greedy = self.data["heldout_greedy"][:PROGRESS_EVAL_WINDOWS]
+        # a few windows spread over the held-out set (its first file may be one long table)
+        every = max(1, len(self.data["heldout"]) // PROGRESS_EVAL_WINDOWS)
+        probe = self.data["heldout"][::every][:PROGRESS_EVAL_WINDOWS].long()
+        probe_greedy = self.data["heldout_greedy"][::every][:PROGRESS_EVAL_WINDOWS]
         next_eval = int(p.train_s / budget * PROGRESS_EVALS) + 1
         ema = p.rows[-1].loss if p.rows else None
         bar = tqdm(total=round(budget), initial=min(round(p.train_s), round(budget)), desc="draft", unit="s",
