@@ -22,6 +22,18 @@ GHOST_S = 30  # a pause's suggestion, on a loaded 2-core machine
 EDIT_S = 10
 KEY_GAP_S = 0.06  # between keys inside a word: a quick typist
 QUIET_S = 0.3  # a pause ends once the daemon is idle and the ghost text stayed the same this long
+# Lua: specd-lsp attached to the current buffer and linked to the daemon. Its status is asked for:
+# the plugin forgets the one it was sent when any buffer detaches.
+SPECD_READY = ("local c = vim.lsp.get_clients({ name = 'specd', bufnr = 0 })[1]"
+               " local s = c and require('specd.status').fetch(c, 5000)"
+               " return s and s.state == 'ready' or false")
+# Lua: the cursor to the last character of line `...` (1-based), the line in mid-window.
+TO_LINE_END = """
+local row = ...
+local line = vim.api.nvim_buf_get_lines(0, row - 1, row, true)[1]
+vim.api.nvim_win_set_cursor(0, { row, math.max(#line - 1, 0) })
+vim.cmd('normal! zz')
+"""
 MIN_LINES = 500  # a held-out file this long or longer ...
 PAST_LINE = 200  # ... and a cursor past this line (1-based): the prompt at its full budget
 

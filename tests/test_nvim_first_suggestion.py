@@ -27,7 +27,7 @@ import pytest
 
 from daemon_helpers import DaemonProcess, wait_for
 from nvim_driver import Nvim
-from nvim_person import Person, held_out_files, user_home
+from nvim_person import SPECD_READY, TO_LINE_END, Person, held_out_files, user_home
 from real_model import as_default_model
 from specd.engine.cold_start import MIN_WINDOW
 from specd.options_table import LSP_OPTIONS
@@ -46,14 +46,6 @@ WAIT_S = 1.0  # after the jump, before the first key, as the issue's person wait
 LSP_MAX_TOKENS = next(option for option in LSP_OPTIONS if option.name == "max_tokens").lsp_value
 
 # specd-lsp attached to the current buffer and linked to the daemon.
-ATTACHED = ("local c = vim.lsp.get_clients({ name = 'specd', bufnr = 0 })[1]"
-            " local s = c and require('specd.status').fetch(c, 5000)"
-            " return s and s.state == 'ready' or false")
-JUMP = """
-local row = ...
-local line = vim.api.nvim_buf_get_lines(0, row - 1, row, true)[1]
-vim.api.nvim_win_set_cursor(0, { row, math.max(#line - 1, 0) })
-"""
 # The buffer as specd-lsp sent it (lines and the final newline), the cursor, the document's uri.
 BUFFER = """
 local cursor = vim.api.nvim_win_get_cursor(0)
@@ -80,9 +72,9 @@ def test_the_first_keystroke_in_a_file_just_opened_shows_a_narrow_windows_answer
             status = client.status()
             assert status["dtype"] == "gguf Q4_1" and "SmolLM2-135M-Instruct" in status["models"]["target"], status
             nvim = Nvim(find_tool("nvim"), [source.name], project, env)
-            nvim.wait(ATTACHED, READY_S, "specd-lsp attached and linked to the daemon")
+            nvim.wait(SPECD_READY, READY_S, "specd-lsp attached and linked to the daemon")
             wait_for(lambda: client.status()["documents"]["open"] == 1, EDIT_S, message="the daemon holding the file")
-            nvim.lua(JUMP, row)
+            nvim.lua(TO_LINE_END, row)
             time.sleep(WAIT_S)
             person = Person(nvim, daemon.socket_path)
             ghost = person.ghost_after(nvim.input("o"), f"ghost text on the fresh line below line {row}",
