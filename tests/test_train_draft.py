@@ -162,3 +162,22 @@ def test_tokens_per_forward():
     assert tokens_per_forward(0.0, 4) == 1.0
     assert tokens_per_forward(1.0, 4) == 5.0
     assert tokens_per_forward(0.5, 2) == pytest.approx(1.75)
+
+
+def test_a_gguf_target_gets_a_gguf_draft_that_the_engine_pairs_with_it(trained, folders, tmp_path):
+    """A GGUF target teaches from its dequantized folder; its draft is written as a GGUF file
+    too (the engine pairs a GGUF target only with one), of the same vocabulary in llama.cpp."""
+    from specd.engine.models import load_gguf_pair
+    from specd.llamacpp.export import cached_gguf
+
+    target, _, _, _ = trained
+    target_gguf = cached_gguf(target, "f32")
+    out = tmp_path / "out"
+    assert _train(folders, target_gguf, out, SHORT_MINUTES) == 0
+    draft = out / f"draft.{trainer.DEFAULT_GGUF_TYPE}.gguf"
+    assert draft.is_file() and (out / "draft" / "model.safetensors").is_file()
+    figures = json.loads((out / "figures.json").read_text())
+    assert figures["served"].startswith("llama.cpp") and 0.0 <= figures["agreement"] <= 1.0
+    assert set(figures["costs"]) == {"hf", "lean", "llamacpp"}
+    pair = load_gguf_pair(str(target_gguf), str(draft))
+    assert pair.draft is not None
