@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specd.daemon.params import hello_token
-from specd.daemon.worker import Job
+from specd.daemon.scheduler import Job
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.framing import pack
 from specd.protocol.messages import Notification

@@ -267,6 +267,3 @@ class Scheduler:
         live = set(self._lanes) | {other.lane for other in self._started}
         if len(self._service_s) > 4 * len(live) + FORGET_AFTER:  # forget connections long gone
             self._service_s = {key: value for key, value in self._service_s.items() if key in live}
-
-
-CompletionQueue = Scheduler  # the name the completion handlers know it by

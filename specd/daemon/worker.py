@@ -40,7 +40,7 @@ from specd.daemon.heap import ClosedMemory
 from specd.daemon.scheduler import Job, Scheduler
 from specd.protocol.errors import ErrorCode, RpcError
 
-__all__ = ["DocumentMirror", "Job", "ModelWorker"]
+__all__ = ["DocumentMirror", "ModelWorker"]
 
 log = logging.getLogger("specd.worker")
 

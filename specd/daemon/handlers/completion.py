@@ -20,8 +20,7 @@ from specd.daemon.engine_api import completion_steps
 from specd.daemon.handlers.documents import DocumentLocks
 from specd.daemon.metrics import LatencyWindow
 from specd.daemon.params import CancelParams, CompleteParams, LineCursor
-from specd.daemon.scheduler import CompletionQueue
-from specd.daemon.worker import Job
+from specd.daemon.scheduler import Job, Scheduler
 from specd.engine.types import CompletionRequest
 from specd.protocol.errors import ErrorCode, RpcError
 from specd.protocol.methods import PROGRESS_NOTIFICATION
@@ -66,7 +65,7 @@ class _Stream:
 
 
 class CompletionMethods:
-    def __init__(self, buffers: BufferStore, locks: DocumentLocks, completions: CompletionQueue, *,
+    def __init__(self, buffers: BufferStore, locks: DocumentLocks, completions: Scheduler, *,
                  load_failure: Callable[[], RpcError | None], on_finished: Callable[[], None],
                  max_tokens_cap: int, default_max_tokens: int,
                  on_document_request: Callable[[str], None] | None = None):
