@@ -100,7 +100,12 @@ def test_a_document_beyond_the_sequences_evicts_the_least_recent_and_is_served(t
                                                    stop_at_block_end=False))
         assert_lossless(engine, result, 8)
     assert engine.oom_retries == 0 and engine.caches.reclaimed == 2
-    assert list(engine.caches._docs) == ["file:///a.py"]
+    # what status shows of the caches: the one document left, its sequence's cells in bytes
+    target = engine.paths["target"][0]
+    largest = engine.caches.stats()["largest"]
+    assert [entry["document"] for entry in largest] == ["file:///a.py"]
+    assert largest[0]["bytes"] == target.sequence_bytes + engine.paths["draft"][0].sequence_bytes
+    assert largest[0]["tokens"] > 0 and target.cells == target.window  # one context left, of one sequence
 
 
 @pytest.mark.parametrize("arch", GELU_ARCHS)

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from specd.engine import caches
 from specd.engine.caches import CacheStore, DocumentState, KVState
 from specd.engine.forward.llamacpp import SLAB_SEQUENCES, SLABS_PER_BUDGET, LlamaCppForward
 from specd.llamacpp.export import export_gguf
@@ -130,28 +131,55 @@ def test_with_nothing_left_to_evict_a_new_cache_is_out_of_memory(gguf):
     assert store.reclaimed == 1 and len(store) == 0
 
 
+class SizedPath:
+    """A forward path whose caches are a byte count, for the store's own accounting."""
+
+    def __init__(self):
+        self.reclaimers = []
+
+    def new_cache(self):
+        return {"bytes": 0}
+
+    @staticmethod
+    def nbytes(cache):
+        return cache["bytes"]
+
+    def add_reclaimer(self, reclaim):
+        self.reclaimers.append(reclaim)
+
+
+def sized(path: SizedPath, size: int, tokens: int = 0) -> DocumentState:
+    doc = state(path)
+    doc.target.cache["bytes"] = size
+    doc.target.ids = list(range(tokens))
+    return doc
+
+
+def test_closed_documents_caches_trim_the_heap_once_enough_went(monkeypatch):
+    """glibc keeps freed heap memory: after closes of ``TRIM_AFTER_DROPPED_BYTES`` the store
+    trims it; evictions (whose memory the next cache reuses) do not count."""
+    trims = []
+    monkeypatch.setattr(caches, "_TRIM", lambda pad: trims.append(pad) or 1)
+    path = SizedPath()
+    store = CacheStore(budget_bytes=1 << 40)
+    half = caches.TRIM_AFTER_DROPPED_BYTES // 2
+    for name in "abcd":
+        store.put(name, sized(path, half))
+    store.reclaim()  # "a": an eviction
+    store.drop("b")
+    assert trims == [] and store.dropped == half
+    store.drop("nothing")
+    store.drop("c")
+    assert trims == [0] and store.dropped == 0 and store.stats()["heap_trims"] == 1
+    store.clear()  # "d"
+    assert trims == [0] and store.dropped == half
+
+
 def test_the_store_lists_its_largest_documents_by_kv_bytes():
-    class Path_:
-        def __init__(self):
-            self.reclaimers = []
-
-        def new_cache(self):
-            return {"bytes": 0}
-
-        @staticmethod
-        def nbytes(cache):
-            return cache["bytes"]
-
-        def add_reclaimer(self, reclaim):
-            self.reclaimers.append(reclaim)
-
-    path = Path_()
+    path = SizedPath()
     store = CacheStore(budget_bytes=1 << 30)
     for i, size in enumerate((300, 100, 200)):
-        doc = state(path)
-        doc.target.cache["bytes"] = size
-        doc.target.ids = list(range(i + 1))
-        store.put(f"file:///{i}.py", doc)
+        store.put(f"file:///{i}.py", sized(path, size, tokens=i + 1))
     stats = store.stats(largest=2)
     assert stats["documents"] == 3 and stats["bytes"] == 600 and stats["budget_bytes"] == 1 << 30
     assert stats["largest"] == [{"document": "file:///0.py", "bytes": 300, "tokens": 1},
