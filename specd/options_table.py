@@ -317,7 +317,8 @@ OPTIONS: tuple[Option, ...] = (
     _auto_on_off("transposed_weights", "lean forward on a CPU: also hold every weight matrix transposed, "
                                        "so each product reads the layout MKL is fastest at for its width "
                                        "(one-row steps ~1.3x faster, logits rows ~2x); costs the weights' "
-                                       "memory again; auto = on for float32 models up to 2 GiB"),
+                                       "memory again; auto = on for float32 models up to 2 GiB whose copies take at most a "
+                                       "quarter of the memory available at load"),
     _auto_on_off("numpy_products", "lean forward on a CPU (float32, transposed weights): run products "
                                    "of 1-16 rows (decode steps, verifies, logits rows) through numpy's "
                                    "BLAS (OpenBLAS in numpy's wheels) instead of torch's; auto = where "
