@@ -152,7 +152,10 @@ def test_through_the_daemon_a_cold_document_answers_narrow_then_full(tmp_path, t
             status = client.status()
         about = status["engine"]["first_suggestion"]
         assert about["budget_ms"] == 1 and about["narrow_answers"] >= 1 and about["prefill_tokens_per_s"] > 0
-        line = next(line for line in format_status(status).splitlines() if line.startswith("cold docs"))
+        lines = format_status(status).splitlines()
+        line = next(line for line in lines if line.startswith("cold docs"))
         assert "answered from a narrow window (last 64 tokens)" in line, line
+        cache = next(line for line in lines if line.startswith("cache"))  # KV bytes per document
+        assert f"largest: {URI} " in cache and " MiB (" in cache, cache
     finally:
         proc.stop()

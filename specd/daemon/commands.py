@@ -107,6 +107,18 @@ def _forward(engine: Any) -> str:
     return "; ".join(parts) or "-"
 
 
+def _cache(cache: Any) -> str:
+    """The KV caches: documents, bytes against the budget, evictions, and the documents holding most."""
+    if not isinstance(cache, dict) or "bytes" not in cache:
+        return _compact(cache)
+    mib = 1 << 20
+    line = (f"{cache.get('documents', 0)} documents, {cache['bytes'] / mib:.0f} of "
+            f"{(cache.get('budget_bytes') or 0) / mib:.0f} MiB, {cache.get('evictions', 0)} evicted")
+    largest = [f"{item['document']} {item['bytes'] / mib:.0f} MiB ({item['tokens']} tokens)"
+               for item in cache.get("largest") or [] if isinstance(item, dict) and "bytes" in item]
+    return line + (f"; largest: {', '.join(largest)}" if largest else "")
+
+
 def _first_suggestion(engine: Any) -> str:
     """The measured prefill speed, what ``engine.first_suggestion_ms`` affords at it, and how many
     cold documents' requests answered from a narrow window."""
@@ -145,7 +157,7 @@ def format_status(info: dict[str, Any]) -> str:
         ("device", device),
         ("forward", _forward(info.get("engine"))),
         ("memory", mem),
-        ("cache", _compact(info.get("cache"))),
+        ("cache", _cache(info.get("cache"))),
         ("acceptance", _acceptance(info.get("acceptance"))),
         ("latency", lat),
         ("cold docs", _first_suggestion(info.get("engine"))),
