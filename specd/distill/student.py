@@ -13,11 +13,10 @@ from a head that ranks tokens sensibly instead of from noise.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-
-import logging
 
 log = logging.getLogger(__name__)
 
