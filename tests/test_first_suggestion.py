@@ -48,6 +48,9 @@ def test_the_window_follows_the_measured_speed():
     small = ColdStart(1000)
     small.observe(100, 0.1)
     assert small.piece_tokens() == 150  # idle pieces of about 150 ms at the measured speed
+    slow = ColdStart(1000)
+    slow.observe(100, 5.0)  # 20 tokens a second: pieces of 3 tokens would be 150 ms; 4 at least
+    assert slow.piece_tokens() == 4
 
 
 def test_a_narrowed_builder_keeps_the_cursor_and_drops_far_context(llama_pair, sample_source):

@@ -328,3 +328,23 @@ def test_common_prefix_of_token_sequences_of_any_kind():
         expected = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         for x, y in ((a, b), (b, a), (tuple(a), b), (array("i", a), b), (a, array("i", b))):
             assert common_prefix(x, y) == expected
+
+
+def test_a_request_cancelled_after_its_prefill_leaves_the_kv_to_the_next(spm_engine, sample_source):
+    """A cold document's prefill is the costly part: a request cancelled (superseded, timed out
+    at the client) right after it must not throw it away."""
+    import threading
+
+    from specd.engine.types import Cancelled
+
+    uri = "file:///cancelled.py"
+    offset = len(sample_source) // 2
+    cancel = threading.Event()
+    steps = spm_engine.complete_steps(request(sample_source, offset, uri=uri), cancel)
+    next(steps)  # the prefill
+    cancel.set()
+    with pytest.raises(Cancelled):
+        next(steps)
+    again = spm_engine.complete(request(sample_source, offset, uri=uri))
+    assert again.prefill_computed <= 1 and again.prefill_reused >= len(again.prompt_ids) - 2
+    assert_lossless(spm_engine, again, MAX_TOKENS)

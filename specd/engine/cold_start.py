@@ -27,7 +27,7 @@ MIN_WINDOW = 64  # the narrowest window, however slow the machine: fewer tokens 
 WINDOW_STEP = 64  # window sizes are multiples of this
 KEEP_MARGIN = 1.5  # a document keeps its window while it costs at most this times the budget
 SLICE_WAIT_MS = 150  # idle prefill runs in pieces of about this long: what a new request may wait for one
-SLICE_TOKENS = (16, 256)  # ... within these bounds (smaller pieces cost more per token)
+SLICE_TOKENS = (4, 256)  # ... within these bounds (smaller pieces cost more per token)
 NARROW_SUFFIX = "\x00window"  # a document's narrow-window cache sits in the cache store under uri + this
 
 

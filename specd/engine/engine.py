@@ -410,6 +410,8 @@ class Engine(Fronted):
             state.window = window.tokens
         elif settings.kv_reuse:  # warm again: the narrow window's cache has served its turn
             self._retire_narrow(key, state)
+        if settings.kv_reuse:  # kept before its prefill: a request cancelled after it leaves the KV to the next
+            self.caches.put(key, state)
 
         # Prefill: the target holds prompt[:-1] (the last token rides with the first step),
         # reusing the longest common prefix; or, where prompt tokens cost no logits (computed on

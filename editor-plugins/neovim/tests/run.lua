@@ -321,6 +321,18 @@ case('statusline, :SpecdToggle and :Specd', function()
   assert_eq(child:lua("return require('specd').statusline(vim.api.nvim_create_buf(false, true))"), '', 'statusline where specd is not attached')
 end)
 
+case('a second buffer closed leaves the client status to the buffer still using it', function()
+  local child = session(options(REAL, 'auto'))
+  local other = workdir .. '/other.py'
+  vim.fn.writefile({ 'x = 1', '' }, other)
+  child:cmd('edit ' .. vim.fn.fnameescape(other))
+  child:wait('other.py attached to the same client', EDIT_MS,
+    "return #vim.lsp.get_clients({ name = 'specd', bufnr = 0 }) == 1")
+  child:cmd('bwipeout')
+  child:wait('fib.py current again', EDIT_MS, "return vim.api.nvim_buf_get_name(0):match('fib%.py$') ~= nil")
+  assert(child:lua('return probe.ready()'), 'the status of the client fib.py still uses was forgotten')
+end)
+
 case(':checkhealth specd passes (through the attached specd-lsp)', function()
   local child = session(options(REAL, 'auto'))
   local report = table.concat(child:lua('return probe.checkhealth()'), '\n')

@@ -63,6 +63,12 @@ local function on_detach(client, bufnr)
   state.renderer.detach(bufnr)
   keymaps.unmap(bufnr)
   autocmds.forget_buffer(bufnr)
+  -- The client's status goes with its last buffer: another buffer still attached keeps showing it.
+  for other in pairs(client.attached_buffers or {}) do
+    if other ~= bufnr then
+      return
+    end
+  end
   status.forget(client.id)
 end
 
