@@ -114,7 +114,12 @@ def test_the_draft_loads_as_model_draft_in_an_engine(trained, sample_source):
     assert result.token_ids
 
 
-def test_ctrl_c_keeps_a_checkpoint_that_the_next_run_goes_on_from(trained, folders, tmp_path, monkeypatch):
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_a_stop_keeps_a_checkpoint_that_the_next_run_goes_on_from(trained, folders, tmp_path, monkeypatch, stop):
+    """Ctrl-C, or a SIGTERM from outside (kill, a service manager; a background job ignores Ctrl-C)."""
+    import os
+    import signal
+
     target, _, _, _ = trained
     out = tmp_path / "out"
     real_step = trainer.train_step
@@ -123,7 +128,10 @@ def test_ctrl_c_keeps_a_checkpoint_that_the_next_run_goes_on_from(trained, folde
     def interrupted_step(*args):
         calls.append(1)
         if len(calls) == 3:
-            raise KeyboardInterrupt
+            if stop == "sigterm":
+                os.kill(os.getpid(), signal.SIGTERM)
+            else:
+                raise KeyboardInterrupt
         return real_step(*args)
 
     monkeypatch.setattr(trainer, "train_step", interrupted_step)

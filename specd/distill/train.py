@@ -27,6 +27,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import random
 import sys
 import time
@@ -541,12 +542,21 @@ def run_train_draft(args: argparse.Namespace, cfg: Any = None) -> int:
     log.info("train-draft into %s: %s", out, settings)
     from tqdm.contrib.logging import logging_redirect_tqdm
 
+    # A stop from outside (kill, a service manager) saves the checkpoint as Ctrl-C does: a job
+    # started in the background from a script ignores Ctrl-C's SIGINT.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with logging_redirect_tqdm():
             return Run(settings, out, command).run()
     except ValueError as err:
         print(f"specd train-draft: {err}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _argv(args: argparse.Namespace, settings: Settings, out: Path) -> list[str]:
