@@ -400,16 +400,18 @@ class Engine(Fronted):
         heal = settings.heal
         prompt = self.front.request_prompt(req, text, offset, heal)
         key = req.uri or ANONYMOUS
-        state = (self.caches.get(key) if settings.kv_reuse else None) or self._new_state()
-        window = self._narrow_window(settings, state, prompt, key)
-        if window is not None:  # the full prompt keeps prefilling in idle time, in ``state``
+        cached = self.caches.get(key) if settings.kv_reuse else None
+        window = self._narrow_window(settings, cached, prompt, key)
+        if window is not None:  # the full prompt keeps prefilling in idle time, in the document's cache
             self.front.documents.resume_edited(req.uri, offset)
             prompt = self.front.request_prompt(req, text, offset, heal, window=window.tokens)
             key = narrow_key(key)
             state = self.caches.get(key) or self._new_state()
             state.window = window.tokens
-        elif settings.kv_reuse:  # warm again: the narrow window's cache has served its turn
-            self._retire_narrow(key, state)
+        else:
+            state = cached or self._new_state()
+            if settings.kv_reuse:  # warm again: the narrow window's cache has served its turn
+                self._retire_narrow(key, state)
         if settings.kv_reuse:  # kept before its prefill: a request cancelled after it leaves the KV to the next
             self.caches.put(key, state)
 
@@ -425,8 +427,9 @@ class Engine(Fronted):
         if state.target.merges_prompt and len(prompt.ids) - reused <= MERGED_PREFILL:
             state.target.rollback(reused)
         else:
+            prefill_started = time.monotonic()
             state.target.prefill(prompt.ids[:-1])
-            self.cold.observe(len(prompt.ids) - 1 - reused, time.monotonic() - started)
+            self.cold.observe(len(prompt.ids) - 1 - reused, time.monotonic() - prefill_started)
         prefill_s = time.monotonic() - started
         away = time.monotonic()
         yield Progress(0, str)
@@ -480,7 +483,7 @@ class Engine(Fronted):
             window_tokens=window.tokens if window is not None else None,
         )
 
-    def _narrow_window(self, settings: "_RequestSettings", state: DocumentState, prompt: Prompt,
+    def _narrow_window(self, settings: "_RequestSettings", state: DocumentState | None, prompt: Prompt,
                        key: str) -> Window | None:
         """The narrow window a request answers from where its document's full prompt needs more
         prefill than ``engine.first_suggestion_ms`` affords (``cold_start``); None otherwise.
@@ -488,7 +491,7 @@ class Engine(Fronted):
         request, its text sent with it, waits for its full prompt."""
         if not settings.kv_reuse or self.front.documents.text(key) is None:
             return None
-        pending = len(prompt.ids) - 1 - common_prefix(state.target.ids, prompt.ids)
+        pending = len(prompt.ids) - 1 - (common_prefix(state.target.ids, prompt.ids) if state is not None else 0)
         narrow = self.caches.peek(narrow_key(key))
         return self.cold.window(pending, len(prompt.ids), narrow.window if narrow is not None else None)
 
