@@ -53,8 +53,8 @@ class FakeEngine:
             self.documents[uri] = text
 
     def update_document(self, uri: str, text: str, cursor: int | None = None) -> None:
-        self.open_document(uri, text)
-        with self.lock:
+        with self.lock:  # one step: whoever sees the new text sees its cursor too
+            self.documents[uri] = text
             self.cursors[uri] = cursor  # where the daemon says the last edit ended
 
     def close_document(self, uri: str) -> None:
