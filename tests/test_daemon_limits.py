@@ -838,6 +838,9 @@ def test_the_engine_hears_where_a_ranged_change_left_the_cursor(tmp_path):
     with LocalDaemon(tmp_path) as d, Client.connect_unix(d.socket_path) as c:
         engine = d.daemon.worker.engine
         c.open_document("file:///cursor.py", text, version=1)
+        # The engine holds the document before the changes come (a change to a document it has
+        # not seen yet would reach it as an open, with no cursor).
+        wait_for(lambda: engine.documents.get("file:///cursor.py") == text, 10, message="the engine to hear the open")
         changes = [  # (edits, where the cursor is after them)
             ([{"range": {"start": {"line": 1, "character": 9}, "end": {"line": 1, "character": 9}}, "text": "\n"}],
              line_end + 1),  # Enter at the end of "    x = 1" (utf-16 columns)

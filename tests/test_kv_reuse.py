@@ -348,3 +348,14 @@ def test_a_request_cancelled_after_its_prefill_leaves_the_kv_to_the_next(spm_eng
     again = spm_engine.complete(request(sample_source, offset, uri=uri))
     assert again.prefill_computed <= 1 and again.prefill_reused >= len(again.prompt_ids) - 2
     assert_lossless(spm_engine, again, MAX_TOKENS)
+
+
+def test_a_request_dropped_after_its_prefill_leaves_the_kv_to_the_next(spm_engine, sample_source):
+    """The same when the caller drops the request between steps (its generator closed)."""
+    uri = "file:///dropped.py"
+    offset = len(sample_source) // 3
+    steps = spm_engine.complete_steps(request(sample_source, offset, uri=uri))
+    next(steps)  # the prefill
+    steps.close()
+    again = spm_engine.complete(request(sample_source, offset, uri=uri))
+    assert again.prefill_computed <= 1 and again.prefill_reused >= len(again.prompt_ids) - 2

@@ -412,8 +412,6 @@ class Engine(Fronted):
             state = cached or self._new_state()
             if settings.kv_reuse:  # warm again: the narrow window's cache has served its turn
                 self._retire_narrow(key, state)
-        if settings.kv_reuse:  # kept before its prefill: a request cancelled after it leaves the KV to the next
-            self.caches.put(key, state)
 
         # Prefill: the target holds prompt[:-1] (the last token rides with the first step),
         # reusing the longest common prefix; or, where prompt tokens cost no logits (computed on
@@ -432,9 +430,14 @@ class Engine(Fronted):
             self.cold.observe(len(prompt.ids) - 1 - reused, time.monotonic() - prefill_started)
         prefill_s = time.monotonic() - started
         away = time.monotonic()
-        yield Progress(0, str)
+        try:
+            yield Progress(0, str)
+        except GeneratorExit:
+            self._keep_prefill(settings, key, state)
+            raise
         suspended_s += time.monotonic() - away
         if cancel is not None and cancel.is_set():
+            self._keep_prefill(settings, key, state)
             raise Cancelled("completion cancelled")
 
         constraint = HealingConstraint(self.healing, prompt.healed, prompt.newline) if prompt.healed else None
@@ -452,7 +455,11 @@ class Engine(Fronted):
             except StopIteration as done:
                 outcome = done.value
                 break
-            yield Progress(tokens, stop.text)
+            try:
+                yield Progress(tokens, stop.text)
+            except GeneratorExit:
+                self._keep_prefill(settings, key, state)
+                raise
         suspended_s += outcome.suspended_s
         stop_reason = stop.finish(outcome.stop_reason)  # a boundary the finished text shows
         completion = stop.text()
@@ -482,6 +489,14 @@ class Engine(Fronted):
             suspended_ms=suspended_s * 1000,
             window_tokens=window.tokens if window is not None else None,
         )
+
+    def _keep_prefill(self, settings: "_RequestSettings", key: str, state: DocumentState) -> None:
+        """A request cancelled or dropped after its prefill leaves that KV to the next request on
+        its document (superseded by a keystroke, given up by the client), unless the document has
+        a cache already (another request's, or idle prefill's)."""
+        if settings.kv_reuse and self.caches.peek(key) is None:
+            self.caches.put(key, state)
+            self.caches.enforce_budget(keep=key)
 
     def _narrow_window(self, settings: "_RequestSettings", state: DocumentState | None, prompt: Prompt,
                        key: str) -> Window | None:
