@@ -114,12 +114,12 @@ class ColdStart:
             window.tokens, self.budget_ms)
 
     def stats(self) -> dict:
-        per_token = self.ms_per_token
+        per_token, affordable = self.ms_per_token, self.affordable()
         with self._lock:
             last = self.last_window
             return {"budget_ms": self.budget_ms,
                     "prefill_tokens_per_s": round(1000 / per_token, 1) if per_token else None,
-                    "affordable_tokens": int(self.budget_ms / per_token) if per_token and self.budget_ms > 0 else None,
+                    "affordable_tokens": affordable,
                     "narrow_answers": self.narrow_answers,
                     "last_window_tokens": last.tokens if last else None}
 
