@@ -68,7 +68,7 @@ class TextIndex(SharedTextIndex):
 # the event loop serving others between them; below it, building at once costs one step. The
 # index is otherwise built on first use, which would stall the loop for the first edit of a
 # change to a large text.
-INDEX_STEP_CHARS = 64 * 1024  # characters scanned in one step (~0.5 ms of code)
+INDEX_STEP_CHARS = 64 * 1024  # characters scanned in one step (under a millisecond of code: docs/reliability.md)
 STEPWISE_INDEX_CHARS = 256 * 1024
 # Loop turns given to other connections between two steps of work on a large text: a request
 # takes three to be answered (the read, the session's dispatch, the handler), and one more when

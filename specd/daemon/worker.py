@@ -244,15 +244,16 @@ class ModelWorker:
             job.future.set_result(result)
 
 
-# A large document's update costs the engine work proportional to the whole text (comparing the
-# old and new texts to find the edit: ~50 ms for 8 MiB, in C calls of a few milliseconds that
-# hold the GIL), and then idle work on the model thread (prefilling where the edit ended). Such
-# updates wait until the document has been quiet for LARGE_QUIET_S (only the latest text is
-# sent), and while others are served (``busy``: a completion started or queued on the model
-# thread, or another connection's requests lately), for at most LARGE_MAX_DELAY_S in all. A
-# completion on the document itself makes its update due at once (``flush``). Opens and closes
-# cost the engine little and are never held. Lossless decoding makes the engine's copy an
-# optimisation (lookup drafts, idle prefill), never what a completion's text is read from.
+# A large document's update costs the engine work proportional to the whole text (comparing the old
+# and new texts to find the edit: tens of milliseconds for a document of several MiB, in C calls
+# that hold the GIL; docs/reliability.md has the timings), and then idle work on the model thread
+# (prefilling where the edit ended). Such updates wait until the document has been quiet for
+# LARGE_QUIET_S (only the latest text is sent), and while others are served (``busy``: a completion
+# started or queued on the model thread, or another connection's requests lately), for at most
+# LARGE_MAX_DELAY_S in all. A completion on the document itself makes its update due at once
+# (``flush``). Opens and closes cost the engine little and are never held. Lossless decoding makes
+# the engine's copy an optimisation (lookup drafts, idle prefill), never what a completion's text is
+# read from.
 LARGE_UPDATE_CHARS = 1 << 20
 LARGE_QUIET_S = 0.2
 LARGE_MAX_DELAY_S = 5.0

@@ -37,8 +37,9 @@ from specd.protocol.errors import ErrorCode
 
 READ_CHUNK = 64 * 1024
 # A read is walked in slices of this many bytes, the event loop serving other connections
-# between them: the walker visits every msgpack header in Python (~0.6 us each), so a dense
-# read (a change of 400 ranged edits, ~5,600 headers in 25 kB) would hold the loop ~3 ms at once.
+# between them: the walker visits every msgpack header in Python, so a dense read (a change of
+# 400 ranged edits, ~5,600 headers in 25 kB) would hold the loop for milliseconds at once
+# (docs/reliability.md, "Fair service between connections").
 WALK_SLICE = 4 * 1024
 
 # Arrays and maps one message may hold. A request's params need a few per edit; 65,536 is far

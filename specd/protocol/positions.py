@@ -96,8 +96,8 @@ class TextIndex:
     piece per block. An edit rescans the lines it touched, rebuilds the block(s) holding them
     (and their pieces of text) and moves every later block by changing one number. A burst of
     400 ranged edits on a 1 MiB file is then 400 small steps, in any order, and the whole text is
-    joined once, when ``text`` is first read after them (each edit copying the whole text cost
-    ~0.5 ms of string copying per edit at 1 MiB). Indexes are immutable: ``replace`` shares
+    joined once, when ``text`` is first read after them (each edit copying the whole text made the
+    burst cost many times more: docs/reliability.md). Indexes are immutable: ``replace`` shares
     unchanged blocks and pieces with the index it came from. Blocks are arrays of machine
     integers, so an index costs about 4 bytes per line, never a Python object per line."""
 
@@ -342,7 +342,7 @@ def scan_line_starts(text: str, begin: int, chunk: int) -> tuple[list[int], int]
 def line_starts_between(text: str, begin: int, stop: int) -> list[int]:
     """The line starts after ``begin`` up to ``stop`` (``stop`` included, when a line starts
     there). Without "\r" the lines' lengths are summed at C speed (split, len, accumulate):
-    a match object per line made the regex scan 2-3x slower on code."""
+    a match object per line made the regex scan several times slower on code (docs/reliability.md)."""
     if text.find("\r", begin, stop) >= 0:
         return [match.end() for match in LINE_BREAK.finditer(text, begin, stop)]
     lines = text[begin:stop].split("\n")

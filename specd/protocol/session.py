@@ -48,7 +48,7 @@ PARTIAL_MESSAGE_TIMEOUT_S = 30.0
 # on the model thread), a message still arriving is read one chunk per this pause: a client
 # sending 64 MiB of documents otherwise keeps the loop copying bytes with the GIL held, and
 # every small torch op of the completion waits out a switch interval to get it back (a polite
-# completion's engine time went from ~80 to ~220 ms). 1 MiB then takes 16 pauses, ~16 ms more.
+# completion's engine time nearly tripled: docs/reliability.md). 1 MiB then takes 16 pauses, ~16 ms more.
 LARGE_READ_PAUSE_S = 0.001
 
 # How long a peer may leave our answers unread (the write buffer over the high-water mark,
