@@ -203,25 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train-demo", help="train the embedded demo model pair (CPU, about an hour)",
                        description="Train a byte-level BPE tokenizer and a target + draft model pair on the "
                                    "Python standard library (minus held-out modules) with a FIM objective.")
-    # The same options as specd.demo.train.add_arguments, spelled out so that building the parser
-    # does not import the trainer (tests/test_train_options.py keeps the two in step).
-    p.add_argument("--out", metavar="DIR", help="output directory (default: the package's demo folder)")
-    p.add_argument("--minutes", type=float, help="training time budget in minutes")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--preset", choices=["dev-llama", "full", "tiny"], default="full",
-                   help="model and batch sizes ('tiny' is a seconds-long smoke run; 'dev-llama' the second "
-                        "development pair, see dev-pairs/)")
-    p.add_argument("--arch", choices=["llama", "qwen2"], help="model architecture (default: the preset's)")
-    p.add_argument("--fim-format", choices=["qwen", "starcoder"],
-                   help="special tokens and FIM layouts (default: the preset's; 'starcoder' is PSM only)")
-    p.add_argument("--distill-weight", type=float, metavar="W",
-                   help="final weight of the draft's KL to the target (0: the draft learns from data alone)")
-    p.add_argument("--repo-rate", type=float, metavar="R",
-                   help="share of FIM samples that begin with other files' chunks, most holding a near-twin of "
-                        "the middle (default: the preset's)")
-    p.add_argument("--init", metavar="DIR",
-                   help="go on training this pair (its tokenizer, sizes and weights; lower peak learning rates) "
-                        "instead of a fresh one")
+    from specd.demo.options import add_arguments as train_demo_arguments  # light: no trainer, no torch
+
+    train_demo_arguments(p)
+
     p = sub.add_parser("train-draft", help="distil a draft model for a target from its own predictions on code",
                        description="Distil a small draft that shares the target's tokenizer: the target runs once "
                                    "over the corpus (its top-k next-token distributions kept), a narrow Llama "

@@ -231,10 +231,11 @@ def test_the_draft_trainer_imports_only_what_the_map_allows():
             assert target.startswith(DISTILL_MAY_IMPORT), f"{name} imports {target}"
 
 
-def test_the_draft_trainers_options_load_without_torch():
-    """``specd --help`` builds every subcommand's parser: the trainer's options come from its
-    module, which must not load torch or transformers to give them."""
-    assert not set(_loads("specd.distill.train")) & {"torch", "transformers", "tokenizers", "llama_cpp"}
+@pytest.mark.parametrize("module", ["specd.distill.train", "specd.demo.options"])
+def test_the_trainers_options_load_without_torch(module):
+    """``specd --help`` builds every subcommand's parser: the trainers' options come from these
+    modules, which must not load torch or transformers to give them."""
+    assert not set(_loads(module)) & {"torch", "transformers", "tokenizers", "llama_cpp"}
 
 
 def test_the_protocol_knows_nothing_of_the_engine():

@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from specd.demo import demo_pair_paths  # noqa: E402
 from specd.demo.data import FIM_FORMATS, SPECIAL_TOKENS  # noqa: E402
+from specd.demo.options import FIM_FORMAT_NAMES, PRESET_NAMES  # noqa: E402
 from specd.demo.train import ARCHS, PRESETS, Settings, add_arguments, settings_from_args, train  # noqa: E402
 from specd.engine.front.prompt import TEMPLATES, detect_family  # noqa: E402
 from specd.engine.types import CompletionRequest  # noqa: E402
@@ -44,6 +45,12 @@ def test_cli_train_demo_takes_the_trainers_options():
     trainer = argparse.ArgumentParser()
     add_arguments(trainer)
     assert _options(sub.choices["train-demo"]) == _options(trainer)
+
+
+def test_the_options_name_the_trainers_presets_and_fim_formats():
+    """specd.demo.options spells the names out, so that ``specd --help`` loads neither the trainer nor its data."""
+    assert sorted(PRESET_NAMES) == sorted(PRESETS)
+    assert sorted(FIM_FORMAT_NAMES) == sorted(FIM_FORMATS)
 
 
 def test_default_preset_is_the_demo_pair():

@@ -45,12 +45,7 @@ from specd.demo.data import (FIM_FORMATS, MAX_MIDDLE_LINES, REPO_TWIN_RATE, FimF
                              wrap_tokenizer)
 from specd.demo.evaluation import SAMPLE_MAX_NEW_TOKENS, EvalResult, evaluate, masked_ce, heldout_fim_batches, heldout_lm_batches, sample_completion
 from specd.demo.heldout import HELDOUT_MODULES, heldout_files, stdlib_dir, training_files
-
-# transformers config and model classes per --arch; both get tied embeddings and no biases added.
-ARCHS: dict[str, tuple[str, str]] = {
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-    "llama": ("LlamaConfig", "LlamaForCausalLM"),
-}
+from specd.demo.options import ARCHS, add_arguments
 
 # --- optimisation -------------------------------------------------------------------------
 WARMUP_FRACTION = 0.03
@@ -543,27 +538,6 @@ def write_training_md(path: Path, *, command: str, settings: Settings, log: RunL
         ]
     lines += ["", "## Settings", "", "```json", json.dumps(asdict(settings), indent=2), "```", ""]
     path.write_text("\n".join(lines))
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The trainer's options, shared by ``specd train-demo`` and ``python -m specd.demo.train``."""
-    parser.add_argument("--out", metavar="DIR", help="output directory (default: the package's demo folder)")
-    parser.add_argument("--minutes", type=float, help="training-loop time budget in minutes")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="full",
-                        help="model and batch sizes ('tiny' is a seconds-long smoke run; 'dev-llama' the "
-                             "second development pair)")
-    parser.add_argument("--arch", choices=sorted(ARCHS), help="model architecture (default: the preset's)")
-    parser.add_argument("--fim-format", choices=sorted(FIM_FORMATS),
-                        help="special tokens and FIM layouts (default: the preset's; 'starcoder' is PSM only)")
-    parser.add_argument("--distill-weight", type=float, metavar="W",
-                        help="final weight of the draft's KL to the target (0: the draft learns from data alone)")
-    parser.add_argument("--repo-rate", type=float, metavar="R",
-                        help="share of FIM samples that begin with other files' chunks, most holding a near-twin "
-                             "of the middle (default: the preset's)")
-    parser.add_argument("--init", metavar="DIR",
-                        help="go on training this pair (its tokenizer, sizes and weights; lower peak learning "
-                             "rates) instead of a fresh one")
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
