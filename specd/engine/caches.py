@@ -33,7 +33,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens two token sequences (lists, tuples, arrays, in any mix) share.
     Slices are compared at C speed; where they differ, the stretch holding the first difference
     is halved until it is short (a rejected draft leaves it near the end of thousands of tokens,
-    where a token-by-token walk cost ~60 µs a call)."""
+    where a token-by-token walk cost tens of µs a call: docs/engine.md)."""
     n = min(len(a), len(b))
     if _tokens(a, 0, n) == _tokens(b, 0, n):  # the usual case
         return n
@@ -68,9 +68,9 @@ class Rows(Protocol):
 
 def row_argmax(row: torch.Tensor) -> int:
     """The index of a row's largest value, the lowest among equals (NaN counting as largest, as
-    in torch). A float32 row on the CPU goes through numpy: torch's CPU argmax costs about 20 µs
-    a call here against numpy's 2 over a 50k vocabulary or a 8k one alike, and a verify reads a
-    row per accepted token, every step."""
+    in torch). A float32 row on the CPU goes through numpy: torch's CPU argmax costs several times
+    numpy's a call (docs/engine.md), over a large vocabulary or a small one alike, and a verify
+    reads a row per accepted token, every step."""
     if row.device.type == "cpu" and row.dtype == torch.float32 and not row.requires_grad:
         return int(row.numpy().argmax())
     return int(row.argmax())
@@ -359,8 +359,8 @@ class DocumentState:
 
 STATS_LARGEST = 8  # documents ``CacheStore.stats`` lists by their caches' bytes
 # Closed documents' cache bytes freed before the C heap is trimmed. A torch cache's tensors of a
-# few MiB come from glibc's heap, which keeps what is freed: 2.1 GiB of freed K/V tensors stayed
-# resident until ``malloc_trim`` gave back all but 2 MiB of it.
+# few MiB come from glibc's heap, which keeps what is freed: gigabytes of freed K/V tensors stayed
+# resident until ``malloc_trim`` gave nearly all of it back (docs/reliability.md).
 TRIM_AFTER_DROPPED_BYTES = 64 << 20
 
 

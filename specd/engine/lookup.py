@@ -9,8 +9,8 @@ only, nothing per bigram that CPython's cyclic garbage collector would walk (an 
 did: a workspace's worth made every full collection longer). Appending and truncating touch only
 the changed tail: no rescans. A keystroke's few tokens go through a loop; idle indexing's slices
 of thousands go through numpy (a sort groups each bigram's positions, the dict is read and
-written in C-level passes), ~5x faster per token and, above all, that much less time holding
-the GIL the daemon's event loop needs.
+written in C-level passes), several times faster per token (docs/engine.md) and, above all,
+that much less time holding the GIL the daemon's event loop needs.
 """
 
 from __future__ import annotations

@@ -232,7 +232,8 @@ class ContextSelector:
             key, doc, pool = found
             text, offset, path = doc.snapshot
             candidates = self._candidates(key, path, open_docs, corpus.texts)
-            for candidate in candidates:  # cut into windows a few files per slice (large buffers cost ~40 ms each)
+            # cut into windows a few files per slice (large buffers cost tens of ms each)
+            for candidate in candidates:
                 self._windows_of(candidate)
                 if time.monotonic() >= deadline:
                     return True  # the same proposal resumes next slice, its files' windows cached

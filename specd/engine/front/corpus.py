@@ -288,7 +288,8 @@ class OpenBuffers:
         with self._lock:
             buffer = self._buffers.get(uri)
             old = buffer.text if buffer is not None else None
-        # Compared outside the lock (~10 ms for 1 MiB): requests and idle work go on meanwhile.
+        # Compared outside the lock (milliseconds a MiB: docs/workspace.md): requests and idle
+        # work go on meanwhile.
         affixes = common_affixes(old, text) if old is not None and old != text else None
         with self._lock:
             buffer = self._buffers.get(uri)

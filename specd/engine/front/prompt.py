@@ -240,7 +240,8 @@ class PromptBuilder:
         self._memo: OrderedDict[tuple[bool, str], list[int]] = OrderedDict()  # text -> ids, see encode
         # Prefix windows (text, grid starts, budget) -> (start, ids): in the anchored layout the
         # prefix ends at an anchor that stays put while the user types, so successive keystrokes
-        # find their window here instead of re-tokenizing up to budget x 12 characters (~5 ms).
+        # find their window here instead of re-tokenizing up to budget x 12 characters
+        # (milliseconds a keystroke: docs/engine.md).
         self._windows: OrderedDict[tuple, tuple[int, list[int] | None]] = OrderedDict()
         # (window up to its last line, grid starts, budget) -> (start chosen, window length then): ``_fit_again``
         self._starts: OrderedDict[tuple, tuple[int, int]] = OrderedDict()

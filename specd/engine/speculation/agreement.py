@@ -14,9 +14,10 @@ serves both), and their greedy next tokens are compared position by position (te
 - ``choose_confidence``: the draft model stops a chain where its top probability falls below a
   threshold. The right threshold is a property of the pair: small code drafts spread their
   probability thin, and on the development pairs tokens drafted at a top probability of 0.1-0.2
-  still agree 63-67% of the time (below 0.1: 36-39%). So with ``engine.draft_confidence = auto``
-  it is where the agreement, as a function of confidence, falls below what a chain token must
-  reach to pay for itself (``ForwardCosts.break_even_agreement``).
+  still agree most of the time, below 0.1 about a third of it (docs/engine.md has the table). So
+  with ``engine.draft_confidence = auto`` it is where the agreement, as a function of
+  confidence, falls below what a chain token must reach to pay for itself
+  (``ForwardCosts.break_even_agreement``).
 """
 
 from __future__ import annotations

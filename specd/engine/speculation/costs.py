@@ -46,8 +46,8 @@ CALIBRATION_REPEATS = 3  # per width, after one warm-up forward; the median coun
 # step after it re-times width 1 and scales the table (``ForwardCosts.record_target``).
 CALIBRATION_BUDGET_MS = 1500.0
 # Draft catch-ups at least this long teach the per-token rate. A shorter one costs about a draft
-# step, whose own cost moves by more than the catch-up adds: measured in the decode loop on the
-# real-shaped stand-in, a 3-token catch-up read as 0.62 ms a token where 1,073 tokens cost 0.025.
+# step, whose own cost moves by more than the catch-up adds: in the decode loop a short catch-up
+# read as many times the per-token rate of a long one (docs/engine.md, "Planning each step").
 CATCH_UP_MEASURED = 32
 
 
@@ -144,8 +144,9 @@ class ForwardCosts:
     def target_table(self, widest: int) -> list[float]:
         """``target_ms(w)`` for every width w up to at least ``widest`` (index 0 unused). The
         planner prices up to 17 widths a step, and a step of a small model on llama.cpp takes
-        0.3-0.5 ms: the table is made in one pass and kept while the measured widths stay as
-        they are (every step records one timing, so it is made again once a step)."""
+        under a millisecond (docs/engine.md): the table is made in one pass and kept while the
+        measured widths stay as they are (every step records one timing, so it is made again
+        once a step)."""
         key = tuple(self.target.items())
         if key != self._table_key or len(self._table) <= widest:
             self._table_key = key

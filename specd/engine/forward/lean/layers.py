@@ -168,7 +168,7 @@ def copies_pay(model: PreTrainedModel, available: int | None = None) -> tuple[bo
     A float32 model on a CPU, small enough that its weights twice over are no burden (measured on
     float32 with MKL; bf16/fp16 products take other kernels), and whose copies take at most
     1/``TRANSPOSED_MEMORY_SHARE`` of the memory available at load (``available``, bytes; read
-    from the kernel when None): they make one-row products ~1.5x faster, but a model whose
+    from the kernel when None): they make one-row products faster (docs/engine.md), but a model whose
     memory doubles where memory is short pushes out the page cache or the editor."""
     weight = model.get_input_embeddings().weight
     size = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -15,8 +15,8 @@ CURRENT = "lookup:current"  # matches in the context itself (the prompt plus wha
 SUGGESTED = "lookup:suggested"  # matches in the document's recent completions
 TRUSTED_NGRAM = 3  # matches this long are their own kind of draft (they stand far more often)
 # A repeat as long as matches go (``MAX_N``: the tail's whole 5-gram seen a period back) is a
-# kind apart from a 3-4-token one: measured on two pairs over the four bench workloads, once the
-# first token stood the next ones did 96-99% of the time, against 83-88% (see ``kind``).
+# kind apart from a 3-4-token one: on two pairs over the four bench workloads, once its first
+# token stood its next ones stood far more often (docs/engine.md, "Planning each step"; ``kind``).
 LONG_REPEAT_NGRAM = MAX_N
 
 
@@ -54,14 +54,14 @@ class LookupDrafter(Drafter):
     def kind(draft: Draft) -> str:
         """By where the match comes from and how long a match (n-gram) it rests on. Measured on the
         development pairs (every candidate's proposal against what the target wrote, edit_replay
-        and line): a match where the context repeats itself has its first token stand 89-100% of
-        the time on 3+ tokens (30-53% on 2), one in the document's recent completions 46-100%
-        (22-33%), any other match 19-83% (29-42%). A repeat's later tokens depend on how much of
-        the tail repeats: on the real-shaped stand-in in Q8_0 and on the demo pair (all four
-        workloads), after a 3-token match the first token stood 70-85% of the time and each next
-        one 83-88%; after a 5-token match 92-96% and 96-99%. One kind for both priced a 3-token
-        repeat's chain as a 5-token one's, and on a path where a wide verify costs 2.5-5x a step
-        its failures cost more than the rest gained."""
+        and line): a match where the context repeats itself has its first token stand most often,
+        then one in the document's recent completions, then any other match, and a 2-token match
+        far less often than a longer one. A repeat's later tokens depend on how much of the tail
+        repeats: on the real-shaped stand-in in Q8_0 and on the demo pair (all four workloads), a
+        5-token match's stood more often than a 3-token one's. One kind for both priced a 3-token
+        repeat's chain as a 5-token one's, and on a path where a wide verify costs several steps
+        its failures cost more than the rest gained (docs/engine.md, "Planning each step", has the
+        rates)."""
         short = draft.ngram < TRUSTED_NGRAM
         if draft.repeat:
             if short:
@@ -75,7 +75,8 @@ class LookupDrafter(Drafter):
         """The context index to ``seq``. The decode loop asks with one list that only grows
         between its steps: when that list comes again and nothing else touched the index since,
         the new tokens are appended without comparing the thousands before them (``sync``'s
-        check costs 0.1-0.3 ms a step at a few thousand tokens, a step of a small model's)."""
+        check costs a small model's step or a good part of one at a few thousand tokens:
+        docs/engine.md)."""
         index = self.context_index
         held = len(index)
         if self._synced is not None and self._synced[0] is seq and self._synced[1] == index.changes \
