@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# Logits: the largest batch-width difference measured on 4-bit files (llama.cpp's Q4_1 up to 0.9,
-# Q4_K_M up to 1.4, docs/llamacpp.md), so any flip rounding explains falls under it.
+# Logits: above the largest batch-width difference measured on 4-bit files (llama.cpp's Q4_1 and
+# Q4_K_M; docs/bench.md, "A GGUF target"), so any flip rounding explains falls under it.
 NEAR_TIE = 1.5
 
 

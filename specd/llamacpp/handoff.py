@@ -2,11 +2,10 @@
 
 On this project's CPUs each side is faster at one half of a completion: llama.cpp's one-token
 forward costs about half of torch's, and torch's prefill (one MKL product per weight over the
-whole prompt) about half of llama.cpp's (``specd bench`` forward costs: 119 vs 228 ms per 1k
-tokens on the dev target, 265 vs 471 on the demo target). ``engine.forward_backend = llamacpp``
-with ``engine.llamacpp_prefill = torch`` runs a prompt that starts a document's cache from empty
-on torch's lean forward (the same weights, already loaded), writes the K/V it computed into the
-document's llama.cpp sequence, and decodes there.
+whole prompt) about half of llama.cpp's (``specd bench`` forward costs, docs/llamacpp.md).
+``engine.forward_backend = llamacpp`` with ``engine.llamacpp_prefill = torch`` runs a prompt that
+starts a document's cache from empty on torch's lean forward (the same weights, already loaded),
+writes the K/V it computed into the document's llama.cpp sequence, and decodes there.
 
 The K/V go in through llama.cpp's own sequence-state API (``llama_state_seq_set_data``), in the
 byte layout its ``llama_state_seq_get_data`` writes (``parse`` and ``build`` below; for

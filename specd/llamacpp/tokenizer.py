@@ -5,9 +5,9 @@ Why llama.cpp's and not transformers' GGUF loading: a GGUF model is decoded by l
 losslessness is judged against llama.cpp's greedy output of the same file, so the prompt's ids
 must be the ids llama.cpp itself gives. transformers rebuilds a tokenizer from the GGUF fields
 and guesses its pre-tokenizer; on llama.cpp's own test strings (the ``ggml-vocab-*.gguf`` files
-and their expected ids) it gave other ids for 15 of 47 strings on llama-spm, 9 on falcon, 1 on
-deepseek-coder, llama-bpe and starcoder, and loaded 152k-token vocabularies in 10-14 s, while
-llama.cpp's tokenizer is the reference by definition (docs/llamacpp.md).
+and their expected ids) it gave other ids on several vocabularies, and loaded large vocabularies
+slowly, while llama.cpp's tokenizer is the reference by definition (docs/llamacpp.md has the
+counts and times).
 
 Text in, as transformers does by default: special tokens written in the text are parsed as
 such (``parse_special``), and ``add_special_tokens`` adds what the file says (BOS) only when

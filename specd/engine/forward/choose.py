@@ -103,9 +103,8 @@ def llamacpp_forward(model, source: str, pair: ModelPair, options: EngineOptions
 
 
 # A prompt that starts a document's cache, timed both ways by faster_prefill. The default
-# budgets make 1.5-2k-token prompts, and torch's lead grows with length (llama.cpp's ms over
-# torch's: demo target 1.2x at 256 tokens, 1.7x at 512, 2.1x at 1,024; dev target 1.3x, 1.2x,
-# 1.5x): at 256 tokens a busy machine's noise picked llama.cpp.
+# budgets make 1.5-2k-token prompts, and torch's lead grows with length (docs/llamacpp.md has
+# the ratios): at 256 tokens a busy machine's noise picked llama.cpp.
 PREFILL_TOKENS = 512
 PREFILL_ROUNDS = 2  # both ways in turn this often, one timed prefill after a warm-up each, the least kept
 

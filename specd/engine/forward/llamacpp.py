@@ -47,15 +47,15 @@ log = logging.getLogger(__name__)
 
 # Tokens per llama_decode call (a longer forward runs in pieces). Without flash attention each
 # piece's attention spans every cell up to its end, masked, so smaller pieces skip more of the
-# triangle a causal prefill leaves empty: a 1,555-token prefill took 8% less time in pieces of
-# 256 than of 512 (llama.cpp's default) on the dev pair's Q8_0 file and 4.5% less on a real-shaped
-# 82M one, with logits identical to the bit; 32-256 were alike (cells come in blocks of 256).
+# triangle a causal prefill leaves empty: a long prefill took less time in pieces of 256 than of
+# 512 (llama.cpp's default), with logits identical to the bit, and smaller pieces were alike
+# (cells come in blocks of 256): docs/llamacpp.md has the timings.
 BATCH = 256
 HANDOFF_TOKENS = 64  # prompts from an empty cache at least this long prefill on torch (see handoff.py)
 # Sequences per llama.cpp context: at most SLAB_SEQUENCES, and at most 1/SLABS_PER_BUDGET of the
-# budget's, so a budget fills in steps. A context costs about 10 MiB beyond its cells (compute
-# buffers) and is made in one go, so one per sequence would add that to every document; larger
-# slabs strand more free cells in a context that one live sequence keeps.
+# budget's, so a budget fills in steps. A context costs megabytes beyond its cells (compute
+# buffers: docs/llamacpp.md) and is made in one go, so one per sequence would add that to every
+# document; larger slabs strand more free cells in a context that one live sequence keeps.
 SLAB_SEQUENCES = 4
 SLABS_PER_BUDGET = 4
 GGML_F32, GGML_F16 = 0, 1  # ggml_type values of the KV cache's element type

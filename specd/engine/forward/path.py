@@ -34,8 +34,8 @@ class ForwardPath(Protocol):
     recordings: int  # forwards recorded for replay so far (such a forward is no measure of its width)
     replays: bool  # narrow forwards replay recorded graphs (CUDA graphs, see forward/graphs.py)
     # forward_ids() takes the ids as a list and gives float32 logits as a numpy array: a decode
-    # step that never touches torch (on llama.cpp a torch tensor in and out of each step cost
-    # 40-60 us against a 0.45 ms forward of a small model)
+    # step that never touches torch (on llama.cpp a torch tensor in and out of each step cost a
+    # tenth of a small model's forward: docs/llamacpp.md)
     host_ids: bool
 
     def new_cache(self) -> Any: ...
