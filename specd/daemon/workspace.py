@@ -107,6 +107,57 @@ class IgnoreRules:
         return False
 
 
+def walk(rules: IgnoreRules, top: Path) -> tuple[list[Path], dict[Path, list[Path]], set[Path]]:
+    """Files worth a look under ``top``; each kept directory's kept subdirectories; and the
+    directories with an ignored directory somewhere below them."""
+    files: list[Path] = []
+    children: dict[Path, list[Path]] = {}
+    impure: set[Path] = set()
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        here = Path(dirpath)
+        kept = []
+        for name in sorted(dirnames):
+            child = here / name
+            if child.is_symlink() or rules.ignored(child, True):
+                impure.add(here)
+            else:
+                kept.append(name)
+        dirnames[:] = kept
+        children[here] = [here / name for name in kept]
+        for name in sorted(filenames):
+            path = here / name
+            if not path.is_symlink() and not rules.ignored(path, False):
+                files.append(path)
+    for directory in list(impure):  # an ignored directory below makes every ancestor impure
+        while directory != top and directory.parent not in impure:
+            directory = directory.parent
+            impure.add(directory)
+    return files, children, impure
+
+
+def read_source(path: Path) -> tuple[str | None, str]:
+    """The text of a file worth indexing, or None and why not: generated (by its name, a marker near
+    the top, or minified), binary (a NUL byte near the top, or not UTF-8), or unreadable."""
+    if any(fnmatch.fnmatch(path.name, pattern) for pattern in GENERATED_NAMES):
+        return None, "generated"
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None, "unreadable"
+    if b"\0" in data[:BINARY_PROBE_BYTES]:
+        return None, "binary"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "binary"
+    head = text[:GENERATED_PROBE_CHARS].lower()
+    if any(marker in head for marker in GENERATED_MARKERS):
+        return None, "generated"
+    if len(text) > 4 * MINIFIED_LINE_CHARS and len(text) / (text.count("\n") + 1) > MINIFIED_LINE_CHARS:
+        return None, "generated"  # minified
+    return text, ""
+
+
 @dataclass
 class _Folder:
     root: Path
@@ -138,6 +189,10 @@ class _Handler(FileSystemEventHandler):
 
 
 class Workspace:
+    """One concern: the engine's workspace corpus holds exactly the files worth indexing in the
+    watched folders. The event loop adds and removes folders; watchdog's threads report paths
+    (``touch``); one workspace thread scans, watches and re-examines them and feeds the engine."""
+
     def __init__(self, options: WorkspaceOptions, sink: Sink, on_change: Callable[[], None] | None = None):
         self.options = options
         self._sink = sink
@@ -319,7 +374,7 @@ class Workspace:
         if folder is None or folder.root != root:
             return False
         started = time.monotonic()
-        files, children, impure = self._walk(folder, root)
+        files, children, impure = walk(folder.rules, root)
         if not force:  # watch first: a file that changes while we read is looked at again
             self._plan_watches(folder, root, children, impure)
         changed = False
@@ -331,33 +386,6 @@ class Workspace:
                  root, under, self.total_bytes / 1e6, time.monotonic() - started,
                  dict(self.skipped) or "none")
         return changed
-
-    def _walk(self, folder: _Folder, top: Path) -> tuple[list[Path], dict[Path, list[Path]], set[Path]]:
-        """Files worth a look under ``top``; each kept directory's kept subdirectories; and the
-        directories with an ignored directory somewhere below them."""
-        files: list[Path] = []
-        children: dict[Path, list[Path]] = {}
-        impure: set[Path] = set()
-        for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-            here = Path(dirpath)
-            kept = []
-            for name in sorted(dirnames):
-                child = here / name
-                if child.is_symlink() or folder.rules.ignored(child, True):
-                    impure.add(here)
-                else:
-                    kept.append(name)
-            dirnames[:] = kept
-            children[here] = [here / name for name in kept]
-            for name in sorted(filenames):
-                path = here / name
-                if not path.is_symlink() and not folder.rules.ignored(path, False):
-                    files.append(path)
-        for directory in list(impure):  # an ignored directory below makes every ancestor impure
-            while directory != top and directory.parent not in impure:
-                directory = directory.parent
-                impure.add(directory)
-        return files, children, impure
 
     def _plan_watches(self, folder: _Folder, top: Path, children: dict[Path, list[Path]], impure: set[Path]) -> None:
         plan: list[tuple[Path, bool]] = []
@@ -430,7 +458,7 @@ class Workspace:
                 self._unwatch(folder, below=path)  # gone: its watches died with it
             changed = self._forget_under(path, unless_watched=False, keep_existing=True, folder=folder)
             if path.is_dir() and not path.is_symlink() and not folder.rules.ignored(path, True):
-                files, children, impure = self._walk(folder, path)
+                files, children, impure = walk(folder.rules, path)
                 if not self._covered(folder, path):
                     self._plan_watches(folder, path, children, impure)
                 for file in files:
@@ -481,7 +509,7 @@ class Workspace:
             self._skip(name, "over_total", info.st_mtime_ns,
                        f"the workspace index is full (workspace.max_total_bytes = {self.options.max_total_bytes})")
             return self._drop(name)
-        text, reason = self._read(path, info.st_size)
+        text, reason = read_source(path)
         if text is None:
             self._skip(name, reason, info.st_mtime_ns, reason.replace("_", " "))
             return self._drop(name)
@@ -494,26 +522,6 @@ class Workspace:
             self.updates += 1
             self.last_update = time.time()
         return delivered
-
-    def _read(self, path: Path, size: int) -> tuple[str | None, str]:
-        if any(fnmatch.fnmatch(path.name, pattern) for pattern in GENERATED_NAMES):
-            return None, "generated"
-        try:
-            data = path.read_bytes()
-        except OSError:
-            return None, "unreadable"
-        if b"\0" in data[:BINARY_PROBE_BYTES]:
-            return None, "binary"
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            return None, "binary"
-        head = text[:GENERATED_PROBE_CHARS].lower()
-        if any(marker in head for marker in GENERATED_MARKERS):
-            return None, "generated"
-        if len(text) > 4 * MINIFIED_LINE_CHARS and len(text) / (text.count("\n") + 1) > MINIFIED_LINE_CHARS:
-            return None, "generated"  # minified
-        return text, ""
 
     def _skip(self, name: str, reason: str, mtime_ns: int, why: str) -> None:
         with self._cond:
