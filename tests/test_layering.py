@@ -37,6 +37,10 @@ DAEMON_LAZY_ONLY = ("specd.engine.loading",)
 # llama.cpp's files, the demo trainer's schedule, the logs; never the daemon, the wire or the bench.
 DISTILL_MAY_IMPORT = ("specd.distill", "specd.engine", "specd.llamacpp", "specd.demo", "specd.logs")
 HEAVY = ("torch", "transformers", "numpy", "tokenizers", "llama_cpp")
+# A class longer than this many lines says in its docstring what its one concern is: the
+# docstring begins "One concern:" (docs/architecture.md).
+CLASS_LINES_WITHOUT_A_CONCERN = 300
+CONCERN_MARK = "One concern:"
 
 
 def _modules() -> dict[str, Path]:
@@ -273,3 +277,30 @@ def test_the_options_table_imports_only_the_standard_library_and_the_suggestion_
     name = "specd.options_table"
     assert GRAPH[name] <= {"specd.suggestion_rules"}
     assert _outside_imports(name) <= set(sys.stdlib_module_names)
+
+
+def _long_classes_without_a_concern(source: str) -> list[str]:
+    """The classes in ``source`` over CLASS_LINES_WITHOUT_A_CONCERN lines whose docstring does not
+    begin with CONCERN_MARK, as "Name (N lines)"."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > CLASS_LINES_WITHOUT_A_CONCERN and not (ast.get_docstring(node) or "").startswith(CONCERN_MARK):
+                found.append(f"{node.name} ({lines} lines)")
+    return found
+
+
+def test_long_classes_name_their_one_concern():
+    unnamed = {name: found for name, path in MODULES.items()
+               if (found := _long_classes_without_a_concern(path.read_text(encoding="utf-8")))}
+    assert unnamed == {}
+
+
+def test_the_class_length_check_can_fail():
+    """A class one line over the limit is found, unless its docstring names its concern; one at the limit is not."""
+    body = [f"    x{n} = {n}\n" for n in range(CLASS_LINES_WITHOUT_A_CONCERN)]
+    assert _long_classes_without_a_concern("class Long:\n" + "".join(body)) == [
+        f"Long ({CLASS_LINES_WITHOUT_A_CONCERN + 1} lines)"]
+    assert _long_classes_without_a_concern(f'class Long:\n    """{CONCERN_MARK} counting."""\n' + "".join(body)) == []
+    assert _long_classes_without_a_concern("class Short:\n" + "".join(body[1:])) == []

@@ -68,6 +68,10 @@ class LinkEvent:
 
 
 class DaemonLink:
+    """One concern: specd-lsp's one connection to the daemon, kept up and in step: found or spawned,
+    reconnected when lost, the editor's documents and folders mirrored into it, requests sent
+    through it (the module's docstring tells how)."""
+
     def __init__(
         self,
         documents: DocumentStore,

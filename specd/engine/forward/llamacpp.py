@@ -89,7 +89,7 @@ class SequenceCache:
 
 
 class LlamaCppForward(BasicPath):
-    """The forward path of one model (target or draft) on llama.cpp, for every document. Of the
+    """One concern: the forward path of one model (target or draft) on llama.cpp, for every document. Of the
     optional capabilities (``path.ForwardPath``) it has two: ``rows_from`` (llama.cpp computes
     logits for the positions a batch flags, and no others) and ``host_ids`` (``forward_ids``: a
     list in, numpy logits out, no torch in a decode step). Logits come with the forward, no

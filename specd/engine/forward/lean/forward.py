@@ -41,7 +41,7 @@ NO_ROPE = (None, None)  # cos, sin of a layer without rotary positions
 
 
 class LeanForward:
-    """The batch-1 forward of one HF model of a registered family. Build once per model (check
+    """One concern: the batch-1 forward of one HF model of a registered family. Build once per model (check
     ``unsupported_reason`` first); caches come from ``new_cache``, one per sequence."""
 
     name = "lean"
