@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"specd": ROOT / "specd", "specd_lsp": ROOT / "lsp" / "specd_lsp"}
 
 # Inside specd.engine, from the top down: a room may import the rooms after it, never before.
-ENGINE_ROOMS = ["loading", "engine", "remote", "front", "speculation", "caches", "forward"]
+ENGINE_ROOMS = ["loading", "engine", "completion", "idle", "resident", "remote", "front", "speculation", "caches", "forward"]
 # Foundations any room may import.
 ENGINE_FOUNDATIONS = {"types", "options", "models", "compat", "lookup", "builtin", "cold_start"}
 # What the engine, a plain library, never reaches.
