@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -86,6 +87,16 @@ def llama_pair(tiny_pairs) -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def sample_source() -> str:
     return SAMPLE_SOURCE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    """A bench corpus (``--corpus``): the sample module, and a file that is not source, which the
+    corpus passes over. Shared by the session: no test writes into it."""
+    root = tmp_path_factory.mktemp("bench-corpus")
+    shutil.copy(SAMPLE_SOURCE, root / "sample_module.py")
+    (root / "notes.txt").write_text("not python\n" * 100)
+    return root
 
 
 @pytest.fixture(scope="session")

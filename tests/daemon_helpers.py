@@ -1,21 +1,26 @@
-"""Run the real daemon (``python -m specd serve``) as a subprocess in private XDG dirs; and
-the buffers' operations on cursors and edits as a client sends them (parsed, then applied)."""
+"""Run the real daemon (``python -m specd serve``) as a subprocess in private XDG dirs, or a
+Daemon on a thread of the test's own process; and the buffers' operations on cursors and edits as
+a client sends them (parsed, then applied)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from specd.client import Client, DaemonUnavailable
 from specd.daemon import buffers
 from specd.daemon.params import parse_cursor, parse_edits
-from specd.protocol import RpcError
+from specd.protocol import ErrorCode, RpcError
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
@@ -78,6 +83,54 @@ def wait_for(condition, timeout: float = 10.0, interval: float = 0.02, message: 
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {message}")
+
+
+def expect_error(code: ErrorCode, fn, *args, **kwargs) -> RpcError:
+    """``fn(*args, **kwargs)`` answers an error with ``code`` and a message."""
+    with pytest.raises(RpcError) as info:
+        fn(*args, **kwargs)
+    assert info.value.code == code.value, info.value
+    assert info.value.message
+    return info.value
+
+
+class InProcessDaemon:
+    """A Daemon (fake engine) on a thread of this process, so a test can set what uid it serves,
+    shorten its limits and look inside. ``environ``: config as SPECD_* variables beside its
+    socket's; ``daemon_options``: Daemon's keyword arguments (allowed_uid, tcp)."""
+
+    def __init__(self, root: Path, environ: dict[str, str] | None = None,
+                 listener: socket.socket | None = None, **daemon_options: Any):
+        from fake_engine import FakeEngine
+        from specd.config import load_config
+        from specd.daemon.server import Daemon
+
+        root.mkdir(parents=True, exist_ok=True)
+        cfg = load_config(environ={"SPECD_DAEMON_SOCKET": str(root / "run" / "specd.sock"), **(environ or {})})
+        self.daemon = Daemon(cfg, engine_factory=lambda: FakeEngine(cfg), **daemon_options)
+        self.socket_path = self.daemon.socket_path
+        self.activated = [listener] if listener is not None else []
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.exit_code = asyncio.run(self.daemon.run(activated=self.activated))
+
+    def __enter__(self) -> InProcessDaemon:
+        self.thread.start()
+        wait_for(lambda: self.daemon.worker.state == "ready", 10, message="in-process daemon ready")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.daemon._loop.call_soon_threadsafe(self.daemon.request_stop, "test over")
+        self.thread.join(20)
+        assert self.exit_code == 0
+
+    def on_loop(self, fn):
+        """Run ``fn`` on the daemon's loop and return its result."""
+        async def call():
+            return fn()
+        return asyncio.run_coroutine_threadsafe(call(), self.daemon._loop).result(5)
 
 
 class DaemonProcess:

@@ -26,14 +26,6 @@ from specd.protocol import pack
 MiB = 1 << 20
 
 
-def rss(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def daemon(root: Path, **config) -> DaemonProcess:
     return DaemonProcess(root, config={"log.level": "warning", **config}, env={"SPECD_TEST_SLOW_S": "0.5"}).start()
 
@@ -43,7 +35,7 @@ def report(name: str, **figures) -> None:
 
 
 def streamed_strings(d: DaemonProcess) -> None:
-    before = rss(d.pid)
+    before = d.rss_mb()
     with raw_connect(d.socket_path) as sock:
         sock.sendall(b"\x94\x00\x01\xa6status\xdc" + struct.pack(">H", 400))
         sent = 0
@@ -54,7 +46,7 @@ def streamed_strings(d: DaemonProcess) -> None:
         except OSError:
             pass
         reply = read_all(sock, timeout=5)
-        peak = rss(d.pid)
+        peak = d.rss_mb()
     code = list(msgpack.Unpacker(raw=False))
     unpacker = msgpack.Unpacker(raw=False)
     unpacker.feed(reply)
@@ -64,38 +56,38 @@ def streamed_strings(d: DaemonProcess) -> None:
 
 
 def nested_headers(d: DaemonProcess, connections: int = 20) -> None:
-    before = rss(d.pid)
+    before = d.rss_mb()
     header = b"\xdd" + struct.pack(">I", (1 << 24) - 1)
     socks = [raw_connect(d.socket_path) for _ in range(connections)]
     for sock in socks:
         sock.sendall(b"\x91" + header * 1000)
     time.sleep(1.0)
-    held = rss(d.pid)
+    held = d.rss_mb()
     for sock in socks:
         sock.close()
     report(f"1,000 nested 16M-element array headers x {connections} connections", rss=f"{before:.0f}->{held:.0f} MiB")
 
 
 def closed_connections(d: DaemonProcess, connections: int = 20) -> None:
-    before = rss(d.pid)
+    before = d.rss_mb()
     socks = []
     for _ in range(connections):
         sock = raw_connect(d.socket_path)
         sock.sendall(b"\x92\xdb" + struct.pack(">I", 16 * MiB - 64) + b"q" * (15 * MiB))
         socks.append(sock)
     time.sleep(1.0)
-    held = rss(d.pid)
+    held = d.rss_mb()
     for sock in socks:
         sock.close()
     with d.client() as c:
         wait_for(lambda: c.status()["connections"] == 1, 20, message="connections closed")
     time.sleep(0.5)
     report(f"{connections} connections with a 15 MiB partial message, then closed",
-           rss=f"{before:.0f}->{held:.0f} (held)->{rss(d.pid):.0f} MiB (closed, no gc)")
+           rss=f"{before:.0f}->{held:.0f} (held)->{d.rss_mb():.0f} MiB (closed, no gc)")
 
 
 def unread_answers(d: DaemonProcess, requests: int = 60_000) -> None:
-    before = rss(d.pid)
+    before = d.rss_mb()
     frame = pack([0, 1, "status", [{}]])
     with raw_connect(d.socket_path) as sock:
         sock.setblocking(False)
@@ -110,7 +102,7 @@ def unread_answers(d: DaemonProcess, requests: int = 60_000) -> None:
                 if time.monotonic() - stalled_since > 3:
                     break
                 time.sleep(0.01)
-        held = rss(d.pid)
+        held = d.rss_mb()
     report(f"{requests:,} status requests, answers never read", accepted=sent, rss=f"{before:.0f}->{held:.0f} MiB")
 
 
@@ -118,10 +110,10 @@ def superseded_completes(d: DaemonProcess, count: int = 150) -> None:
     with d.client() as busy, d.client() as c:
         busy.open_document("file:///slow.py", "#slow\n")
         slow = busy.send_request("complete", {"uri": "file:///slow.py", "cursor": 6})[1]
-        before = rss(d.pid)
+        before = d.rss_mb()
         futures = [c.send_request("complete", {"uri": "file:///big.py", "text": f"#{n}\n" + "z" * (4 * MiB), "cursor": 3})[1]
                    for n in range(count)]
-        peak = rss(d.pid)
+        peak = d.rss_mb()
         queued = c.status()["requests"]["queued"]
         for future in futures:
             try:
@@ -187,7 +179,7 @@ def tcp_preauth(root: Path) -> None:
     d = DaemonProcess(root, config={"daemon.tcp_token": "s3cret", "log.level": "warning"},
                       args=("--tcp", f"127.0.0.1:{port}")).start()
     try:
-        before = rss(d.pid)
+        before = d.rss_mb()
         idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(70)]
         for sock in idle:
             try:
@@ -195,7 +187,7 @@ def tcp_preauth(root: Path) -> None:
             except OSError:
                 pass
         time.sleep(1)
-        held = rss(d.pid)
+        held = d.rss_mb()
         with Client.connect_unix(d.socket_path) as owner:
             owner_ok = owner.status()["state"] == "ready"
         with Client.connect_tcp("127.0.0.1", port, token="s3cret") as tcp_owner:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 
 import pytest
 
@@ -26,16 +25,6 @@ from bench_helpers import SHORT_PROMPTS, bench_cli, module_bench_env
 from specd.cli import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    from conftest import SAMPLE_SOURCE
-
-    root = tmp_path_factory.mktemp("bench-corpus")
-    shutil.copy(SAMPLE_SOURCE, root / "sample_module.py")
-    (root / "notes.txt").write_text("not python\n" * 100)
-    return root
 
 
 # -- workloads (no models) -----------------------------------------------------------------

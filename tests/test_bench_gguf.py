@@ -30,17 +30,6 @@ def q8_pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    import shutil
-
-    from conftest import SAMPLE_SOURCE
-
-    root = tmp_path_factory.mktemp("bench-gguf-corpus")
-    shutil.copy(SAMPLE_SOURCE, root / "sample_module.py")
-    return root
-
-
-@pytest.fixture(scope="module")
 def gguf_report(q8_pair, corpus_dir, tmp_path_factory):
     """One bench run on the Q8_0 pair with the default methods and forward costs."""
     out = tmp_path_factory.mktemp("bench-gguf-out")

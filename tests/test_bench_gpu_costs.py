@@ -8,7 +8,6 @@ marked simulated with tokens per forward and projected times, the planner's tabl
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -94,15 +93,6 @@ def test_the_planner_tallies_each_forward_once_by_width():
 
 
 # -- the bench, through its real CLI ---------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    from conftest import SAMPLE_SOURCE
-
-    root = tmp_path_factory.mktemp("gpu-costs-corpus")
-    shutil.copy(SAMPLE_SOURCE, root / "sample_module.py")
-    return root
-
 
 @pytest.fixture(scope="module")
 def reports(llama_pair, corpus_dir, tmp_path_factory):

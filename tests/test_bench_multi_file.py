@@ -4,21 +4,11 @@ that is not open, and the methods specd (workspace index on) and specd_no_worksp
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from bench_helpers import SHORT_PROMPTS, bench_cli
 from specd.bench.workloads import SourceFile, build_workloads, load_corpus, multi_file_workload
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    from conftest import SAMPLE_SOURCE
-
-    root = tmp_path_factory.mktemp("multi-file-corpus")
-    shutil.copy(SAMPLE_SOURCE, root / "sample_module.py")
-    return root
 
 
 def test_each_body_is_missing_from_its_document_and_present_in_a_twin_not_open(corpus_dir):

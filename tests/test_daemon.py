@@ -24,7 +24,7 @@ import pytest
 
 from tools import find_tool
 
-from daemon_helpers import DaemonProcess, free_port, raw_connect, read_all, wait_for
+from daemon_helpers import DaemonProcess, InProcessDaemon, expect_error, free_port, raw_connect, read_all, wait_for
 from specd.client import AsyncClient, Client, DaemonUnavailable, complete_via_daemon, ensure_daemon
 from specd.protocol import ErrorCode, RpcError, pack
 
@@ -35,14 +35,6 @@ FAST_CURSOR = {"line": 1, "character": 4}
 
 def uri(name: str) -> str:
     return f"file:///work/{name}"
-
-
-def expect_error(code: ErrorCode, fn, *args, **kwargs) -> RpcError:
-    with pytest.raises(RpcError) as info:
-        fn(*args, **kwargs)
-    assert info.value.code == code.value, info.value
-    assert info.value.message
-    return info.value
 
 
 @pytest.fixture
@@ -615,36 +607,6 @@ def test_ensure_daemon_reports_a_failed_start(tmp_path, monkeypatch):
 
 
 # -- access: peer uid, TCP token --------------------------------------------------------------------
-
-
-class InProcessDaemon:
-    """A Daemon on a thread of this process, so a test can set what uid it serves."""
-
-    def __init__(self, root: Path, allowed_uid: int, listener: socket.socket | None = None):
-        from fake_engine import FakeEngine
-        from specd.config import load_config
-        from specd.daemon.server import Daemon
-
-        root.mkdir(parents=True, exist_ok=True)
-        self.socket_path = root / "run" / "specd.sock"
-        cfg = load_config(environ={"SPECD_DAEMON_SOCKET": str(self.socket_path)})
-        self.daemon = Daemon(cfg, engine_factory=lambda: FakeEngine(cfg), allowed_uid=allowed_uid)
-        self.activated = [listener] if listener is not None else []
-        self.exit_code: int | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        self.exit_code = asyncio.run(self.daemon.run(activated=self.activated))
-
-    def __enter__(self) -> InProcessDaemon:
-        self.thread.start()
-        wait_for(lambda: self.daemon.worker.state == "ready", 10, message="in-process daemon ready")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.daemon._loop.call_soon_threadsafe(self.daemon.request_stop, "test over")
-        self.thread.join(20)
-        assert self.exit_code == 0
 
 
 def test_another_uid_is_refused_mocked(tmp_path):

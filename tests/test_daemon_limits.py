@@ -24,7 +24,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from daemon_helpers import DaemonProcess, apply_edits, edit_index, free_port, raw_connect, read_all, resolve_cursor, wait_for
+from daemon_helpers import (DaemonProcess, InProcessDaemon, apply_edits, edit_index, free_port, raw_connect, read_all,
+                            resolve_cursor, wait_for)
 from specd.client import Client
 from specd.daemon.buffers import TextIndex
 from specd.daemon.listeners import RuntimeLock, StartupError, prepare_private_dir
@@ -35,14 +36,6 @@ from specd.protocol.positions import TextIndex as SharedTextIndex
 from specd.protocol.session import MAX_CONCURRENT_REQUESTS, WRITE_HIGH_WATER
 
 MiB = 1 << 20
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def replies(data: bytes) -> list:
@@ -301,42 +294,16 @@ def test_queue_bounds_count_and_text_per_connection():
 # -- per connection: an in-process daemon ----------------------------------------------------------
 
 
-class LocalDaemon:
-    """A Daemon on a thread of this process, so a test can shorten its limits and look inside."""
+class LocalDaemon(InProcessDaemon):
+    """An in-process daemon with 4 MiB frames, the TCP token ``token`` and the ``limits`` set on it."""
 
     def __init__(self, root: Path, tcp: str | None = None, token: str = "", **limits: float):
-        from fake_engine import FakeEngine
-        from specd.config import load_config
-        from specd.daemon.server import Daemon
-
-        root.mkdir(parents=True, exist_ok=True)
-        environ = {"SPECD_DAEMON_SOCKET": str(root / "run" / "specd.sock"), "SPECD_DAEMON_MAX_FRAME_BYTES": str(4 * MiB)}
+        environ = {"SPECD_DAEMON_MAX_FRAME_BYTES": str(4 * MiB)}
         if token:
             environ["SPECD_DAEMON_TCP_TOKEN"] = token
-        cfg = load_config(environ=environ)
-        self.daemon = Daemon(cfg, engine_factory=lambda: FakeEngine(cfg), tcp=tcp)
+        super().__init__(root, environ, tcp=tcp)
         for name, value in limits.items():
             setattr(self.daemon, name, value)
-        self.socket_path = self.daemon.socket_path
-        self.exit_code: int | None = None
-        self.thread = threading.Thread(target=lambda: setattr(self, "exit_code", asyncio.run(self.daemon.run(activated=[]))),
-                                       daemon=True)
-
-    def __enter__(self) -> LocalDaemon:
-        self.thread.start()
-        wait_for(lambda: self.daemon.worker.state == "ready", 10, message="in-process daemon ready")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.daemon._loop.call_soon_threadsafe(self.daemon.request_stop, "test over")
-        self.thread.join(20)
-        assert self.exit_code == 0
-
-    def on_loop(self, fn):
-        """Run ``fn`` on the daemon's loop and return its result."""
-        async def call():
-            return fn()
-        return asyncio.run_coroutine_threadsafe(call(), self.daemon._loop).result(5)
 
 
 def test_half_a_message_is_not_kept_forever(tmp_path):
@@ -540,7 +507,7 @@ def test_superseded_completes_do_not_keep_their_text(memory_daemon):
         busy.open_document("file:///slow.py", "#slow\n")
         slow = busy.send_request("complete", {"uri": "file:///slow.py", "cursor": 6})[1]
         wait_for(lambda: busy.status()["requests"]["running"], 5, message="the slow complete to run")
-        before = rss_mib(memory_daemon.pid)
+        before = memory_daemon.rss_mb()
         futures = []
         for number in range(150):
             text = f"# {number}\n" + "z" * MiB
@@ -550,7 +517,7 @@ def test_superseded_completes_do_not_keep_their_text(memory_daemon):
             with pytest.raises(RpcError) as info:
                 future.result(30)
             assert info.value.code == "cancelled"
-        grown = rss_mib(memory_daemon.pid) - before
+        grown = memory_daemon.rss_mb() - before
         assert busy.status()["requests"]["queued"] == 1
         busy.cancel(uri="file:///slow.py")
         with pytest.raises(RpcError):
@@ -561,7 +528,7 @@ def test_superseded_completes_do_not_keep_their_text(memory_daemon):
 
 def test_connections_close_and_memory_returns(memory_daemon):
     """Partial 7 MiB messages on 10 connections; once they close, RSS is back near baseline."""
-    before = rss_mib(memory_daemon.pid)
+    before = memory_daemon.rss_mb()
     socks = []
     for _ in range(10):
         sock = raw_connect(memory_daemon.socket_path)
@@ -572,7 +539,7 @@ def test_connections_close_and_memory_returns(memory_daemon):
         for sock in socks:
             sock.close()
         wait_for(lambda: c.status()["connections"] == 1, 10, message="the connections to close")
-    grown = rss_mib(memory_daemon.pid) - before
+    grown = memory_daemon.rss_mb() - before
     assert grown < 32, f"+{grown:.0f} MiB after the connections closed"
 
 
@@ -770,7 +737,7 @@ def test_ten_thousand_hostile_frames_and_memory_returns(memory_daemon):
     client is served throughout, and RSS is back within 32 MiB once the connections close."""
     with memory_daemon.client() as c:
         c.status()
-        before = rss_mib(memory_daemon.pid)
+        before = memory_daemon.rss_mb()
         peak = before
 
         def hammer(seed: int) -> None:
@@ -790,12 +757,12 @@ def test_ten_thousand_hostile_frames_and_memory_returns(memory_daemon):
         while any(thread.is_alive() for thread in threads):
             assert c.status(timeout=10)["state"] == "ready"
             served += 1
-            peak = max(peak, rss_mib(memory_daemon.pid))
+            peak = max(peak, memory_daemon.rss_mb())
             time.sleep(0.05)
         for thread in threads:
             thread.join()
         wait_for(lambda: c.status()["connections"] == 1, 30, message="the fuzz connections to close")
-        after = rss_mib(memory_daemon.pid)
+        after = memory_daemon.rss_mb()
     print(f"fuzz: RSS {before:.0f} -> peak {peak:.0f} -> {after:.0f} MiB; {served} status answers meanwhile")
     assert memory_daemon.proc.poll() is None
     assert served > 0

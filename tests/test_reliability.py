@@ -28,7 +28,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from daemon_helpers import DaemonProcess, base_env, raw_connect, read_all, wait_for
+from daemon_helpers import DaemonProcess, base_env, expect_error, raw_connect, read_all, wait_for
 from specd.protocol import ErrorCode, RpcError, pack
 from tiny import make_tiny_pair, make_tokenizer
 
@@ -37,14 +37,6 @@ STARTUP_LIMIT_S = 90.0  # "never a hang": generous for a loaded 2-core machine; 
 
 def uri(name: str) -> str:
     return f"file:///work/reliability/{name}"
-
-
-def expect_error(code: ErrorCode, fn, *args, **kwargs) -> RpcError:
-    with pytest.raises(RpcError) as info:
-        fn(*args, **kwargs)
-    assert info.value.code == code.value, info.value
-    assert info.value.message
-    return info.value
 
 
 # -- start-up faults ------------------------------------------------------------------------------

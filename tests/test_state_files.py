@@ -55,6 +55,13 @@ def _run_cli(args: list[str], env: dict[str, str], timeout: float = 60.0) -> tup
     return proc, time.monotonic() - started
 
 
+def _stop_with_the_cli(d: DaemonProcess) -> None:
+    """``specd stop`` ends the daemon, cleanly and within HANG_S."""
+    proc, took = _run_cli(["stop"], d.env)
+    assert proc.returncode == 0, proc.stderr
+    assert d.proc.wait(HANG_S) == 0 and took < HANG_S
+
+
 def _specd_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
@@ -210,9 +217,7 @@ def test_daemon_serves_on_with_a_fifo_at_its_log_file(tmp_path):
             errors = client.status()["log_errors"]
         assert len(errors) == 1 and "is a FIFO" in errors[0] and "logging to stderr only" in errors[0]
         assert d.stderr().count("is a FIFO") == 1
-        proc, took = _run_cli(["stop"], d.env)
-        assert proc.returncode == 0, proc.stderr
-        assert d.proc.wait(HANG_S) == 0 and took < HANG_S
+        _stop_with_the_cli(d)
     finally:
         d.stop()
 
@@ -231,9 +236,7 @@ def test_daemon_with_stderr_on_a_full_disk_serves_and_stops(tmp_path):
         assert len(errors) == 1 and "cannot write to stderr" in errors[0]
         log_file = Path(d.env["XDG_STATE_HOME"]) / "specd" / "specd.log"
         assert log_file.read_text().count("cannot write to stderr") == 1
-        proc, took = _run_cli(["stop"], d.env)
-        assert proc.returncode == 0, proc.stderr
-        assert d.proc.wait(HANG_S) == 0 and took < HANG_S
+        _stop_with_the_cli(d)
     finally:
         d.stop()
 
