@@ -192,34 +192,12 @@ class DaemonLink:
         settings = self._settings()
         self._spawned_cfg = None
         cfg = self._load_config(settings)
-        path = Path(cfg.socket_path)
-        try:
-            return await AsyncClient.connect_unix(path)
-        except DaemonUnavailable as err:
-            if not settings.spawn:
-                raise DaemonUnavailable(f"{err.message} (start one with `specd serve`, or enable daemon.spawn)") from None
-        self._set_state(SPAWNING, f"starting `specd serve` (log: {spawn_log_path(cfg)})")
-        self._spawned_cfg = cfg
-        try:
-            proc = await asyncio.to_thread(spawn_daemon, cfg)
-        except StateFileError as err:  # the spawn log is a FIFO, a symlink, or on a full disk
-            raise DaemonUnavailable(f"cannot start the daemon: {err}") from None
-        deadline = time.monotonic() + settings.spawn_timeout_s
-        pause = 0.02
-        while time.monotonic() < deadline:
-            try:
-                return await AsyncClient.connect_unix(path)
-            except DaemonUnavailable:
-                pass
-            if proc.poll() is not None:
-                try:  # it may have lost a start-up race to another daemon, which answers now
-                    return await AsyncClient.connect_unix(path)
-                except DaemonUnavailable:
-                    reason = last_spawn_error(cfg) or f"exit status {proc.returncode}"
-                    raise DaemonUnavailable(f"the daemon did not start: {reason} (log: {spawn_log_path(cfg)})") from None
-            await asyncio.sleep(pause)  # bounded polling for the socket to appear
-            pause = min(pause * 2, 0.25)
-        raise DaemonUnavailable(f"no daemon answered at {path} within {settings.spawn_timeout_s:.0f} s")
+
+        def spawning() -> None:
+            self._set_state(SPAWNING, f"starting `specd serve` (log: {spawn_log_path(cfg)})")
+            self._spawned_cfg = cfg
+
+        return await connect_or_spawn(cfg, settings, spawning)
 
     async def _serve(self, client: AsyncClient) -> None:
         self.client = client
@@ -394,6 +372,39 @@ class DaemonLink:
     def replay_folders(self) -> None:
         if self.folders:
             self._send(Method.WORKSPACE, {"folders": self.folders})
+
+
+async def connect_or_spawn(cfg: Any, settings: DaemonSettings, on_spawn: Callable[[], None]) -> AsyncClient:
+    """A client of the daemon on ``cfg``'s socket. When none answers and ``settings.spawn``
+    allows, ``on_spawn()``, then ``specd serve`` is started and its socket awaited for up to
+    ``settings.spawn_timeout_s``; ``DaemonUnavailable`` says why there is none."""
+    path = Path(cfg.socket_path)
+    try:
+        return await AsyncClient.connect_unix(path)
+    except DaemonUnavailable as err:
+        if not settings.spawn:
+            raise DaemonUnavailable(f"{err.message} (start one with `specd serve`, or enable daemon.spawn)") from None
+    on_spawn()
+    try:
+        proc = await asyncio.to_thread(spawn_daemon, cfg)
+    except StateFileError as err:  # the spawn log is a FIFO, a symlink, or on a full disk
+        raise DaemonUnavailable(f"cannot start the daemon: {err}") from None
+    deadline = time.monotonic() + settings.spawn_timeout_s
+    pause = 0.02
+    while time.monotonic() < deadline:
+        try:
+            return await AsyncClient.connect_unix(path)
+        except DaemonUnavailable:
+            pass
+        if proc.poll() is not None:
+            try:  # it may have lost a start-up race to another daemon, which answers now
+                return await AsyncClient.connect_unix(path)
+            except DaemonUnavailable:
+                reason = last_spawn_error(cfg) or f"exit status {proc.returncode}"
+                raise DaemonUnavailable(f"the daemon did not start: {reason} (log: {spawn_log_path(cfg)})") from None
+        await asyncio.sleep(pause)  # bounded polling for the socket to appear
+        pause = min(pause * 2, 0.25)
+    raise DaemonUnavailable(f"no daemon answered at {path} within {settings.spawn_timeout_s:.0f} s")
 
 
 def utf8_size(text: str, limit: int) -> int:
