@@ -343,6 +343,13 @@ def test_the_extension_in_code_server(tools, vsix, tmp_path):
             after the edit whose undo is checked, never between the typing and the accept."""
             return _wait(lambda: (t := saved()) != old and t, EDIT_S, what)
 
+        def undo_and_redo(done: str, before: str, what: str) -> None:
+            """Undo takes ``what`` out in one step, leaving ``before``; redo puts it back."""
+            page.keyboard.press("Control+Z")
+            assert changed(done, f"undo of {what}") == before
+            page.keyboard.press("Control+Shift+Z")
+            assert changed(before, f"redo of {what}") == done
+
         page.click(".monaco-editor .view-lines")
         page.keyboard.press("Control+End")
         # A function body: Enter after the `def` line (VS Code indents), then a word.
@@ -352,10 +359,7 @@ def test_the_extension_in_code_server(tools, vsix, tmp_path):
         text = changed(typed, "the accepted suggestion in the file")
         assert text.startswith(typed) and len(text) > len(typed), text
         # Undo takes the accepted suggestion out in one step and leaves the typing; redo puts it back.
-        page.keyboard.press("Control+Z")
-        assert changed(text, "undo of the accept") == typed
-        page.keyboard.press("Control+Shift+Z")
-        assert changed(typed, "redo of the accept") == text
+        undo_and_redo(text, typed, "the accept")
 
         # Accept one word of the next suggestion: a few characters, no new line.
         page.keyboard.press("Control+End")
@@ -371,10 +375,7 @@ def test_the_extension_in_code_server(tools, vsix, tmp_path):
         assert after.startswith(before) and "\n" not in word and 0 < len(word) < 40, (before, after)
         assert shown.startswith(word), (shown, word)
         # Undo takes back the word only, not the typing before it (no save came between them).
-        page.keyboard.press("Control+Z")
-        assert changed(after, "undo of the word") == before
-        page.keyboard.press("Control+Shift+Z")
-        assert changed(before, "redo of the word") == after
+        undo_and_redo(after, before, "the word")
 
         # Dismiss: Escape hides the ghost text and leaves the file as it was.
         page.keyboard.press("Control+End")
