@@ -574,3 +574,30 @@ def test_a_measured_agreement_lets_a_lagging_draft_model_run_from_the_first_requ
         assert bool(model.calls) == drafts, prior
         if drafts:
             assert model.calls[0] >= 6
+
+
+def test_a_requests_first_step_drafts_only_what_keeps_its_first_token_near_the_prompt_rows_alone():
+    """The first forward also runs the prompt's new tokens, and the editor waits for its first
+    token: where a row costs nearly a step, the draft waits for the second forward."""
+    steep = {1: 10.0, 2: 18.6, 4: 29.0, 8: 50.0, 16: 90.0}
+    planner = DraftPlanner(memory(steep, alphas={"lookup/trusted": 0.95}), [FixedLookup(list(range(16)))])
+    assert planner.first_token_room(1, 40) == 0
+    assert planner.propose([1, 2, 3], 40, lead=1).tokens == []
+    assert planner.propose([1, 2, 3], 40, lead=4).tokens == []
+    assert len(planner.propose([1, 2, 3], 40)) > 1  # the next steps price tokens per ms alone
+    # Where width is nearly free (a GPU), the first forward carries the draft, as far as the slack goes.
+    planner = DraftPlanner(memory(FLAT, alphas={"lookup/trusted": 0.95}), [FixedLookup(list(range(16)))])
+    room = planner.first_token_room(1, 40)
+    assert 4 <= room < 16
+    assert len(planner.propose([1, 2, 3], 40, lead=1)) == room
+    # Wider prompt rows leave room for more draft rows within the same slack.
+    assert planner.first_token_room(8, 40) > room
+
+
+def test_a_first_steps_token_tree_stays_within_the_first_tokens_room():
+    from specd.engine.speculation.drafters import DraftTree
+    planner = tree_planner(FLAT, contested_first=0.5)
+    room = planner.first_token_room(1, 16)
+    draft = planner.propose([0], 16, lead=1)
+    assert len(draft) <= room
+    assert isinstance(planner.propose([0], 16), DraftTree)

@@ -107,7 +107,9 @@ def decode_steps(
         if out and time.monotonic() > deadline:
             return DecodeOutcome(out, "time_budget", forwards, first_token_s, suspended_s)
         room = max_tokens - len(out) - 1  # one token of each step is the target's own
-        draft = planner.propose(seq, room)
+        # The first step's forward also runs the prompt's new tokens (the lead): its draft is priced
+        # against the first token's wait as well as against tokens per ms.
+        draft = planner.propose(seq, room, lead=0 if out else len(seq) - held)
         if constraint is not None and not isinstance(draft, DraftTree) and draft.tokens and (
                 draft.probs is None or sampling.greedy):
             draft = _allowed_part(draft, constraint, out)

@@ -25,6 +25,11 @@ TREE = "tree"  # SourceStats of token trees: steps, branches beyond the first (p
 CONTESTED = "/contested"  # a kind's acceptance where another source's draft starts with another token ...
 RIVAL = "/rival"  # ... and that of the other source's draft there (measured on every such step, tree or not)
 UNKNOWN_PRIOR: Prior = (0.3, 0.5)  # a kind no drafter declared a prior for
+# A request's first forward also runs the prompt's new tokens, and the editor waits for its first
+# token: that forward carries draft rows only while they keep it within this factor of the prompt
+# rows' forward alone (where extra rows cost next to nothing, as on a GPU, drafts still go along;
+# where each row costs about as much as a step, the draft waits for the second forward).
+FIRST_TOKEN_SLACK = 1.1
 
 
 @dataclass
@@ -98,7 +103,22 @@ class DraftPlanner:
             later += power
         return best_k, best_rate
 
-    def propose(self, seq: Sequence[int], room: int) -> Draft | DraftTree:
+    def first_token_room(self, lead: int, room: int) -> int:
+        """Draft tokens (at most ``room``) a forward of ``lead`` prompt rows may carry while its cost
+        stays within ``FIRST_TOKEN_SLACK`` of theirs alone."""
+        table = self.memory.costs.target_table(lead + room)
+        k = 0
+        while k < room and table[lead + k + 1] <= FIRST_TOKEN_SLACK * table[lead]:
+            k += 1
+        return k
+
+    def propose(self, seq: Sequence[int], room: int, lead: int = 0) -> Draft | DraftTree:
+        """The draft for the next step, at most ``room`` tokens. ``lead``: on a request's first
+        step, the prompt tokens its forward runs before the draft; the draft is then cut to what
+        keeps the first token's wait near theirs alone (``first_token_room``)."""
+        widest = None
+        if lead:
+            room = widest = self.first_token_room(lead, room)
         if room <= 0:
             return EMPTY
         best, best_rate = EMPTY, 1.0 / self.memory.costs.step_ms(1, 1)
@@ -136,11 +156,11 @@ class DraftPlanner:
                 if cost.recordings == recordings:  # a step that recorded a CUDA graph first is no measure
                     self.memory.costs.record_draft(catch_up, cost.forwards - forwards,
                                                    (time.perf_counter() - started) * 1000)
-                return self._tree(draft, alternatives)
+                return self._tree(draft, alternatives, widest)
             self.memory.steps_unpriced[cost.kind] = self.memory.steps_unpriced.get(cost.kind, 0) + 1
             unchosen.append(cost.kind)
         self._relax([kind for kind in unchosen if not best.tokens or kind != best.kind])
-        return self._tree(best, alternatives)
+        return self._tree(best, alternatives, widest)
 
     def _offers(self, seq: Sequence[int], room: int) -> list[list[Draft]]:
         """Per drafter that costs nothing to ask, in priority order: its drafts (all its candidates
@@ -161,10 +181,10 @@ class DraftPlanner:
         """``draft`` carrying its drafter's kind for it (what it is priced and learnt under)."""
         return dataclasses.replace(draft, kind=drafter.kind(draft)) if draft.tokens else draft
 
-    def _tree(self, chosen: Draft, alternatives: list[Draft]) -> Draft | DraftTree:
+    def _tree(self, chosen: Draft, alternatives: list[Draft], widest: int | None = None) -> Draft | DraftTree:
         """``chosen``, or a token tree of it and the alternatives (other sources' drafts) that
         raise the expected tokens per millisecond enough to pay for a wider forward, at most
-        ``TREE_BRANCHES`` drafts. An alternative adds what it proposes from where it leaves the
+        ``TREE_BRANCHES`` drafts and ``widest`` tokens in all. An alternative adds what it proposes from where it leaves the
         chosen draft (its first token, or one after a shared start), cut to its best length;
         where another branch already leaves at that point with that token, it adds nothing.
 
@@ -206,7 +226,8 @@ class DraftPlanner:
             next_stands = self.memory.of(rivals[draft.tokens[0]]).first if shared == 0 else acceptance.then
             odds = min(next_stands, left[shared])
             best_k, best_rate = 0, rate
-            for k in range(1, len(draft) - shared + 1):
+            longest = len(draft) - shared if widest is None else min(len(draft) - shared, widest + 1 - width)
+            for k in range(1, longest + 1):
                 more = tokens + reach * odds * (1.0 + acceptance.expected_after_first(k))
                 branch_rate = more / costs.step_ms(width + k, more)
                 if branch_rate > best_rate:
