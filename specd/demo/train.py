@@ -322,8 +322,8 @@ def train(settings: Settings, out_dir: Path, command: str) -> int:
     else:
         target = build_model(settings.target, settings, eos_id)
         draft = build_model(settings.draft, settings, eos_id)
-    # bfloat16 autocast where the CPU has bfloat16 arithmetic; emulated (AVX2 only) it is ~12x slower
-    # than float32 (measured: 53 s vs 4.3 s for one 2048-token step of the dev-llama target).
+    # bfloat16 autocast where the CPU has bfloat16 arithmetic; emulated (AVX2 only) it is an order of
+    # magnitude slower than float32 (docs/train-draft.md, "Timings behind the trainers' comments").
     bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     print(f"precision: {'bfloat16 autocast' if bf16 else 'float32 (no bfloat16 arithmetic on this CPU)'}", flush=True)
     target.train()
@@ -563,7 +563,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def run_train_demo(args: argparse.Namespace, cfg: Any = None) -> int:
     """Entry point for ``specd train-demo``; returns the process exit status."""
     # Spinning OpenMP workers stall for seconds per step when other processes share the
-    # cores (measured: 1.5 s/step passive vs 5-10 s spinning on 2 busy cores). Read once,
+    # cores (docs/train-draft.md, "Timings behind the trainers' comments"). Read once,
     # when torch first loads, so this only helps when torch is not imported yet.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     settings = settings_from_args(args)
