@@ -96,7 +96,7 @@ class FixedPlanner:
         self.chains: Counter = Counter()  # draft length -> how many steps proposed that many
         self.cut = 0  # steps whose draft came back shorter than asked
 
-    def propose(self, seq, room):
+    def propose(self, seq, room, lead=0):  # drafts on the first step too: the rule under test is acceptance
         asked = min(room, self.length)
         draft = self.drafter.propose(seq, asked) if asked > 0 else Draft([], "none")
         self.chains[len(draft)] += 1
@@ -517,7 +517,7 @@ class TreePlanner(FixedPlanner):
         self.lookups = lookups
         self.trees = 0
 
-    def propose(self, seq, room):
+    def propose(self, seq, room, lead=0):
         asked = min(room, self.length)
         if asked <= 0:
             return Draft([], "none")

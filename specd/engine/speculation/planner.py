@@ -116,9 +116,10 @@ class DraftPlanner:
         """The draft for the next step, at most ``room`` tokens. ``lead``: on a request's first
         step, the prompt tokens its forward runs before the draft; the draft is then cut to what
         keeps the first token's wait near theirs alone (``first_token_room``)."""
-        widest = None
+        widest = None  # most draft tokens in all, a token tree's branches together
         if lead:
-            room = widest = self.first_token_room(lead, room)
+            widest = self.first_token_room(lead, TREE_BRANCHES * room)
+            room = min(room, widest)
         if room <= 0:
             return EMPTY
         best, best_rate = EMPTY, 1.0 / self.memory.costs.step_ms(1, 1)
