@@ -18,6 +18,7 @@ class Method(str, Enum):
     STATUS = "status"
     SHUTDOWN = "shutdown"
     WORKSPACE = "workspace"
+    FOCUS = "focus"
 
 
 # Notification the daemon sends when it cannot tie an error to a request (undecodable bytes,
@@ -40,6 +41,12 @@ LSP_ACCEPTED_COMMAND = "specd.accepted"
 # "position"} (the request's; position in the negotiated encoding). A plugin asks again there
 # and gets the longer item from specd-lsp's cache, with no model work.
 LSP_SUGGESTION_GREW_METHOD = "specd/suggestionGrew"
+# The editor plugins' notification to specd-lsp that the cursor came to rest in an open document
+# (it was opened, or the cursor jumped there): params {"textDocument": {"uri"}, "position"}
+# (position in the negotiated encoding). specd-lsp passes it on as the socket's ``focus``; the
+# daemon prefills, in idle time, the prompt a completion there would need, so the first
+# keystroke's suggestion does not wait for it.
+LSP_FOCUS_NOTIFICATION = "specd/didFocus"
 
 # Position encodings a cursor or edit range may use for its ``character`` field, named as in
 # LSP's positionEncoding: utf-32 counts code points, utf-16 counts UTF-16 code units (LSP's
