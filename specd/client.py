@@ -84,6 +84,12 @@ class _Methods:
     def close_document(self, uri: str, timeout: float | None = 10.0):
         return self.request(Method.CLOSE.value, {"uri": uri}, timeout)
 
+    def focus(self, uri: str, cursor: Any, encoding: str | None = None, timeout: float | None = 10.0):
+        """The editor's cursor came to rest in the open document ``uri``: the daemon prefills
+        for a completion there in idle time. {"uri", "focused"}: focused is False where the
+        document is not open."""
+        return self.request(Method.FOCUS.value, _params(uri=uri, cursor=cursor, encoding=encoding), timeout)
+
     def complete(self, uri: str | None = None, cursor: Any = None, *, text: str | None = None,
                  options: dict[str, Any] | None = None, extra_context: list[dict[str, str]] | None = None,
                  path: str | None = None, encoding: str | None = None, timeout: float | None = 300.0,

@@ -160,5 +160,55 @@ def test_through_the_daemon_a_cold_document_answers_narrow_then_full(tmp_path, t
         assert "answered from a narrow window (last 64 tokens)" in line, line
         cache = next(line for line in lines if line.startswith("cache"))  # KV bytes per document
         assert f"largest: {URI} " in cache and " MiB (" in cache, cache
+
+        # A cursor come to rest in another document just opened (the socket's focus): idle time
+        # fills its window, then its full prompt, before any request there.
+        other = "file:///proj/other.py"
+        with proc.client() as client:
+            client.open_document(other, text)
+            assert client.focus("file:///proj/never-opened.py", {"offset": 0}) == {
+                "uri": "file:///proj/never-opened.py", "focused": False}
+            with pytest.raises(Exception, match="out_of_range|out of range"):
+                client.focus(other, {"line": 10**6, "character": 0})
+            line = text[:offset].count("\n")
+            assert client.focus(other, {"line": line, "character": 4}) == {"uri": other, "focused": True}
+            wait_for(lambda: daemon_idle(proc.socket_path), timeout=60, message="the daemon idle")
+            status = client.status()
+            assert status["documents"]["focus"] == {"received": 1, "not_open": 1}
+            assert status["engine"]["first_suggestion"]["windows_prefilled_ahead"] >= 1
+            result = client.complete(uri=other, cursor={"offset": offset}, options={"max_tokens": 8})
+            assert result["window_tokens"] is None and result["prefill_computed"] <= 2
     finally:
         proc.stop()
+
+
+def test_a_focus_prefills_the_window_at_the_cursor_before_the_first_keystroke(llama_pair, sample_source):
+    """The editor says where its cursor came to rest in a document just opened: idle time fills
+    the narrow window there first, then the full prompt; the first keystroke's request reuses the
+    window, prefilling only what the keystroke added."""
+    target, _ = llama_pair
+    engine = make_engine(target, None)
+    engine.cold = SlowMachine(1000, 10.0)
+    text, offset = long_document(sample_source)
+    engine.open_document(URI, text)
+    assert not engine.focus_document("file:///proj/not-open.py", 0)
+    assert not engine.focus_document(URI, len(text) + 1)
+    assert engine.focus_document(URI, offset)
+    assert engine.prefill_pending(10.0)  # one slice: the window, the full prompt still to come
+    narrow = engine.caches.peek(narrow_key(URI))
+    assert narrow is not None and narrow.window == MIN_WINDOW and len(narrow.target.ids) > MIN_WINDOW // 2
+    assert engine.caches.peek(URI) is None
+    assert engine.stats()["first_suggestion"]["windows_prefilled_ahead"] == 1
+
+    text = text[:offset] + "x" + text[offset:]
+    engine.update_document(URI, text, offset + 1)
+    first = engine.complete(CompletionRequest(uri=URI, offset=offset + 1, max_tokens=12))
+    assert first.window_tokens == MIN_WINDOW and first.prefill_computed <= 4
+    assert_lossless(engine, first, 12)
+
+    while engine.prefill_pending(0.05):  # then the full prompt, in the document's own cache
+        pass
+    warm = engine.complete(CompletionRequest(uri=URI, offset=offset + 1, max_tokens=12))
+    assert warm.window_tokens is None and warm.prefill_computed <= 2
+    assert_lossless(engine, warm, 12)
+    assert engine.stats()["first_suggestion"]["windows_prefilled_ahead"] == 1

@@ -62,6 +62,13 @@ class StatsOnLoop(Protocol):
 
 
 @runtime_checkable
+class FocusesDocuments(Protocol):
+    """An engine that prefills, in idle time, where an editor's cursor came to rest."""
+
+    def focus_document(self, uri: str, offset: int) -> bool: ...
+
+
+@runtime_checkable
 class CorpusEngine(Protocol):
     """An engine whose prompt lookup also searches workspace files."""
 

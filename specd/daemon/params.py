@@ -340,6 +340,18 @@ def parse_close(params: dict[str, Any]) -> CloseParams:
 
 
 @dataclass(frozen=True)
+class FocusParams:
+    uri: str
+    cursor: Cursor
+
+
+def parse_focus(params: dict[str, Any]) -> FocusParams:
+    if "cursor" not in params:
+        raise param_error("focus needs a cursor")
+    return FocusParams(get_uri(params), parse_cursor(params["cursor"], params.get("encoding")))
+
+
+@dataclass(frozen=True)
 class CompleteParams:
     """``request`` is the engine's request as the wire gave it: the open document ``uri`` when
     its ``text`` is None, else the stateless ``text``; its offset is None until the handler

@@ -51,6 +51,7 @@ from specd.daemon.params import (
     parse_change,
     parse_close,
     parse_complete,
+    parse_focus,
     parse_hello,
     parse_open,
     parse_workspace,
@@ -167,7 +168,8 @@ class Daemon:
                                          waiting_on_thread=self._waiting_on_thread)
         self.status = StatusMethods(cfg, socket_path=self.socket_path, worker=self.worker, buffers=self.buffers,
                                     completions=self.scheduler, completion=self.completion, workspace=self.workspace,
-                                    connections=self.connections, engine=engine_stats, limits=self.limits)
+                                    connections=self.connections, engine=engine_stats, limits=self.limits,
+                                    focus_counts=self.documents.focus_counts)
         self.folders = FolderMethods(self.workspace)
         self.methods: dict[str, Route] = {
             Method.HELLO: Route(parse_hello, self.status.hello),
@@ -179,6 +181,7 @@ class Daemon:
             Method.STATUS: Route(no_params, self.status.status),
             Method.SHUTDOWN: Route(no_params, self.shutdown),
             Method.WORKSPACE: Route(parse_workspace, self.folders.workspace_folders),
+            Method.FOCUS: Route(parse_focus, self.documents.focus),
         }
         self._ids = itertools.count(1)
         self.shutting_down = False

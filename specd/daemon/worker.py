@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generator
 
-from specd.daemon.engine_api import CorpusEngine, idle_work
+from specd.daemon.engine_api import CorpusEngine, FocusesDocuments, idle_work
 from specd.daemon.heap import ClosedMemory
 from specd.daemon.scheduler import Job, Scheduler
 from specd.protocol.errors import ErrorCode, RpcError
@@ -262,8 +262,9 @@ LARGE_POLL_S = 0.01  # how often held updates are looked at again
 
 @dataclass
 class _Pending:
-    text: str | None  # None: closed
+    text: str | None  # None: closed, unless ``focus`` is set (a focus alone)
     cursor: int | None = None
+    focus: int | None = None  # where the editor's cursor came to rest, after the text (``focus``)
     owner: int | None = None  # the connection that sent it
     first_at: float = 0.0  # when the oldest update not yet sent came in
     last_at: float = 0.0  # when the latest came in
@@ -306,6 +307,17 @@ class DocumentMirror:
             held = self._pending.get(uri)
             first_at = held.first_at if held is not None and held.text is not None else now
             self._pending[uri] = _Pending(text, cursor, owner, first_at, now, held is not None and held.urgent)
+            self._cond.notify()
+
+    def focus(self, uri: str, offset: int) -> None:
+        """The editor's cursor came to rest at ``offset`` of ``uri``'s latest text: the engine
+        hears it after that text (a close meanwhile makes it moot)."""
+        with self._cond:
+            held = self._pending.get(uri)
+            if held is None:
+                self._pending[uri] = _Pending(None, focus=offset)
+            elif held.text is not None or held.focus is not None:
+                held.focus = offset
             self._cond.notify()
 
     def close(self, uri: str) -> None:
@@ -371,16 +383,20 @@ class DocumentMirror:
                 self._engine_seen, self._known = engine, {}
             for uri, latest in batch.items():
                 try:
-                    if latest.text is None:
+                    if latest.text is None and latest.focus is None:
                         if uri in self._known:
                             self.closed_memory.closed(self._known.pop(uri))
                             engine.close_document(uri)
+                    elif latest.text is None:
+                        pass  # a focus alone: the engine has the text it was given on
                     elif uri in self._known:
                         engine.update_document(uri, latest.text, latest.cursor)
                         self._known[uri] = len(latest.text)
                     else:
                         engine.open_document(uri, latest.text)
                         self._known[uri] = len(latest.text)
+                    if latest.focus is not None and uri in self._known and isinstance(engine, FocusesDocuments):
+                        engine.focus_document(uri, latest.focus)
                 except Exception:  # the engine's lookup index is an optimisation: log, go on
                     log.exception("engine document sync failed for %s", uri)
             batch = latest = None  # the closed texts' last references, dropped before the trim

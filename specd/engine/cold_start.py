@@ -11,6 +11,10 @@ same budget, requests answer from the full prompt again.
 A document keeps its window's size while the measured speed still affords it within a margin,
 so successive keystrokes ask for the same window, whose start stays put, and reuse its cache as
 the full prompt's requests do.
+
+Where the editor says where its cursor came to rest (the socket's ``focus``: a document just
+opened, or a jump), idle prefill fills that window first, then the full prompt, so the first
+keystroke there finds the window ready.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class ColdStart:
         self._ms_per_token: float | None = None
         self._lock = threading.Lock()
         self.narrow_answers = 0  # requests answered from a narrow window
+        self.windows_ahead = 0  # narrow windows idle prefill filled before a request there
         self.last_window: Window | None = None
 
     def seed(self, ms_per_token: float | None) -> None:
@@ -102,6 +107,12 @@ class ColdStart:
             return None
         return Window(size, pending)
 
+    def prefilled_ahead(self, window: int, uri: str) -> None:
+        """Idle prefill filled a ``window``-token narrow window at a document's cursor."""
+        with self._lock:
+            self.windows_ahead += 1
+        log.debug("%s: a %d-token window prefilled at the cursor ahead of its first request", uri, window)
+
     def answered(self, window: Window, uri: str) -> None:
         with self._lock:
             self.narrow_answers += 1
@@ -121,6 +132,7 @@ class ColdStart:
                     "prefill_tokens_per_s": round(1000 / per_token, 1) if per_token else None,
                     "affordable_tokens": affordable,
                     "narrow_answers": self.narrow_answers,
+                    "windows_prefilled_ahead": self.windows_ahead,
                     "last_window_tokens": last.tokens if last else None}
 
 

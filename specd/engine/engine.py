@@ -139,6 +139,12 @@ class Engine(Fronted):
         self.front.documents.update(uri, text, cursor)
         self._buffers.set(uri, text)
 
+    def focus_document(self, uri: str, offset: int) -> bool:
+        """The editor's cursor came to rest at ``offset`` (``Documents.focus``): idle time
+        prefills for a completion there, a narrow window first where the full prompt would keep
+        the first suggestion waiting (``IdleWork.prefill_pending``)."""
+        return self.front.documents.focus(uri, offset)
+
     def close_document(self, uri: str) -> None:
         self.front.close_document(uri)
         self._buffers.remove(uri)
@@ -171,11 +177,12 @@ class Engine(Fronted):
     # -- prompts ---------------------------------------------------------------------------
 
     def build_prompt(self, uri: str | None, text: str, offset: int, chunks=None, path: str | None = None,
-                     heal: bool | None = None) -> Prompt:
-        """The document's prompt for a cursor at ``offset`` (``EngineFront.build_prompt``),
-        healed as ``engine.token_healing`` says unless ``heal`` says otherwise."""
+                     heal: bool | None = None, window: int | None = None) -> Prompt:
+        """The document's prompt for a cursor at ``offset`` (``EngineFront.build_prompt``; with
+        ``window``, the narrow one), healed as ``engine.token_healing`` says unless ``heal`` says
+        otherwise."""
         heal = self.options.token_healing if heal is None else heal
-        return self.front.build_prompt(uri, text, offset, chunks, path, heal=heal)
+        return self.front.build_prompt(uri, text, offset, chunks, path, heal=heal, window=window)
 
     def healing_constraint(self, healed: str, prompt_length: int, newline: str = "\n"):
         """The token-healing constraint as ``generate(prefix_allowed_tokens_fn=...)`` takes it

@@ -9,6 +9,7 @@ import time
 from typing import Protocol
 
 from specd.engine.caches import CacheStore, DocumentState, common_prefix
+from specd.engine.cold_start import ColdStart, narrow_key
 from specd.engine.front.corpus import OpenBuffers
 from specd.engine.front.prompt import Prompt
 from specd.engine.resident import Resident, new_state, settle_heap, widest_verify
@@ -20,9 +21,10 @@ class IdleHost(Resident, Protocol):
     """What idle work reads of its engine."""
 
     caches: CacheStore
+    cold: ColdStart
 
     def build_prompt(self, uri: str | None, text: str, offset: int, chunks=None, path: str | None = None,
-                     heal: bool | None = None) -> Prompt: ...
+                     heal: bool | None = None, window: int | None = None) -> Prompt: ...
 
 
 class IdleWork:
@@ -69,6 +71,9 @@ class IdleWork:
         chunks = engine.front.context.active(uri) if engine.options.auto_context else []
         prompt = engine.build_prompt(uri, text, offset, chunks, uri).ids[:-1]
         caches = engine.caches
+        if self._narrow_first(uri, text, offset, prompt, budget_s):
+            documents.resume_edited(uri, offset)  # the full prompt next
+            return True
         state = caches.get(uri)
         if state is None:
             state = new_state(engine.pair, engine.paths)
@@ -85,6 +90,35 @@ class IdleWork:
             documents.resume_edited(uri, offset)  # not done: resume here next slice
         caches.enforce_budget(keep=uri)
         return not done or documents.edits_waiting()
+
+    def _narrow_first(self, uri: str, text: str, offset: int, prompt: list[int], budget_s: float) -> bool:
+        """Where a request at ``offset`` would answer from a narrow window (``cold_start``: the
+        full ``prompt`` needs more prefill than the first suggestion's budget affords), prefill
+        that window's prompt first, into the window's own cache: the keystroke there then finds
+        it ready. False once it is (or where no window would serve): the full prompt's turn."""
+        engine = self.engine
+        caches = engine.caches
+        full = caches.peek(uri)
+        pending = len(prompt) - (common_prefix(full.target.ids, prompt) if full is not None else 0)
+        key = narrow_key(uri)
+        narrow = caches.peek(key)
+        window = engine.cold.window(pending, len(prompt) + 1, narrow.window if narrow is not None else None)
+        if window is None:
+            return False
+        ids = engine.build_prompt(uri, text, offset, None, uri, window=window.tokens).ids[:-1]
+        if narrow is not None and narrow.window == window.tokens and common_prefix(narrow.target.ids, ids) == len(ids):
+            return False  # ready
+        if narrow is None:
+            narrow = new_state(engine.pair, engine.paths)
+            caches.put(key, narrow)
+        narrow.window = window.tokens
+        before, started = common_prefix(narrow.target.ids, ids), time.monotonic()
+        done = narrow.prefill(ids, deadline=started + budget_s, piece=engine.cold.piece_tokens())
+        engine.cold.observe(len(narrow.target.ids) - before, time.monotonic() - started)
+        if done:
+            engine.cold.prefilled_ahead(window.tokens, uri)
+        caches.enforce_budget(keep=key)
+        return True
 
     def warm_context(self, budget_s: float) -> bool:
         """Choose the latest document's context chunks; when they changed, prefill a fresh KV

@@ -1,13 +1,15 @@
-"""``open``, ``change`` and ``close``: the open buffers, each request on a document after the
-ones before it, a long change applied in steps while the loop serves other clients.
+"""``open``, ``change``, ``close`` and ``focus``: the open buffers, each request on a document
+after the ones before it, a long change applied in steps while the loop serves other clients.
 
 After each, the document's latest text goes to the worker's ``DocumentMirror`` (with, after a
 ranged change, where its last edit ended: idle prefill warms the cache where the user types).
+``focus`` tells it where the editor's cursor came to rest, for idle prefill there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from typing import Any, AsyncIterator, Callable
 
@@ -21,9 +23,10 @@ from specd.daemon.buffers import (
     edit_end,
     in_pieces,
     index_in_steps,
+    locate,
     yield_turns,
 )
-from specd.daemon.params import ChangeParams, CloseParams, Edits, OpenParams
+from specd.daemon.params import ChangeParams, CloseParams, Edits, FocusParams, LineCursor, OpenParams
 from specd.daemon.worker import DocumentMirror
 
 # A change with many edits is applied in steps of about EDIT_STEP_S, the loop serving other
@@ -73,6 +76,7 @@ class DocumentMethods:
         self.mirror = mirror
         self._on_closed = on_closed  # a document is gone: its running complete is moot
         self._waiting_on_thread = waiting_on_thread  # some request waits on a thread (see EDIT_STEP_S)
+        self.focus_counts: collections.Counter[str] = collections.Counter()  # received, not_open
 
     async def open(self, conn: Connection, params: OpenParams, msgid: int | None) -> dict[str, Any]:
         async with self.locks.hold(params.uri):
@@ -114,6 +118,21 @@ class DocumentMethods:
         await yield_turns()
         if self._waiting_on_thread():
             await asyncio.sleep(EDIT_PAUSE_S)
+
+    async def focus(self, conn: Connection, params: FocusParams, msgid: int | None) -> dict[str, Any]:
+        """The editor's cursor came to rest in an open document: where, for idle prefill there.
+        A document not open here is no error (its open may still be on the way): ``focused``
+        says whether it was."""
+        async with self.locks.hold(params.uri):
+            doc = self.buffers.docs.get(params.uri)
+            if doc is None:
+                self.focus_counts["not_open"] += 1
+                return {"uri": params.uri, "focused": False}
+            index = await document_index(doc) if isinstance(params.cursor, LineCursor) else doc.index
+            offset = locate(index, params.cursor)
+        self.focus_counts["received"] += 1
+        self.mirror.focus(params.uri, offset)
+        return {"uri": params.uri, "focused": True}
 
     async def close(self, conn: Connection, params: CloseParams, msgid: int | None) -> dict[str, Any]:
         async with self.locks.hold(params.uri):

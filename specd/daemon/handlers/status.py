@@ -11,7 +11,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from specd import __version__
 from specd.daemon.admission import Connection
@@ -71,7 +71,8 @@ class EngineStats:
 class StatusMethods:
     def __init__(self, cfg: Any, *, socket_path: Path, worker: ModelWorker, buffers: BufferStore,
                  completions: Scheduler, completion: CompletionMethods, workspace: Workspace,
-                 connections: dict[int, Connection], engine: EngineStats, limits: Callable[[], dict[str, Any]]):
+                 connections: dict[int, Connection], engine: EngineStats, limits: Callable[[], dict[str, Any]],
+                 focus_counts: Mapping[str, int] | None = None):
         self.cfg = cfg
         self.socket_path = socket_path
         self.worker = worker
@@ -82,6 +83,7 @@ class StatusMethods:
         self.connections = connections
         self.engine = engine
         self.limits = limits  # what hello reports of the daemon's limits
+        self.focus_counts = focus_counts if focus_counts is not None else {}  # ``focus`` calls: received, not_open
         self.started_at = time.time()
 
     def _models(self) -> dict[str, Any]:
@@ -161,7 +163,9 @@ class StatusMethods:
                 "queued": len(self.completions),
                 "running": current.label if current is not None else None,
             },
-            "documents": self.buffers.stats(conn.id),
+            "documents": {**self.buffers.stats(conn.id),
+                          "focus": {"received": self.focus_counts.get("received", 0),
+                                    "not_open": self.focus_counts.get("not_open", 0)}},
             "workspace": {**self.workspace.stats(), "index": engine_stats.get("workspace")},
             "connections": len(self.connections),
             "queues": self._queues(),

@@ -93,6 +93,18 @@ class Documents:
             doc = self._docs.get(uri)
             return uri, offset, doc.text if doc else None
 
+    def focus(self, uri: str, offset: int) -> bool:
+        """The cursor came to rest at ``offset`` of an open document (opened, or jumped to): idle
+        prefill warms its cache for a completion there next, as after an edit ending there.
+        False where the document is not open here or edits are not tracked."""
+        with self._lock:
+            doc = self._docs.get(uri)
+            if not self.track_edits or doc is None or not 0 <= offset <= len(doc.text):
+                return False
+            self._edited[uri] = offset
+            self._edited.move_to_end(uri)
+            return True
+
     def resume_edited(self, uri: str, offset: int) -> None:
         """Put an edit back for the next slice of idle work, unless a newer edit came meanwhile."""
         with self._lock:
