@@ -45,6 +45,13 @@ def test_the_window_follows_the_measured_speed():
     cold.observe(1000, 40.0)  # ... until the machine gets much slower; never under the floor
     assert cold.window(1500, 2000, current=192).tokens == MIN_WINDOW
     assert ColdStart(0).window(5000, 6000) is None  # first_suggestion_ms = 0: always the full prompt
+    # A document answering from a window keeps it until what is left of its full prompt takes no
+    # longer than an idle piece (here 30 tokens); one without a window takes the budget's prefill.
+    steady = ColdStart(1000)
+    steady.observe(200, 1.0)
+    assert steady.affordable() == 200 and steady.piece_tokens() == 30
+    assert steady.window(200, 2000) is None and steady.window(200, 2000, current=192).tokens == 192
+    assert steady.window(30, 2000, current=192) is None
     small = ColdStart(1000)
     small.observe(100, 0.1)
     assert small.piece_tokens() == 150  # idle pieces of about 150 ms at the measured speed

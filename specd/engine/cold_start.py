@@ -6,7 +6,8 @@ narrower window: as many prompt tokens as this machine prefills within
 ``engine.first_suggestion_ms``, measured from the engine's own prefills, never guessed. The full
 prompt keeps prefilling in idle time in the document's own cache, which the narrow window's
 requests never touch, so nothing computed is thrown away; once what is left of it fits the
-same budget, requests answer from the full prompt again.
+same budget (for a document answering from a window: an idle piece's worth), requests answer
+from the full prompt again.
 
 A document keeps its window's size while the measured speed still affords it within a margin,
 so successive keystrokes ask for the same window, whose start stays put, and reuse its cache as
@@ -96,9 +97,14 @@ class ColdStart:
         ``pending`` tokens prefilled; None where the full prompt fits the budget (or narrowing
         would not shorten it). ``current``: the size of the document's window so far, kept while
         the budget still affords it within ``KEEP_MARGIN`` (and it is not under half of what the
-        budget affords), so its cache serves the next keystroke."""
+        budget affords), so its cache serves the next keystroke. A document with a window goes
+        back to its full prompt only once what is left of it takes no longer than an idle piece
+        (``piece_tokens``): its warm window answers a keystroke sooner than most of a budget's
+        prefill would."""
         affordable = self.affordable()
-        if affordable is None or pending <= affordable:
+        if affordable is None:
+            return None
+        if pending <= (affordable if current is None else min(affordable, self.piece_tokens())):
             return None
         size = max(MIN_WINDOW, affordable // WINDOW_STEP * WINDOW_STEP)
         if current is not None and affordable / 2 <= current <= max(MIN_WINDOW, affordable * KEEP_MARGIN):
