@@ -11,6 +11,9 @@ Document sync is ordered by construction: every open/change/close is written to 
 synchronously, in the order the editor's notifications arrive, and only its answer is awaited
 (in a callback that re-sends the whole document if the daemon refused an edit).
 
+The editor's cursor hints (``focus``: where the cursor came to rest) are written the same way,
+their answers only logged; the last one is sent again once a (re)connected daemon is ready.
+
 The daemon's limits come with its ``hello`` answer. A document over them (bytes, or a message
 over the frame limit) is kept out: never sent, closed on the daemon if it was open there,
 answered locally with ``document_too_large`` when completed, and sent again whole once an edit
@@ -99,6 +102,8 @@ class DaemonLink:
         self._closing = False
         self._ready = asyncio.Event()
         self._served_ready = False  # the current connection reached READY
+        self._hint: tuple[str, int, int] | None = None  # the editor's last cursor hint (focus)
+        self._focused: dict[str, int] = {}  # per document, the line of the last focus sent
         self._spawned_cfg: Any = None  # the config of the daemon we last spawned, for its log
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -219,6 +224,9 @@ class DaemonLink:
             raise RpcError(ErrorCode.MODEL_LOAD_ERROR, self.daemon_status.get("last_error") or "model load failed")
         self._served_ready = True
         self._set_state(READY)
+        self._focused.clear()
+        if self._hint is not None:  # a daemon just started or restarted holds no prefill yet
+            self.focus(*self._hint)
         await client.wait_closed()
 
     # -- requests --------------------------------------------------------------------------
@@ -351,6 +359,9 @@ class DaemonLink:
 
     def close_document(self, uri: str) -> None:
         self._closes += 1
+        self._focused.pop(uri, None)
+        if self._hint is not None and self._hint[0] == uri:
+            self._hint = None
         self.over_budget.pop(uri, None)
         if uri in self.held_out:
             self.held_out.discard(uri)
@@ -361,6 +372,33 @@ class DaemonLink:
         """After (re)connecting: the daemon holds nothing of ours, so send every document."""
         for doc in self.documents:
             self.open(doc)
+
+    # -- cursor hints ----------------------------------------------------------------------
+
+    def focus(self, uri: str, line: int, character: int) -> None:
+        """The editor's cursor came to rest at code point ``character`` of ``line`` in ``uri``: the
+        daemon's ``focus``, so that it prefills there in idle time. A hint, never awaited: sent
+        only for a document the daemon holds, while it is ready (the last one waits for that),
+        and once per line (a move along the line keeps most of the prompt); dropped silently
+        when the daemon cannot take it."""
+        self._hint = (uri, line, character)
+        client = self.client
+        if self.state != READY or client is None or client.closed or uri not in self.documents or uri in self.held_out:
+            log.debug("focus on %s not sent: the daemon is %s or does not hold it", uri, self.state)
+            return
+        if self._focused.get(uri) == line:
+            return
+        # Code points, as every position specd-lsp sends the daemon (its documents' own unit). A
+        # request, not a notification: the daemon acts on no notification but cancel; the
+        # answer (``focused``: whether it held the document) is only logged.
+        params = {"uri": uri, "cursor": {"line": line, "character": character}, "encoding": "utf-32"}
+        try:
+            _, answer = client.send_request(Method.FOCUS, params)
+        except (RpcError, TypeError, ValueError) as err:  # closing; a URI msgpack cannot carry
+            log.debug("focus on %s not sent: %s", uri, err)
+            return
+        self._focused[uri] = line
+        answer.add_done_callback(_focus_answered)
 
     # -- workspace folders -----------------------------------------------------------------
 
@@ -423,6 +461,15 @@ def default_config(settings: DaemonSettings) -> Any:
         return load_config(overrides=overrides)
     except Exception as err:  # ConfigError: one line naming the key
         raise RpcError(ErrorCode.DAEMON_UNAVAILABLE, f"specd config: {err}") from None
+
+
+def _focus_answered(answer: asyncio.Future[Any]) -> None:
+    if answer.cancelled():
+        return
+    if (err := answer.exception()) is not None:
+        log.debug("focus not taken: %s", err)  # a hint: a daemon without the method is no failure
+    elif isinstance(result := answer.result(), dict) and not result.get("focused"):
+        log.debug("focus on %s: the daemon does not hold it", result.get("uri"))
 
 
 def _log_failure(task: asyncio.Future[Any]) -> None:

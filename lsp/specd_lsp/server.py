@@ -23,7 +23,12 @@ from pygls.protocol.language_server import lsp_method
 
 from specd import __version__
 from specd.config import unknown_environment
-from specd.protocol.methods import LSP_ACCEPTED_COMMAND, LSP_STATUS_METHOD, LSP_SUGGESTION_GREW_METHOD
+from specd.protocol.methods import (
+    LSP_ACCEPTED_COMMAND,
+    LSP_FOCUS_NOTIFICATION,
+    LSP_STATUS_METHOD,
+    LSP_SUGGESTION_GREW_METHOD,
+)
 
 from specd_lsp.completer import Completer
 from specd_lsp.daemon_link import READY, UNAVAILABLE, DaemonLink, LinkEvent
@@ -39,6 +44,7 @@ log = logging.getLogger("specd_lsp")
 STATUS_METHOD = LSP_STATUS_METHOD  # request (full status) and notification (on changes)
 ACCEPTED_COMMAND = LSP_ACCEPTED_COMMAND  # each item's command: the editor inserted proposal <id>
 GREW_METHOD = LSP_SUGGESTION_GREW_METHOD  # notification: the last item shown there grew; ask again
+FOCUS_METHOD = LSP_FOCUS_NOTIFICATION  # from the editor plugins: the cursor came to rest there
 STATUS_NOTIFY_INTERVAL_S = 0.5  # at most this often after completions; state changes go at once
 LABEL_CHARS = 80
 
@@ -320,6 +326,36 @@ def did_close(ls: SpecdLanguageServer, params: types.DidCloseTextDocumentParams)
     if ls.documents.close(params.text_document.uri) is not None:
         ls.link.close_document(params.text_document.uri)
         ls.completer.forget(params.text_document.uri)
+
+
+@server.feature(FOCUS_METHOD)
+def did_focus(ls: SpecdLanguageServer, params: Any) -> None:
+    """The editor plugins' cursor hint: the daemon prefills the prompt a completion there would
+    need while the user reads, so the first suggestion in a file just opened does not wait for it."""
+    hint = _focus_hint(params)
+    doc = ls.documents.get(hint[0]) if hint is not None else None
+    if doc is None:
+        log.debug("focus ignored: %r", params)
+        return
+    offset = doc.offset(hint[1], hint[2], ls.encoding)
+    ls.link.focus(doc.uri, *doc.index.position(offset, "utf-32"))
+
+
+def _focus_hint(params: Any) -> tuple[str, int, int] | None:
+    """(uri, line, character) of ``{"textDocument": {"uri"}, "position": {"line", "character"}}``;
+    None for any other shape (the notification is the plugins' own, never worth an error)."""
+    uri = _field(_field(params, "textDocument"), "uri")
+    position = _field(params, "position")
+    line, character = _field(position, "line"), _field(position, "character")
+    if not isinstance(uri, str) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                           for n in (line, character)):
+        return None
+    return uri, line, character
+
+
+def _field(obj: Any, name: str) -> Any:
+    """A custom message's field: pygls hands its params on as attribute objects."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
 # -- completions -------------------------------------------------------------------------------
