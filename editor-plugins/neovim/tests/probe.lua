@@ -102,6 +102,30 @@ function probe.record_requests()
   end
 end
 
+--- Records the specd/didFocus notifications the specd client sends: probe.focused = { {uri, line,
+--- character}, ... } in order; probe.focus_runs counts the debounced sends that ran (sent or not).
+function probe.record_focus()
+  probe.focused, probe.focus_runs = {}, 0
+  local focus = require('specd.focus')
+  local send = focus.send
+  focus.send = function(...)
+    probe.focus_runs = probe.focus_runs + 1
+    return send(...)
+  end
+  local client = vim.lsp.get_clients({ name = 'specd' })[1]
+  local notify = client.notify
+  client.notify = function(...) -- client:notify(method, params) on 0.11+, client.notify(method, params) on 0.10
+    local method, params = ...
+    if type(method) ~= 'string' then
+      method, params = select(2, ...)
+    end
+    if method == focus.METHOD then
+      probe.focused[#probe.focused + 1] = { params.textDocument.uri, params.position.line, params.position.character }
+    end
+    return notify(...)
+  end
+end
+
 --- What specd-lsp answers at the cursor right now (its type-through cache answers a repeat).
 function probe.server_item()
   local client = vim.lsp.get_clients({ name = 'specd', bufnr = 0 })[1]

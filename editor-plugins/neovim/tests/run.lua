@@ -298,6 +298,45 @@ for _, renderer in ipairs({ 'plugin', 'native' }) do
   end, { native = renderer == 'native' })
 end
 
+case('specd/didFocus: where the cursor came to rest, debounced, once per buffer and line', function()
+  local child = session(options(FAKE, 'auto'))
+  local uri = child:lua('return vim.uri_from_bufnr(0)')
+  child:lua('probe.record_focus()')
+
+  -- Two jumps within the debounce: one hint, where the cursor stopped.
+  child:input('3G')
+  child:input('5G')
+  child:wait('a hint at the last jump', EDIT_MS, 'local f = probe.focused; return #f > 0 and f[#f][2] == 4')
+  local hints = child:lua('return probe.focused')
+  if #hints == 2 then -- the attach's own hint, if it was still pending when recording began
+    assert_eq(hints[1], { uri, 0, 0 }, 'the hint of the buffer just attached')
+  end
+  assert_eq(hints[#hints], { uri, 4, 0 }, 'one hint, at the last jump')
+  local count = #hints
+
+  -- Along the same line, and into insert mode and out on it: the debounced send runs, sends nothing.
+  for _, keys in ipairs({ '$', 'A', '<Esc>' }) do
+    local runs = child:lua('return probe.focus_runs')
+    child:input(keys)
+    child:wait('the debounced send after ' .. keys, EDIT_MS, 'return probe.focus_runs > ...', runs)
+  end
+  assert_eq(#child:lua('return probe.focused'), count, 'no hint for the same line')
+
+  -- Another line (ASCII: its character is the same in every position encoding).
+  child:input('2G$')
+  child:wait('a hint on line 2', EDIT_MS, 'return #probe.focused > ...', count)
+  local last = #dofile(here .. '/probe.lua').SOURCE[2] - 1
+  assert_eq(child:lua('return probe.focused[...]', count + 1), { uri, 1, last }, 'the hint at the end of line 2')
+
+  -- Another buffer: its hint once specd attaches to it (its BufEnter came before the attach).
+  local other = workdir .. '/other.py'
+  vim.fn.writefile({ 'x = 1', 'y = 2' }, other)
+  child:cmd('edit ' .. vim.fn.fnameescape(other))
+  child:wait('a hint for other.py', READY_MS, 'return #probe.focused > ...', count + 1)
+  assert_eq(vim.list_slice(child:lua('return probe.focused'), count), { { uri, 4, 0 }, { uri, 1, last },
+    { vim.uri_from_fname(other), 0, 0 } }, 'the hints, in order')
+end)
+
 case('statusline, :SpecdToggle and :Specd', function()
   local child = session(options(REAL, 'auto'))
   local native = child:lua("return require('specd').renderer() == 'native'")

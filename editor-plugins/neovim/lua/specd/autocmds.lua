@@ -1,6 +1,7 @@
---- The autocommands: specd-lsp attaching to and leaving buffers, and a fresh status when insert
---- mode ends.
+--- The autocommands: specd-lsp attaching to and leaving buffers, a fresh status when insert
+--- mode ends, and where the cursor came to rest (specd.focus).
 
+local focus = require('specd.focus')
 local status = require('specd.status')
 local util = require('specd.util')
 
@@ -35,8 +36,9 @@ end
 ---@param client vim.lsp.Client
 ---@param bufnr integer
 function M.watch_buffer(client, bufnr)
+  local group = vim.api.nvim_create_augroup(buffer_group(bufnr), { clear = true })
   vim.api.nvim_create_autocmd('InsertLeave', {
-    group = vim.api.nvim_create_augroup(buffer_group(bufnr), { clear = true }),
+    group = group,
     buffer = bufnr,
     callback = function()
       if not util.is_stopped(client) then
@@ -46,11 +48,13 @@ function M.watch_buffer(client, bufnr)
       end
     end,
   })
+  focus.watch(bufnr, group)
 end
 
 ---@param bufnr integer
 function M.forget_buffer(bufnr)
   pcall(vim.api.nvim_del_augroup_by_name, buffer_group(bufnr))
+  focus.forget(bufnr)
 end
 
 return M

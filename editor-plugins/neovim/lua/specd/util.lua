@@ -23,6 +23,17 @@ function M.request(client, method, params, handler, bufnr)
 end
 
 ---@param client vim.lsp.Client
+---@param method string
+---@param params table
+---@return boolean
+function M.notify(client, method, params)
+  if HAS_011 then
+    return client:notify(method, params)
+  end
+  return client.notify(method, params)
+end
+
+---@param client vim.lsp.Client
 ---@param request_id integer
 function M.cancel(client, request_id)
   if HAS_011 then
