@@ -3,6 +3,7 @@
 import * as vscode from 'vscode';
 import { DidChangeConfigurationNotification, LanguageClient } from 'vscode-languageclient/node';
 import { createClient } from './client';
+import { followFocus } from './focus';
 import { followGrowth } from './grew';
 import { registerCommands } from './commands';
 import { currentSettings, SECTION } from './config';
@@ -12,6 +13,7 @@ import { StatusBar } from './statusBar';
 const STOP_TIMEOUT_MS = 2000;
 let client: LanguageClient | undefined;
 let growth: vscode.Disposable | undefined; // re-triggers the inline suggestion when it grew
+let focus: vscode.Disposable | undefined; // tells specd-lsp where the cursor came to rest
 
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
   const log = vscode.window.createOutputChannel('specd', { log: true });
@@ -24,8 +26,11 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     statusBar.attach(client);
     growth?.dispose();
     growth = followGrowth(client);
+    focus?.dispose();
+    focus = undefined;
     try {
       await client.start();
+      focus = followFocus(client);
     } catch (err) {
       const inspected = vscode.workspace.getConfiguration(SECTION).inspect<string>('serverPath');
       const message = startFailureMessage(settings.serverPath, {
@@ -61,6 +66,8 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
 }
 
 export async function deactivate(): Promise<void> {
+  focus?.dispose();
+  focus = undefined;
   await client?.dispose(STOP_TIMEOUT_MS);
   client = undefined;
 }

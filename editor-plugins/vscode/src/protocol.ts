@@ -65,3 +65,15 @@ export function isAt(note: SuggestionGrew, editor: EditorAt | undefined): boolea
   return editor !== undefined && note.uri === editor.uri && note.version === editor.version &&
     note.position?.line === editor.line && note.position?.character === editor.character;
 }
+
+/**
+ * Notification to specd-lsp: the cursor came to rest in this document (it was entered, or the
+ * cursor jumped there); the daemon prefills there in idle time, so the first suggestion does not
+ * wait for the prompt. Position in the negotiated encoding, as every LSP position.
+ */
+export const FOCUS_METHOD = 'specd/didFocus';
+
+export interface DidFocusParams {
+  textDocument: { uri: string };
+  position: { line: number; character: number };
+}
