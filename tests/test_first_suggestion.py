@@ -179,9 +179,11 @@ def test_through_the_daemon_a_cold_document_answers_narrow_then_full(tmp_path, t
                 client.focus(other, {"line": 10**6, "character": 0})
             line = text[:offset].count("\n")
             assert client.focus(other, {"line": line, "character": 4}) == {"uri": other, "focused": True}
+            client.notify("focus", {"uri": other, "cursor": {"line": line, "character": 4}})  # as a hint: no answer
+            client.notify("focus", {"uri": other, "cursor": "nowhere"})  # a bad one: logged, nothing to answer
             wait_for(lambda: daemon_idle(proc.socket_path), timeout=60, message="the daemon idle")
             status = client.status()
-            assert status["documents"]["focus"] == {"received": 1, "not_open": 1}
+            assert status["documents"]["focus"] == {"received": 2, "not_open": 1}
             assert status["engine"]["first_suggestion"]["windows_prefilled_ahead"] >= 1
             result = client.complete(uri=other, cursor={"offset": offset}, options={"max_tokens": 8})
             assert result["window_tokens"] is None and result["prefill_computed"] <= 2

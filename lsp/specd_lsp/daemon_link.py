@@ -389,8 +389,8 @@ class DaemonLink:
         if self._focused.get(uri) == line:
             return
         # Code points, as every position specd-lsp sends the daemon (its documents' own unit). A
-        # request, not a notification: the daemon acts on no notification but cancel; the
-        # answer (``focused``: whether it held the document) is only logged.
+        # request, never awaited: its answer (``focused``: whether the daemon held the document)
+        # goes to the log.
         params = {"uri": uri, "cursor": {"line": line, "character": character}, "encoding": "utf-32"}
         try:
             _, answer = client.send_request(Method.FOCUS, params)

@@ -86,6 +86,7 @@ SWITCH_INTERVAL_S = 0.001
 # A connection that sent a request this recently is being served: large documents' updates to
 # the engine wait (``worker.DocumentMirror``) while connections other than their sender are.
 OTHERS_ACTIVE_S = 0.5
+NOTIFIABLE = (Method.CANCEL, Method.FOCUS)  # methods a client may send as notifications
 
 
 def exit_hard_after(seconds: float, exit_code: Callable[[], int]) -> threading.Timer:
@@ -431,14 +432,18 @@ class Daemon:
         return await route(conn, request.params, request.msgid)
 
     async def _notification(self, conn: Connection, note: Notification) -> None:
-        # Notifications have no answer; only cancel makes sense as one (Neovim's rpcnotify).
+        # Notifications have no answer; only cancel and focus make sense as one (Neovim's
+        # rpcnotify, a hint sent without waiting). A bad one is logged, as there is no one to tell.
         try:
             self.admission.spoke(conn)
         except RpcError as err:
             log.debug("conn%d: notification %s refused: %s", conn.id, note.method, err)
             return
-        if note.method == Method.CANCEL and conn.authenticated:
-            await self.methods[Method.CANCEL](conn, note.params, None)
+        if note.method in NOTIFIABLE and conn.authenticated:
+            try:
+                await self.methods[note.method](conn, note.params, None)
+            except RpcError as err:
+                log.debug("conn%d: notification %s failed: %s", conn.id, note.method, err)
         else:
             log.debug("conn%d: ignored notification %s", conn.id, note.method)
 
