@@ -14,8 +14,6 @@ from specd.engine.front.corpus import OpenBuffers
 from specd.engine.front.prompt import Prompt
 from specd.engine.resident import Resident, new_state, settle_heap, widest_verify
 
-WARM_PIECE_TOKENS = 256  # tokens prefilled per idle step while warming a new context chunk set
-
 
 class IdleHost(Resident, Protocol):
     """What idle work reads of its engine."""
@@ -71,7 +69,7 @@ class IdleWork:
         chunks = engine.front.context.active(uri) if engine.options.auto_context else []
         prompt = engine.build_prompt(uri, text, offset, chunks, uri).ids[:-1]
         caches = engine.caches
-        if self._narrow_first(uri, text, offset, prompt, budget_s):
+        if self._narrow_first(uri, text, offset, prompt):
             documents.resume_edited(uri, offset)  # the full prompt next
             return True
         state = caches.get(uri)
@@ -91,7 +89,7 @@ class IdleWork:
         caches.enforce_budget(keep=uri)
         return not done or documents.edits_waiting()
 
-    def _narrow_first(self, uri: str, text: str, offset: int, prompt: list[int], budget_s: float) -> bool:
+    def _narrow_first(self, uri: str, text: str, offset: int, prompt: list[int]) -> bool:
         """Where a request at ``offset`` would answer from a narrow window (``cold_start``: the
         full ``prompt`` needs more prefill than the first suggestion's budget affords), prefill
         that window's prompt first, into the window's own cache: the keystroke there then finds
@@ -113,10 +111,12 @@ class IdleWork:
             caches.put(key, narrow)
         narrow.window = window.tokens
         before, started = common_prefix(narrow.target.ids, ids), time.monotonic()
-        done = narrow.prefill(ids, deadline=started + budget_s, piece=engine.cold.piece_tokens())
+        # In one forward, not in idle pieces: the window is what the budget affords, a request
+        # at this cursor would prefill the same tokens itself, and one wide forward costs less
+        # per token than several narrow ones.
+        narrow.prefill(ids)
         engine.cold.observe(len(narrow.target.ids) - before, time.monotonic() - started)
-        if done:
-            engine.cold.prefilled_ahead(window.tokens, uri)
+        engine.cold.prefilled_ahead(window.tokens, uri)
         caches.enforce_budget(keep=key)
         return True
 
@@ -131,7 +131,8 @@ class IdleWork:
 
 class CacheWarmer:
     """``context.Warmer`` for the local engine: a new chunk set's prompt is prefilled into a fresh
-    ``DocumentState`` in slices of ``WARM_PIECE_TOKENS``, then swapped in for the document."""
+    ``DocumentState`` in pieces a request waits for at most (``ColdStart.piece_tokens``, as the
+    document's own idle prefill), then swapped in for the document."""
 
     def __init__(self, engine: IdleHost):
         self.engine = engine
@@ -145,7 +146,7 @@ class CacheWarmer:
     def advance(self, job: tuple[list[int], DocumentState], deadline: float) -> tuple[bool, int]:
         ids, state = job
         before = len(state.target.ids)
-        done = state.prefill(ids, deadline=deadline, piece=WARM_PIECE_TOKENS)
+        done = state.prefill(ids, deadline=deadline, piece=self.engine.cold.piece_tokens())
         return done, len(state.target.ids) - before
 
     def adopt(self, key: str, job: tuple[list[int], DocumentState]) -> None:
