@@ -156,8 +156,9 @@ def sized(path: SizedPath, size: int, tokens: int = 0) -> DocumentState:
 
 
 def test_closed_documents_caches_trim_the_heap_once_enough_went(monkeypatch):
-    """glibc keeps freed heap memory: after closes of ``TRIM_AFTER_DROPPED_BYTES`` the store
-    trims it; evictions (whose memory the next cache reuses) do not count."""
+    """glibc keeps freed heap memory: after closes and evictions over the budget of
+    ``TRIM_AFTER_DROPPED_BYTES`` the store trims it; a forward path's pool reclaiming a slot
+    (which the next cache reuses whole) does not count."""
     trims = []
     monkeypatch.setattr(caches, "_TRIM", lambda pad: trims.append(pad) or 1)
     path = SizedPath()
@@ -173,6 +174,11 @@ def test_closed_documents_caches_trim_the_heap_once_enough_went(monkeypatch):
     assert trims == [0] and store.dropped == 0 and store.stats()["heap_trims"] == 1
     store.clear()  # "d"
     assert trims == [0] and store.dropped == half
+    store.budget_bytes = half  # "e" and "f" fit no more: the older goes, and counts
+    store.put("e", sized(path, half))
+    store.put("f", sized(path, half))
+    store.enforce_budget(keep="f")
+    assert trims == [0, 0] and store.dropped == 0 and store.evictions == 2
 
 
 def test_the_store_lists_its_largest_documents_by_kv_bytes():

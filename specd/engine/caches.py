@@ -430,8 +430,9 @@ class CacheStore:
 
     def _dropped(self, states: list[DocumentState]) -> None:
         """Count the bytes of ``states`` (the caller's last references) and free them; trim the
-        C heap once ``TRIM_AFTER_DROPPED_BYTES`` went since the last trim. Evictions are not
-        counted: the next document's cache reuses what they free."""
+        C heap once ``TRIM_AFTER_DROPPED_BYTES`` went since the last trim. Evicted documents
+        count too: caches grow to their prompts' sizes, so a new document's seldom fits the
+        blocks an evicted one left, and the heap kept them resident."""
         self.dropped += sum(state.nbytes() for state in states)
         states.clear()
         if self.dropped >= TRIM_AFTER_DROPPED_BYTES and _TRIM is not None:
@@ -474,7 +475,7 @@ class CacheStore:
                 total -= victims[-1].nbytes()
                 self.evictions += 1
                 log.debug("evicted KV cache of %s (budget %d bytes)", key, self.budget_bytes)
-        del victims
+        self._dropped(victims)
 
     def nbytes(self) -> int:
         with self._lock:
