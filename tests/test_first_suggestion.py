@@ -4,6 +4,8 @@ being disturbed, and requests go back to it once it is warm (``specd.engine.cold
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from engine_helpers import assert_lossless, make_engine
@@ -185,6 +187,8 @@ def test_through_the_daemon_a_cold_document_answers_narrow_then_full(tmp_path, t
             status = client.status()
             assert status["documents"]["focus"] == {"received": 2, "not_open": 1}
             assert status["engine"]["first_suggestion"]["windows_prefilled_ahead"] >= 1
+            cold = next(line for line in format_status(status).splitlines() if line.startswith("cold docs"))
+            assert re.search(r"; [1-9]\d* prefilled at the cursor ahead$", cold), cold
             result = client.complete(uri=other, cursor={"offset": offset}, options={"max_tokens": 8})
             assert result["window_tokens"] is None and result["prefill_computed"] <= 2
     finally:

@@ -120,8 +120,9 @@ def _cache(cache: Any) -> str:
 
 
 def _first_suggestion(engine: Any) -> str:
-    """The measured prefill speed, what ``engine.first_suggestion_ms`` affords at it, and how many
-    cold documents' requests answered from a narrow window."""
+    """The measured prefill speed, what ``engine.first_suggestion_ms`` affords at it, how many
+    cold documents' requests answered from a narrow window, and how many windows idle prefill
+    filled at an editor's cursor hint (``focus``) before a request came."""
     about = engine.get("first_suggestion") if isinstance(engine, dict) else None
     if not isinstance(about, dict):
         return "-"
@@ -132,7 +133,8 @@ def _first_suggestion(engine: Any) -> str:
             if speed else "prefill speed not measured yet")
     narrow = about.get("narrow_answers") or 0
     last = f" (last {about['last_window_tokens']} tokens)" if about.get("last_window_tokens") else ""
-    return f"{head}; {narrow} answered from a narrow window{last}"
+    ahead = about.get("windows_prefilled_ahead") or 0
+    return f"{head}; {narrow} answered from a narrow window{last}; {ahead} prefilled at the cursor ahead"
 
 
 def format_status(info: dict[str, Any]) -> str:
