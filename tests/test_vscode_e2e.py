@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import os
 import signal
 import socket
@@ -392,7 +393,12 @@ def test_the_extension_in_code_server(tools, vsix, tmp_path):
         page.keyboard.type("total = val", delay=60)
         page.keyboard.press("Control+Space")  # editor.action.triggerSuggest: words of the file
         selected = page.inner_text(f"{SUGGEST} .label-name", timeout=EDIT_S * 1000).strip()
-        assert selected == "values", selected  # the one word of the file that starts with `val`
+        # A word of the file that starts with `val`: `values`, or one the suggestions accepted
+        # above brought in (which words the tiny model writes depends on the typing's timing).
+        assert selected.startswith("val") and len(selected) > len("val"), selected
+        words = set(re.findall(r"\w+", after))  # the file as last saved, before `total = val`
+        assert selected in words, (selected, sorted(w for w in words if w.startswith("val")))
+        item = f"total = {selected}"
         rest = selected[len("val"):]
         with_popup = _wait(lambda: (g := ghost_line()).startswith(rest) and len(g) > len(rest) and g, GHOST_S,
                            "a suggestion extending the selected item while the popup is open")
@@ -400,16 +406,16 @@ def test_the_extension_in_code_server(tools, vsix, tmp_path):
         page.wait_for_selector(SUGGEST, state="detached", timeout=EDIT_S * 1000)
         # The widget goes at once, the lines are drawn at the next frame: until then the page
         # still holds `total = val` and the ghost text of the popup (seen: 10 ms, read once in CI).
-        _wait(lambda: any("total = values" in line for line in page.evaluate(TEXT_LINES_JS)), EDIT_S,
+        _wait(lambda: any(item in line for line in page.evaluate(TEXT_LINES_JS)), EDIT_S,
               "the selected item drawn in the line")
         after_item = _wait(lambda: ghost_line(), GHOST_S, "the suggestion after the item went in")
         assert after_item == with_popup[len(rest):], (with_popup, after_item)
         taken = changed(after, "the selected item in the file")
-        assert taken.endswith("total = values"), taken[-80:]
+        assert taken.endswith(item), taken[-80:]
         page.keyboard.press("Tab")
         accepted = changed(taken, "the suggestion after the item")
-        line = next(l for l in accepted.split("\n") if "total = values" in l)
-        assert accepted.startswith(taken) and line.endswith("total = values" + after_item), (line, after_item)
+        line = next(l for l in accepted.split("\n") if item in l)
+        assert accepted.startswith(taken) and line.endswith(item + after_item), (line, after_item)
         status = page.inner_text(".statusbar")
         assert "specd" in status, status
 
