@@ -383,18 +383,15 @@ class DocumentMirror:
                 self._engine_seen, self._known = engine, {}
             for uri, latest in batch.items():
                 try:
-                    if latest.text is None and latest.focus is None:
+                    if latest.text is not None:
                         if uri in self._known:
-                            self.closed_memory.closed(self._known.pop(uri))
-                            engine.close_document(uri)
-                    elif latest.text is None:
-                        pass  # a focus alone: the engine has the text it was given on
-                    elif uri in self._known:
-                        engine.update_document(uri, latest.text, latest.cursor)
+                            engine.update_document(uri, latest.text, latest.cursor)
+                        else:
+                            engine.open_document(uri, latest.text)
                         self._known[uri] = len(latest.text)
-                    else:
-                        engine.open_document(uri, latest.text)
-                        self._known[uri] = len(latest.text)
+                    elif latest.focus is None and uri in self._known:  # a close (a focus alone has no text)
+                        self.closed_memory.closed(self._known.pop(uri))
+                        engine.close_document(uri)
                     if latest.focus is not None and uri in self._known and isinstance(engine, FocusesDocuments):
                         engine.focus_document(uri, latest.focus)
                 except Exception:  # the engine's lookup index is an optimisation: log, go on

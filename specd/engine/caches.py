@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 import numpy as np
 import torch
 
+from specd.engine.cold_start import ColdStart, Window, narrow_key
 from specd.engine.forward.path import ForwardPath
 from specd.engine.forward.transformers import HFForward
 from specd.engine.lookup import NgramIndex
@@ -355,6 +356,16 @@ class DocumentState:
     def prefill(self, ids: Sequence[int], deadline: float | None = None, piece: int | None = None) -> bool:
         """Both models' caches to ``ids`` (see ``KVState.prefill``); True when both hold it."""
         return all(kv.prefill(ids, deadline, piece) for kv in (self.target, self.draft) if kv is not None)
+
+
+def cold_window(cold: ColdStart, caches: "CacheStore", key: str, prompt: Sequence[int]) -> Window | None:
+    """The narrow window a request on document ``key`` with the full prompt ``prompt`` answers
+    from (``ColdStart.window``), from what the document's cache still lacks of that prompt and the
+    size of the window its narrow cache holds; None where the full prompt serves. Read alike by a
+    request and by idle prefill, so both fill the window a keystroke there will ask for."""
+    full, narrow = caches.peek(key), caches.peek(narrow_key(key))
+    pending = len(prompt) - 1 - (common_prefix(full.target.ids, prompt) if full is not None else 0)
+    return cold.window(pending, len(prompt), narrow.window if narrow is not None else None)
 
 
 STATS_LARGEST = 8  # documents ``CacheStore.stats`` lists by their caches' bytes

@@ -12,7 +12,7 @@ from typing import Callable, Generator, Protocol
 
 import torch
 
-from specd.engine.caches import CacheStore, DocumentState, common_prefix
+from specd.engine.caches import CacheStore, DocumentState, cold_window, common_prefix
 from specd.engine.cold_start import Window, narrow_key
 from specd.engine.front.boundaries import surroundings
 from specd.engine.front.corpus import OpenBuffers
@@ -85,7 +85,7 @@ class Completions:
         prompt = engine.front.request_prompt(req, text, offset, heal)
         key = req.uri or ANONYMOUS
         cached = engine.caches.get(key) if asked.kv_reuse else None
-        window = self._narrow_window(asked, cached, prompt, key)
+        window = self._narrow_window(asked, prompt, key)
         if window is not None:  # the full prompt keeps prefilling in idle time, in the document's cache
             engine.front.documents.resume_edited(req.uri, offset)
             prompt = engine.front.request_prompt(req, text, offset, heal, window=window.tokens)
@@ -217,8 +217,7 @@ class Completions:
             caches.put(key, state)
             caches.enforce_budget(keep=key)
 
-    def _narrow_window(self, asked: RequestSettings, state: DocumentState | None, prompt: Prompt,
-                       key: str) -> Window | None:
+    def _narrow_window(self, asked: RequestSettings, prompt: Prompt, key: str) -> Window | None:
         """The narrow window a request answers from where its document's full prompt needs more
         prefill than ``engine.first_suggestion_ms`` affords (``cold_start``); None otherwise.
         Only for a document an editor holds open (the daemon mirrors those here): a one-shot
@@ -226,9 +225,7 @@ class Completions:
         engine = self.engine
         if not asked.kv_reuse or engine.front.documents.text(key) is None:
             return None
-        pending = len(prompt.ids) - 1 - (common_prefix(state.target.ids, prompt.ids) if state is not None else 0)
-        narrow = engine.caches.peek(narrow_key(key))
-        return engine.cold.window(pending, len(prompt.ids), narrow.window if narrow is not None else None)
+        return cold_window(engine.cold, engine.caches, key, prompt.ids)
 
     def _retire_narrow(self, key: str, state: DocumentState) -> None:
         """Drop a document's narrow-window cache once its full prompt serves; what the narrow

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from specd.engine.caches import CacheStore, DocumentState, common_prefix
+from specd.engine.caches import CacheStore, DocumentState, cold_window, common_prefix
 from specd.engine.cold_start import ColdStart, narrow_key
 from specd.engine.front.corpus import OpenBuffers
 from specd.engine.front.prompt import Prompt
@@ -67,9 +67,10 @@ class IdleWork:
         if text is None or offset > len(text):
             return documents.edits_waiting()
         chunks = engine.front.context.active(uri) if engine.options.auto_context else []
-        prompt = engine.build_prompt(uri, text, offset, chunks, uri).ids[:-1]
+        ids = engine.build_prompt(uri, text, offset, chunks, uri).ids
+        prompt = ids[:-1]  # the last token rides with the request's first step
         caches = engine.caches
-        if self._narrow_first(uri, text, offset, prompt):
+        if self._narrow_first(uri, text, offset, ids):
             documents.resume_edited(uri, offset)  # the full prompt next
             return True
         state = caches.get(uri)
@@ -90,19 +91,17 @@ class IdleWork:
         return not done or documents.edits_waiting()
 
     def _narrow_first(self, uri: str, text: str, offset: int, prompt: list[int]) -> bool:
-        """Where a request at ``offset`` would answer from a narrow window (``cold_start``: the
-        full ``prompt`` needs more prefill than the first suggestion's budget affords), prefill
-        that window's prompt first, into the window's own cache: the keystroke there then finds
-        it ready. False once it is (or where no window would serve): the full prompt's turn."""
+        """Where a request at ``offset`` would answer from a narrow window (``caches.cold_window``:
+        the full ``prompt`` needs more prefill than the first suggestion's budget affords),
+        prefill that window's prompt first, into the window's own cache: the keystroke there then
+        finds it ready. False once it is (or where no window would serve): the full prompt's turn."""
         engine = self.engine
         caches = engine.caches
-        full = caches.peek(uri)
-        pending = len(prompt) - (common_prefix(full.target.ids, prompt) if full is not None else 0)
-        key = narrow_key(uri)
-        narrow = caches.peek(key)
-        window = engine.cold.window(pending, len(prompt) + 1, narrow.window if narrow is not None else None)
+        window = cold_window(engine.cold, caches, uri, prompt)
         if window is None:
             return False
+        key = narrow_key(uri)
+        narrow = caches.peek(key)
         ids = engine.build_prompt(uri, text, offset, None, uri, window=window.tokens).ids[:-1]
         if narrow is not None and narrow.window == window.tokens and common_prefix(narrow.target.ids, ids) == len(ids):
             return False  # ready
