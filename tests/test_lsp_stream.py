@@ -2,9 +2,11 @@
 answers an automatic request once the suggestion's first line is settled, while the daemon still
 writes the rest; the rest arrives into its cache and the editor hears ``specd/suggestionGrew``;
 asking again shows the longer item, and typing through the first line (or accepting it) is
-served from the cache with no new daemon complete. The daemon runs ``fake_engine:streaming``,
-which writes a known four-line suggestion a few characters per step, so the order of events is
-the test's to check."""
+served from the cache with no new daemon complete. With ``partialLineMs`` a first line slower
+than that wait answers while it is being written, never with a partial the completed line could
+withdraw, and grows to the whole suggestion the same way. The daemon runs
+``fake_engine:streaming``, which writes a known four-line suggestion a few characters per step,
+so the order of events is the test's to check."""
 
 from __future__ import annotations
 
@@ -27,10 +29,26 @@ CURSOR = (1, 4)
 FIRST = STREAMED_TEXT.split("\n")[0]
 
 
+# The first line as shown while it is being written: the stepped fake's first step ("x ="),
+# its line settled a step later.
+PARTIAL = "x ="
+SLOW_STEP_S = 0.25  # the slow daemon's pace: the partial wait ends well inside its first line
+PARTIAL_LINE_MS = 100
+WHOLE_LINES = {"partialLineMs": 0}  # the first settled line answers (the behaviour the first tests check)
+
+
 @pytest.fixture(scope="module")
 def streaming_daemon(tmp_path_factory):
     proc = DaemonProcess(tmp_path_factory.mktemp("stream-daemon"), engine="streaming",
                          config=SHARED_DAEMON_CONFIG).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_daemon(tmp_path_factory):
+    proc = DaemonProcess(tmp_path_factory.mktemp("slow-stream-daemon"), engine="streaming",
+                         config=SHARED_DAEMON_CONFIG, env={"SPECD_TEST_STREAM_STEP_S": str(SLOW_STEP_S)}).start()
     yield proc
     proc.stop()
 
@@ -52,7 +70,8 @@ async def _session_with_grew(session) -> list[tuple[float, dict[str, Any]]]:
 
 
 async def test_the_first_line_answers_while_the_rest_is_written(streaming_daemon, tmp_path):
-    async with lsp_session(server_env(tmp_path), link_options(streaming_daemon, cache={"prefetch": False})) as session:
+    async with lsp_session(server_env(tmp_path), link_options(streaming_daemon, cache={"prefetch": False},
+                                                              **WHOLE_LINES)) as session:
         grew = await _session_with_grew(session)
         session.open(URI, TEXT)
         before = daemon_completes(streaming_daemon)
@@ -77,7 +96,7 @@ async def test_the_first_line_answers_while_the_rest_is_written(streaming_daemon
 
 
 async def test_typing_through_the_first_line_needs_no_daemon(streaming_daemon, tmp_path):
-    async with lsp_session(server_env(tmp_path), link_options(streaming_daemon)) as session:
+    async with lsp_session(server_env(tmp_path), link_options(streaming_daemon, **WHOLE_LINES)) as session:
         session.open(URI, TEXT)
         [item] = await session.inline(URI, *CURSOR)
         assert item.insert_text == FIRST
@@ -94,3 +113,45 @@ async def test_typing_through_the_first_line_needs_no_daemon(streaming_daemon, t
         assert (FIRST + "\n    y" + more.insert_text).startswith(STREAMED_TEXT[:len(FIRST) + 10])
         status = await session.status()
         assert status["daemonRequests"] == 1 and status["cacheHits"] == 2 and status["prefetches"] == 0, status
+
+
+async def test_a_slow_first_line_answers_while_written_then_grows_to_the_whole(slow_daemon, tmp_path):
+    options = link_options(slow_daemon, cache={"prefetch": False}, partialLineMs=PARTIAL_LINE_MS)
+    async with lsp_session(server_env(tmp_path), options) as session:
+        grew = await _session_with_grew(session)
+        session.open(URI, TEXT)
+        before = daemon_completes(slow_daemon)
+        asked = time.monotonic()
+        [item] = await session.inline(URI, *CURSOR)
+        answered = time.monotonic()
+        assert item.insert_text == PARTIAL  # the first line, still being written
+        assert answered - asked >= PARTIAL_LINE_MS / 1000
+        # The partial grows: to its whole line, then the next lines, told to the editor each time.
+        await session.wait_for(lambda: daemon_completes(slow_daemon) > before and len(grew) >= 4, 30,
+                               "the whole suggestion and its growth notices")
+        assert all(at > answered for at, _ in grew)
+        [whole] = await session.inline(URI, *CURSOR)
+        assert whole.insert_text == STREAMED_TEXT
+        status = await session.status()
+        assert status["daemonRequests"] == 1 and status["streamed"] == 1 and status["grew"] == len(grew)
+
+
+async def test_a_partial_the_next_line_could_withdraw_is_not_shown(slow_daemon, tmp_path):
+    """The document's next line is the cursor's line completed by the suggestion's first
+    ("y" + "x = 1"): the partial ("x =") makes a prefix of it, and the completed line is cut
+    to nothing (the suffix-line rule), so nothing is shown, at any time."""
+    options = link_options(slow_daemon, cache={"prefetch": False}, partialLineMs=PARTIAL_LINE_MS)
+    async with lsp_session(server_env(tmp_path), options) as session:
+        grew = await _session_with_grew(session)
+        session.open(URI, "def f():\n    y\n    y" + FIRST + "\n")
+        assert await session.inline(URI, CURSOR[0], CURSOR[1] + 1) == []
+        before = daemon_completes(slow_daemon)
+        await session.wait_for(lambda: daemon_completes(slow_daemon) > before, 30, "the whole suggestion")
+        assert grew == []
+
+
+async def test_with_partial_line_ms_0_a_slow_first_line_answers_once_settled(slow_daemon, tmp_path):
+    async with lsp_session(server_env(tmp_path), link_options(slow_daemon, **WHOLE_LINES)) as session:
+        session.open(URI, TEXT)
+        [item] = await session.inline(URI, *CURSOR)
+        assert item.insert_text == FIRST

@@ -20,6 +20,10 @@ Pure functions on strings, no LSP and no daemon, so each rule is testable on its
   ``]);``), the suggestion replaces the rest of the line and carries those closers itself,
   so accepting it leaves exactly one of each.
 
+A streamed completion whose first line is still being written may be shown before that line
+ends (``partial_line``): cut back to its last whole word, and held back while the line could
+still become one these rules would cut the whole suggestion at.
+
 Brackets and quotes are tracked by a small language-agnostic scanner (``#`` and ``//`` start
 line comments, strings end at their line's end); it is a heuristic, tuned to fail safe by
 cutting a suggestion short rather than leaving it unbalanced.
@@ -30,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from specd.suggestion_rules import BRACKETS, Surroundings, block_end, suffix_line, surroundings
+from specd.suggestion_rules import BRACKETS, WORD, Surroundings, block_end, suffix_line, surroundings
 
 OPENER_OF = {closer: opener for opener, closer in BRACKETS.items()}
 QUOTES = "\"'`"
@@ -310,3 +314,50 @@ def postprocess(
     # On a line of indentation the suggestion replaces the blanks after the cursor (its first
     # line re-types them), so they are not pushed behind its last line.
     return Suggestion(text, len(blank_rest), text)
+
+
+# -- a line still being written ----------------------------------------------------------------
+
+
+def _may_become(content: str, line: str) -> bool:
+    """Whether a line that starts with ``content`` (stripped on the left) may still end up
+    equal to ``line`` (stripped) once it is complete."""
+    return bool(line) and line.startswith(content.rstrip())
+
+
+def partial_line(written: str, ctx: CursorContext, *, single_line: bool = False) -> str:
+    """What may be shown of a streamed completion that has no complete line with text yet:
+    ``written``, the text so far (it ends where a daemon's step ended, so at a token boundary),
+    cut back to before a word it ends inside (the next token may go on with that word: a
+    half-written identifier is not shown), or "" when nothing may be shown yet.
+
+    Nothing is shown while the line being written could still complete into a line the rules
+    cut the whole suggestion at, so a partial is never withdrawn when its line ends: the
+    suffix's next line (``suffix_line``), a line repeating the ones before it in the suggestion
+    (``repeated_line``: the cursor's line, when the suggestion starts with a line break), or the
+    text after the cursor it would only re-type. ``block_end`` and ``current_line`` never cut a
+    suggestion's first line with text, and a line indented out of the block is known, and cut
+    the same way, as soon as it has text."""
+    end = len(written)
+    while end and WORD.match(written[end - 1]):
+        end -= 1
+    shown = written[:end]
+    lines = written.split("\n")
+    number, line = len(lines) - 1, lines[-1].rstrip("\r")
+    if not shown.strip() or any(earlier.strip() for earlier in lines[:-1]):
+        return ""  # no whole word yet, or a complete line with text (settled: not a partial)
+    around = ctx.around
+    content = (around.line_prefix + line if number == 0 else line).lstrip()
+    # what a complete line must not equal (stripped); the cursor's own line counts against the
+    # suffix's next line only when nothing follows the cursor on it, as in suffix_line
+    avoid = [around.next_line] if number > 0 or not around.line_suffix.strip() else []
+    if number > 0:
+        avoid.append((around.line_prefix + lines[0]).strip())
+    if any(_may_become(content, other) for other in avoid):
+        return ""
+    after = ctx.suffix.lstrip()
+    if after and after.startswith(written.strip()):
+        return ""  # it may only re-type what follows the cursor
+    if postprocess(shown, ctx, single_line=single_line) is None:
+        return ""
+    return shown

@@ -1,9 +1,11 @@
-"""Streamed completions: an automatic request answered at its first settled line, the rest
-arriving into the type-through cache, and the editor told when the item it shows grew.
+"""Streamed completions: an automatic request answered at its first settled line (or, after
+``partialLineMs``, with that line while it is being written), the rest arriving into the
+type-through cache, and the editor told when the item it shows grew.
 
 ``Streams`` keeps, per document, the stream still growing after it answered; ``ask`` starts
-one and returns at its first non-empty settled line; ``wait_for_entry`` serves a request that
-typed all a stream has settled so far from its next lines rather than a new daemon call.
+one and returns at its first non-empty settled line, or at a partial one once the setting's
+wait has passed; ``wait_for_entry`` serves a request that typed all a stream has settled so far
+from its next lines rather than a new daemon call.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from specd_lsp.cache import TypeThroughCache
-from specd_lsp.completion import context_at, postprocess
+from specd_lsp.completion import context_at, partial_line, postprocess
 from specd_lsp.daemon_calls import DaemonCalls
 from specd_lsp.documents import DocumentStore
 from specd_lsp.options import Settings
@@ -38,13 +40,22 @@ class Answered:
 class StreamedCompletion:
     """A streamed daemon complete that goes on after its first line answered the editor: its
     settled lines so far (``raw``), the cache entry they feed once the answer went out, and the
-    last request it answered, so a growth that changes that item can be told to the editor."""
+    last request it answered, so a growth that changes that item can be told to the editor.
+
+    With ``partial_of`` (the partialLineMs setting on), before its first line with text is
+    settled it also keeps ``partial``: what may be shown of the text so far, by that function
+    (``completion.partial_line`` at the stream's cursor). Once an answer
+    showed a partial (``showing_partial``), the cache entry follows the partial as it grows, then
+    the settled lines."""
 
     uri: str
     text: str  # the text it completes (the editor's, or with a selected item applied)
     offset: int
+    partial_of: Callable[[str], str] | None = None  # the text so far to what may be shown of it
     raw: str = ""  # settled lines (the result's text once done)
     tail: str = ""  # the line being written, not settled yet
+    partial: str = ""  # what may be shown before the first line settled ("": nothing yet)
+    showing_partial: bool = False  # an answer showed ``partial``
     done: bool = False
     failed: bool = False  # it ended without a result (cancelled, superseded, an error)
     key: CacheKey | None = None  # its cache entry, once the answer went out
@@ -58,28 +69,41 @@ class StreamedCompletion:
 
     @property
     def shown_raw(self) -> str:
-        """What an answer shows now: the settled lines, or at the time budget before the first
-        line settled, the line being written too."""
-        return self.raw if self.has_first_line or self.done else self.raw + self.tail
+        """What an answer shows now: the settled lines; before the first line settled, the
+        partial an answer showed, or at the time budget the line being written too."""
+        if self.has_first_line or self.done:
+            return self.raw
+        return self.partial if self.showing_partial else self.raw + self.tail
+
+    def show_partial(self) -> None:
+        """The answer shows the partial line: from now on it only grows."""
+        self.showing_partial = bool(self.partial)
 
     def progress(self, params: dict[str, Any]) -> bool:
-        """A ``progress`` notification; True when the settled text grew."""
+        """A ``progress`` notification; True when what an answer shows (``shown_raw``) grew."""
         text, tail = params.get("text"), params.get("tail")
-        self.tail = tail if isinstance(tail, str) else ""
-        if self.done or not isinstance(text, str) or len(text) <= len(self.raw) or not text.startswith(self.raw):
+        if self.done or not isinstance(text, str) or len(text) < len(self.raw) or not text.startswith(self.raw):
             return False
-        self.raw = text
+        before = self.shown_raw
+        self.raw, self.tail = text, tail if isinstance(tail, str) else ""
+        if self.partial_of is not None and not self.has_first_line:
+            partial = self.partial_of(self.raw + self.tail)
+            # once shown, a partial only grows: a later one that is held back or no longer
+            # extends it leaves it as it is until the line settles
+            if not self.showing_partial or (len(partial) > len(self.partial) and partial.startswith(self.partial)):
+                self.partial = partial
         self._wake()
-        return True
+        return self.shown_raw != before and bool(self.shown_raw)
 
     def finish(self, text: str | None) -> bool:
-        """The result came (its text), or the call ended without one (None); True when it grew."""
-        grew = isinstance(text, str) and text != self.raw
-        if grew:
-            self.raw = text  # type: ignore[assignment]
+        """The result came (its text), or the call ended without one (None); True when what an
+        answer shows changed."""
+        before = self.shown_raw
+        if isinstance(text, str):
+            self.raw = text
         self.done = True
         self._wake()
-        return grew
+        return isinstance(text, str) and self.shown_raw != before
 
     def _wake(self) -> None:
         self._changed.set()
@@ -130,24 +154,36 @@ class Streams:
 
     async def ask(self, uri: str, text: str, offset: int, version: int, generation: int) -> StreamedCompletion | None:
         """A greedy daemon complete, streamed: back as soon as its first non-empty line is
-        settled (or at the time budget, with what exists then, or at its result); the rest goes
-        on arriving into the cache entry. None when it failed or a newer request took over
-        before it answered (its stream is cancelled then: it never feeds a later answer)."""
-        stream = StreamedCompletion(uri, text, offset)
+        settled, or once ``partialLineMs`` passed, as soon as that line is partly written and
+        may be shown (``StreamedCompletion.partial``), or at the time budget, with what exists
+        then, or at its result; the rest goes on arriving into the cache entry. None when it
+        failed or a newer request took over before it answered (its stream is cancelled then:
+        it never feeds a later answer)."""
+        settings = self._settings()
+        partial_of = None
+        if settings.partial_line_ms > 0:
+            ctx, single_line = context_at(text, offset), settings.single_line
+            partial_of = lambda written: partial_line(written, ctx, single_line=single_line)  # noqa: E731
+        stream = StreamedCompletion(uri, text, offset, partial_of=partial_of)
         previous = self._streams.get(uri)
         if previous is not None:
             previous.answered = None  # a new request for the document: the old item grows no more
         self._streams[uri] = stream
         stream.task = asyncio.ensure_future(self._run(stream, version, self.calls.options()))
-        settings = self._settings()
+        started = time.monotonic()
         budget_ms = settings.time_budget_ms or settings.daemon.request_timeout_ms
-        deadline = time.monotonic() + budget_ms / 1000
+        deadline = started + budget_ms / 1000
+        partial_from = started + settings.partial_line_ms / 1000 if partial_of is not None else deadline
         try:
             while not stream.has_first_line and not stream.done and self._generation(uri) == generation:
-                left = deadline - time.monotonic()
-                if left <= 0:
+                now = time.monotonic()
+                if now >= partial_from and stream.partial:
+                    stream.show_partial()
                     break
-                await stream.changed(left)
+                left = (partial_from if now < partial_from else deadline) - now
+                if deadline - now <= 0:
+                    break
+                await stream.changed(min(left, deadline - now))
         except asyncio.CancelledError:
             stream.task.cancel()
             raise
@@ -181,7 +217,7 @@ class Streams:
         """The stream's text grew: its cache entry holds it now; if that changes the item the
         editor shows for the document's latest request, say so (the editor may ask again and
         get it from the cache)."""
-        if stream.key is None or not self.cache.extend(stream.key, [stream.raw]) or stream.answered is None:
+        if stream.key is None or not self.cache.extend(stream.key, [stream.shown_raw]) or stream.answered is None:
             return
         answered = stream.answered
         doc = self.documents.get(stream.uri)

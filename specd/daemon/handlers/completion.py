@@ -41,23 +41,37 @@ def _completion_job(req: Any, batch: bool, on_step: Callable[[Any], None] | None
     return Job(steps=steps, on_step=on_step, label=f"complete {req.uri or '<text>'}", key=req.uri, batch=batch)
 
 
+# A note whose settled text is unchanged (only the line being written grew) waits this long
+# after the last note: every note carries the whole text so far, so one per decoding step would
+# cost a fast engine's client quadratic bytes and parsing; at this spacing a client's wait for a
+# partial line reads a tail at most a token or two behind a CPU model, and a fast engine's
+# stream stays a few dozen notes a second.
+TAIL_NOTE_INTERVAL_S = 0.03
+
+
 class _Stream:
-    """Sends a streamed complete's settled lines as ``progress`` notifications. Runs on the
-    worker thread; the notifications are written on the event loop, before the result."""
+    """Sends a streamed complete's text as ``progress`` notifications: at once when the settled
+    lines changed, and when only the line being written (the tail) grew, at most one note per
+    ``TAIL_NOTE_INTERVAL_S``. Runs on the worker thread; the notifications are written on the
+    event loop, before the result."""
 
     def __init__(self, conn: Connection, msgid: int):
         self.session = conn.session
         self.msgid = msgid
         self.loop = asyncio.get_running_loop()
-        self.sent = ""
+        self.sent = ""  # the settled text of the last note
+        self.sent_tail = ""
+        self.sent_at = float("-inf")  # time.monotonic() of the last note
 
     def __call__(self, progress: Any) -> None:
         text = progress.text()
         settled = text[:max(text.rfind("\n"), 0)]
-        if settled == self.sent:
+        tail = text[len(settled):]
+        now = time.monotonic()
+        if settled == self.sent and (tail == self.sent_tail or now - self.sent_at < TAIL_NOTE_INTERVAL_S):
             return
-        self.sent = settled
-        note = {"msgid": self.msgid, "text": settled, "tail": text[len(settled):], "tokens": progress.tokens}
+        self.sent, self.sent_tail, self.sent_at = settled, tail, now
+        note = {"msgid": self.msgid, "text": settled, "tail": tail, "tokens": progress.tokens}
         try:
             self.loop.call_soon_threadsafe(self.session.notify_nowait, PROGRESS_NOTIFICATION, note)
         except RuntimeError:  # the loop closed: nobody is waiting for the stream any more
