@@ -156,10 +156,13 @@ async def lsp_session(env: dict[str, str], options: dict[str, Any] | None = None
 
 
 def link_options(daemon: Any, **extra: Any) -> dict[str, Any]:
-    """initializationOptions for a session on an already running test daemon."""
+    """initializationOptions for a session on an already running test daemon. A streamed answer
+    waits for its first settled line (``partialLineMs`` 0), so what a test is shown does not
+    depend on how fast the machine writes that line; the tests of partial lines set their own."""
     daemon_settings = {"socket": str(daemon.socket_path), "spawn": False, "requestTimeoutMs": TIME_BUDGET_MS,
                        **extra.pop("daemon", {})}
-    return {"daemon": daemon_settings, "debounceMs": 0, "maxTokens": 16, "timeBudgetMs": TIME_BUDGET_MS, **extra}
+    return {"daemon": daemon_settings, "debounceMs": 0, "partialLineMs": 0, "maxTokens": 16,
+            "timeBudgetMs": TIME_BUDGET_MS, **extra}
 
 
 # A time budget no test completion reaches, so results do not depend on the machine's load.

@@ -471,10 +471,13 @@ def streaming_daemon(tmp_path):
 
 
 def test_the_ghost_text_grows_on_screen(tools, vsix, tmp_path, streaming_daemon):
-    """specd-lsp answers with the first line while the daemon writes the rest; the extension asks
-    again on specd/suggestionGrew, and the ghost text grows to the whole suggestion with no key
-    pressed. Without that re-trigger VS Code keeps showing the first line until the next key."""
-    settings = {"specd.daemon.socket": str(streaming_daemon.socket_path), "specd.daemon.spawn": False}
+    """specd-lsp answers with the first line while it is still being written (``partialLineMs``
+    1: as soon as it has a whole word), and the daemon writes the rest; the extension asks again
+    on specd/suggestionGrew, and the ghost text grows within that line, then to the whole
+    suggestion, with no key pressed. Without that re-trigger VS Code keeps showing the first
+    part until the next key."""
+    settings = {"specd.daemon.socket": str(streaming_daemon.socket_path), "specd.daemon.spawn": False,
+                "specd.partialLineMs": 1}
     with _code_server(tools, vsix, tmp_path, settings, streaming_daemon.socket_path) as bench:
         page = bench.page
         page.click(".monaco-editor .view-lines")
@@ -489,8 +492,10 @@ def test_the_ghost_text_grows_on_screen(tools, vsix, tmp_path, streaming_daemon)
             print("ghost text changes (ms after the last key):",
                   json.dumps([(round(at - keys[-1]), text) for at, text in changes]))
         shown = [(at, text) for at, text in changes if at > keys[-1] and text]
-        assert shown[0][1] == STREAMED_TEXT.split("\n")[0], [text for _, text in shown]  # the first line first
-        assert shown[-1][1] == STREAMED_TEXT and len(shown) >= 2
+        # the first line's first step ("x ="), then longer parts of the suggestion, then all of it
+        assert shown[0][1] == "x =", [text for _, text in shown]
+        assert all(STREAMED_TEXT.startswith(text) for _, text in shown), [text for _, text in shown]
+        assert shown[-1][1] == STREAMED_TEXT and len(shown) >= 3
         timings = {"first_line_ms": shown[0][0] - keys[-1], "full_ms": shown[-1][0] - keys[-1],
                    "steps": [text.count("\n") + 1 for _, text in shown]}
         # What grew on screen is what Tab puts in the file.

@@ -40,6 +40,7 @@ local ok, err = pcall(function()
     init_options = {
       daemon = { socket = env.SPECD_TEST_NVIM_SOCKET, spawn = false, requestTimeoutMs = 120000 },
       debounceMs = 0,
+      partialLineMs = 0, -- the first ghost text is a settled line, however slow the machine
       maxTokens = 16,
       timeBudgetMs = 120000,
     },

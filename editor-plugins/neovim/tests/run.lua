@@ -296,6 +296,23 @@ for _, renderer in ipairs({ 'plugin', 'native' }) do
     assert_eq({ status.daemonRequests, status.streamed }, { 1, 1 }, 'one daemon complete, streamed')
     assert(status.grew >= 1 and status.cacheHits >= 1, vim.inspect(status))
   end, { native = renderer == 'native' })
+
+  case(renderer .. ': a first line shown while it is written grows within its line, then to the rest', function()
+    if not STREAM then
+      error('SPECD_TEST_STREAM_SOCKET is not set (tests/test_editor_plugins.py sets it)')
+    end
+    -- A partial line as soon as there is one: the stepped fake's first step ('x =') is shown
+    -- before its line settles a step later.
+    local child = session(options(STREAM, renderer, { settings = { maxTokens = 64, partialLineMs = 1 } }))
+    local first = type_at_row(child)
+    assert_eq(first, 'x =', 'the first ghost text: the line being written, up to its last whole word')
+    child:wait('the ghost text to grow to its whole first line', SHOW_MS,
+      'local g = probe.ghost(); return g ~= nil and vim.startswith(g, "x = 1")')
+    child:wait('the ghost text to grow to the whole suggestion', SHOW_MS, 'return probe.ghost() == ...', STREAMED)
+    local status = child:lua("return vim.lsp.get_clients({ name = 'specd' })[1]:request_sync('specd/status', {}, 5000, 0).result")
+    assert_eq({ status.daemonRequests, status.streamed }, { 1, 1 }, 'one daemon complete, streamed')
+    assert(status.grew >= 2, vim.inspect(status))
+  end, { native = renderer == 'native' })
 end
 
 case('specd/didFocus: where the cursor came to rest, debounced, once per buffer and line', function()

@@ -21,6 +21,7 @@ export interface SpecdSettings {
   maxTokens: number;
   singleLine: boolean;
   debounceMs: number;
+  partialLineMs: number;
   alternatives: number;
   temperature: number;
   daemon: { socket: string; spawn: boolean; spawnTimeoutS: number };
@@ -39,6 +40,7 @@ export const DEFAULTS = {
   'maxTokens': 64,
   'singleLine': false,
   'debounceMs': 75,
+  'partialLineMs': 75,
   'alternatives': 3,
   'temperature': 0.7,
   'daemon.socket': '',
@@ -78,6 +80,7 @@ export function readSettings(config: ConfigurationLike): SpecdSettings {
     maxTokens: get('maxTokens'),
     singleLine: get('singleLine'),
     debounceMs: get('debounceMs'),
+    partialLineMs: get('partialLineMs'),
     alternatives: get('alternatives'),
     temperature: get('temperature'),
     daemon: { socket: get('daemon.socket'), spawn: get('daemon.spawn'), spawnTimeoutS: get('daemon.spawnTimeoutS') },
@@ -99,6 +102,7 @@ export function serverSettings(settings: SpecdSettings): Record<string, unknown>
     maxTokens: settings.maxTokens,
     singleLine: settings.singleLine,
     debounceMs: settings.debounceMs,
+    partialLineMs: settings.partialLineMs,
     alternatives: settings.alternatives,
     temperature: settings.temperature,
     daemon: { ...settings.daemon },

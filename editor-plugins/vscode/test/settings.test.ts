@@ -13,6 +13,7 @@ describe('settings → initializationOptions', () => {
       maxTokens: 64,
       singleLine: false,
       debounceMs: 75,
+      partialLineMs: 75,
       alternatives: 3,
       temperature: 0.7,
       daemon: { socket: '', spawn: true, spawnTimeoutS: 60 },
