@@ -1,0 +1,58 @@
+"""The feature head's network and file: drafting step by step after a cache computes what the
+whole-window forward (training's) computes, and a saved head loads as it was."""
+
+import pytest
+import torch
+
+from specd.engine.feature_head import FeatureHead, HeadCache, HeadConfig, is_feature_head
+
+
+def _head(seed: int = 0) -> FeatureHead:
+    torch.manual_seed(seed)
+    config = HeadConfig(hidden=32, heads=4, intermediate=48, vocab_size=50, rope_theta=100.0)
+    vocab = torch.tensor([3, 7, 11, 20, 42])
+    head = FeatureHead(config, vocab, torch.randn(5, 32), torch.randn(50, 32))
+    with torch.no_grad():  # away from the identity start, so the layer's every part shows
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return head
+
+
+def test_steps_after_a_cache_match_the_window_forward():
+    head = _head()
+    features, tokens = torch.randn(1, 9, 32), torch.randint(0, 50, (1, 9))
+    with torch.no_grad():
+        whole = head(features, tokens)[0]
+        cache = HeadCache()
+        parts = [head.step(features[0, :4], tokens[0, :4], cache),  # a prompt's positions at once
+                 head.step(features[0, 4:5], tokens[0, 4:5], cache),  # then one at a time
+                 head.step(features[0, 5:9], tokens[0, 5:9], cache)]
+    assert cache.length == 9
+    torch.testing.assert_close(torch.cat(parts), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_a_cropped_cache_drafts_as_if_the_rest_never_ran():
+    head = _head()
+    features, tokens = torch.randn(6, 32), torch.randint(0, 50, (6,))
+    other = torch.randn(2, 32)
+    with torch.no_grad():
+        cache = HeadCache()
+        head.step(features[:4], tokens[:4], cache)
+        head.step(other, tokens[4:6], cache)  # a rejected chain
+        cache.crop(4)
+        again = head.step(features[4:6], tokens[4:6], cache)
+        fresh = head.step(features, tokens, HeadCache())[4:]
+    torch.testing.assert_close(again, fresh, atol=1e-5, rtol=1e-5)
+
+
+def test_a_saved_head_loads_as_it_was(tmp_path):
+    head = _head(1)
+    head.save(tmp_path / "h")
+    assert is_feature_head(tmp_path / "h") and not is_feature_head(tmp_path)
+    loaded = FeatureHead.load(tmp_path / "h", head.embedding)
+    features, tokens = torch.randn(1, 5, 32), torch.randint(0, 50, (1, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(features, tokens), head(features, tokens))
+    assert loaded.vocab.tolist() == [3, 7, 11, 20, 42]
+    with pytest.raises(ValueError, match="vocabulary 50 and width 32"):
+        FeatureHead.load(tmp_path / "h", torch.randn(60, 32))
