@@ -439,7 +439,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("stream", bool, True, "answer automatic requests with the first line, the rest into the cache "
                                  "(`specd/suggestionGrew`)", lsp="stream"),
     Option("partial_line_ms", int, 75, "after this wait a streamed answer may show its first line while it is "
-                                       "being written, cut to whole words (0 = only a settled line)",
+                                       "being written, cut to whole word parts (0 = only a settled line)",
            lsp="partialLineMs", low=0, high=10_000),
     Option("completion_fallback", str, "auto", "offer `textDocument/completion` (auto: only to clients "
                                                "without inline completion)",

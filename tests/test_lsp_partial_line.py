@@ -1,5 +1,5 @@
 """A first line shown while it is being written (``completion.partial_line``): cut back to its
-last whole word, held back while the line could still become one the suggestion rules cut the
+last whole word part, held back while the line could still become one the suggestion rules cut the
 whole suggestion at (the suffix's next line, the cursor's line repeated, the text after the
 cursor re-typed), and, in a stream (``StreamedCompletion``), once shown only ever grown."""
 
@@ -22,13 +22,18 @@ BODY = "def f(a, b):\n    |\n    return a\n"
 
 
 @pytest.mark.parametrize("written, shown", [
-    ("total = a", "total = "),  # `a` may go on (`abs(...)`): up to the whole words
+    ("total = a", "total = "),  # `a` may go on (`abs(...)`): up to the whole word parts
     ("total = a +", "total = a +"),
     ("total = compute(", "total = compute("),
-    ("total", ""),  # one word still being written: nothing yet
+    ("total", ""),  # one part still being written: nothing yet
+    ("console_screen_buf", "console_screen_"),  # a long identifier, part by part
+    ("self.get_consoleScr", "self.get_console"),
+    ("getConsole", "get"),  # `Console` may go on (`Consoles`)
+    ("XMLPar", ""),  # capitals after capitals do not split
+    ("x2 = y1", "x2 = "),
     ("  ", ""),
 ])
-def test_a_partial_line_ends_after_its_last_whole_word(written, shown):
+def test_a_partial_line_ends_after_its_last_whole_word_part(written, shown):
     assert _partial(BODY, written) == shown
 
 

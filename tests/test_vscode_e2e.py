@@ -472,7 +472,7 @@ def streaming_daemon(tmp_path):
 
 def test_the_ghost_text_grows_on_screen(tools, vsix, tmp_path, streaming_daemon):
     """specd-lsp answers with the first line while it is still being written (``partialLineMs``
-    1: as soon as it has a whole word), and the daemon writes the rest; the extension asks again
+    1: as soon as it has a whole word part), and the daemon writes the rest; the extension asks again
     on specd/suggestionGrew, and the ghost text grows within that line, then to the whole
     suggestion, with no key pressed. Without that re-trigger VS Code keeps showing the first
     part until the next key."""

@@ -21,7 +21,7 @@ Pure functions on strings, no LSP and no daemon, so each rule is testable on its
   so accepting it leaves exactly one of each.
 
 A streamed completion whose first line is still being written may be shown before that line
-ends (``partial_line``): cut back to its last whole word, and held back while the line could
+ends (``partial_line``): cut back to its last whole word part, and held back while the line could
 still become one these rules would cut the whole suggestion at.
 
 Brackets and quotes are tracked by a small language-agnostic scanner (``#`` and ``//`` start
@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from specd.suggestion_rules import BRACKETS, WORD, Surroundings, block_end, suffix_line, surroundings
+from specd.suggestion_rules import BRACKETS, Surroundings, block_end, suffix_line, surroundings
 
 OPENER_OF = {closer: opener for opener, closer in BRACKETS.items()}
 QUOTES = "\"'`"
@@ -325,11 +325,25 @@ def _may_become(content: str, line: str) -> bool:
     return bool(line) and line.startswith(content.rstrip())
 
 
+def whole_word_parts(text: str) -> str:
+    """``text`` cut back to before the word part it ends inside, which the next token may go on
+    with: a part is a run of letters and digits, ended by any other character (``_`` and ``.``
+    included) or by a capital after a small letter (``getConsole|Screen``). So a long
+    identifier (snake_case, camelCase) shows part by part as it is written, and never a piece
+    of a part (``ret`` of ``return``)."""
+    end = len(text)
+    while end and text[end - 1].isalnum():
+        end -= 1
+        if end and text[end].isupper() and text[end - 1].islower():
+            break  # the capital starts the part just cut
+    return text[:end]
+
+
 def partial_line(written: str, ctx: CursorContext, *, single_line: bool = False) -> str:
     """What may be shown of a streamed completion that has no complete line with text yet:
     ``written``, the text so far (it ends where a daemon's step ended, so at a token boundary),
-    cut back to before a word it ends inside (the next token may go on with that word: a
-    half-written identifier is not shown), or "" when nothing may be shown yet.
+    cut back to its last whole word part (``whole_word_parts``), or "" when nothing may be
+    shown yet.
 
     Nothing is shown while the line being written could still complete into a line the rules
     cut the whole suggestion at, so a partial is never withdrawn when its line ends: the
@@ -338,14 +352,11 @@ def partial_line(written: str, ctx: CursorContext, *, single_line: bool = False)
     text after the cursor it would only re-type. ``block_end`` and ``current_line`` never cut a
     suggestion's first line with text, and a line indented out of the block is known, and cut
     the same way, as soon as it has text."""
-    end = len(written)
-    while end and WORD.match(written[end - 1]):
-        end -= 1
-    shown = written[:end]
+    shown = whole_word_parts(written)
     lines = written.split("\n")
     number, line = len(lines) - 1, lines[-1].rstrip("\r")
     if not shown.strip() or any(earlier.strip() for earlier in lines[:-1]):
-        return ""  # no whole word yet, or a complete line with text (settled: not a partial)
+        return ""  # no whole word part yet, or a complete line with text (settled: not a partial)
     around = ctx.around
     content = (around.line_prefix + line if number == 0 else line).lstrip()
     # what a complete line must not equal (stripped); the cursor's own line counts against the

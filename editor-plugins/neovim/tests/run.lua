@@ -305,7 +305,7 @@ for _, renderer in ipairs({ 'plugin', 'native' }) do
     -- before its line settles a step later.
     local child = session(options(STREAM, renderer, { settings = { maxTokens = 64, partialLineMs = 1 } }))
     local first = type_at_row(child)
-    assert_eq(first, 'x =', 'the first ghost text: the line being written, up to its last whole word')
+    assert_eq(first, 'x =', 'the first ghost text: the line being written, up to its last whole word part')
     child:wait('the ghost text to grow to its whole first line', SHOW_MS,
       'local g = probe.ghost(); return g ~= nil and vim.startswith(g, "x = 1")')
     child:wait('the ghost text to grow to the whole suggestion', SHOW_MS, 'return probe.ghost() == ...', STREAMED)
