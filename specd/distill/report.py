@@ -99,6 +99,26 @@ def _gguf_path(gguf: Path):
     return model, gguf_forward(model, EngineOptions())
 
 
+def target_step_costs(target_model, target_gguf: Path | None, ids: list[int]) -> dict[str, dict[str, Any]]:
+    """{path: {"target_ms": {width: ms}}} of the target's step and verify widths on each forward
+    path serving it here, measured as ``step_costs`` measures them; {"unavailable": why} where not."""
+    from specd.engine.forward.measure import measure_path
+
+    widths = sorted({1, *(k + 1 for k in DRAFT_LENGTHS)})
+    paths = {name: (target_model, path) for name, path in _torch_paths(target_model).items()}
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        from specd.llamacpp.export import cached_gguf
+
+        paths["llamacpp"] = _gguf_path(target_gguf or cached_gguf(target_model.name_or_path, "f32"))
+    except Exception as err:  # llama-cpp-python missing, or an architecture it cannot export
+        out["llamacpp"] = {"unavailable": str(err).splitlines()[0]}
+    for name, (model, path) in paths.items():
+        measured = measure_path(model, path, ids, [CONTEXT], widths, 0, REPEATS, lambda: None, budget_ms=BUDGET_MS)
+        out[name] = {"target_ms": {int(w): ms for w, ms in measured["forward_ms"][str(CONTEXT)].items()}}
+    return out
+
+
 def step_costs(target_model, draft_model, target_gguf: Path | None, draft_gguf: Path | None,
                ids: list[int]) -> dict[str, dict[str, Any]]:
     """{path: {"target_ms": {width: ms}, "draft_ms": ms, "ratio": draft/target step}} on each
@@ -262,4 +282,186 @@ def render(run, draft_dir: Path, draft_gguf: Path | None, f: dict) -> str:
     lines += ["", "## Settings", "", "```json", json.dumps(run.settings.identity() | {
         "minutes": s.minutes, "lr": s.lr, "tokens_per_step": s.tokens_per_step, "teacher_share": s.teacher_share,
         "gguf": s.gguf}, indent=1), "```", ""]
+    return "\n".join(lines)
+
+
+# --- a feature head (``specd train-draft --head``) ---------------------------------------------
+
+def chain_tokens(first: float, second: float, k: int) -> float:
+    """Expected tokens a verify forward yields after a chain of ``k`` drafted tokens when the first
+    is the target's with probability ``first`` and each later one, given those before it were,
+    with probability ``second``: the accepted ones plus the target's own."""
+    if second >= 1.0:
+        return 1.0 + first * k
+    return 1.0 + first * (1.0 - second ** k) / (1.0 - second)
+
+
+def head_step_ms(head, states, tokens) -> float:
+    """Median ms of one head step (1 position, its argmax over its vocabulary) after a
+    ``CONTEXT``-position ``HeadCache``; ``states`` [N, D], ``tokens`` [N] with N > CONTEXT."""
+    import torch
+
+    from specd.engine.feature_head import HeadCache
+    from specd.engine.forward.measure import median_ms
+
+    cache = HeadCache()
+    feature, token = states[CONTEXT:CONTEXT + 1], tokens[CONTEXT:CONTEXT + 1]
+    with torch.no_grad():
+        head.step(states[:CONTEXT], tokens[:CONTEXT], cache)
+
+        def step() -> None:
+            head.vocab[head.scores(head.step(feature, token, cache)).argmax(-1)]
+
+        return median_ms(step, lambda: cache.crop(CONTEXT), REPEATS, lambda: None, budget_ms=BUDGET_MS)
+
+
+def evaluate_head_and_write(run, head_dir: Path, say: Callable[[str], None]) -> dict:
+    """Judge the trained head (``run.student``) on the held-out windows, write it to ``head_dir``
+    with its figures in its config, time a step of it as loaded from there, and write
+    ``run.out/TRAINING.md`` and ``figures.json``; returns the figures."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specd.distill.head import coverage, head_agreement, save_head, target_note
+    from specd.engine.feature_head import FeatureHead
+
+    started = time.monotonic()
+    data, target, head, p = run.data, run.target, run.student, run.progress
+    windows, states, greedy = data["heldout"].long(), data["heldout_states"], data["heldout_greedy"]
+    first, second = head_agreement(head, windows, states, greedy)
+    f: dict[str, Any] = {"heldout_tokens": windows.numel(), "heldout_files": len(data["heldout_files"]),
+                         "agreement": first, "second": second, "vocab": len(head.vocab),
+                         "coverage": coverage(head.vocab, greedy, head.config.vocab_size)}
+    say(f"held-out agreement with the target's greedy: first drafted token {first:.1%}, the second given the "
+        f"first {second:.1%}")
+    trained = {"tokens": p.tokens, "minutes": round((p.teacher_s + p.train_s) / 60, 1),
+               "agreement": round(first, 4), "second": round(second, 4)}
+    save_head(head, head_dir, target_note(target), trained)
+    say(f"wrote {head_dir}")
+
+    say("timing one head step against the target's on each forward path")
+    target_model = AutoModelForCausalLM.from_pretrained(target.folder, dtype=torch.float32).eval()
+    loaded = FeatureHead.load(head_dir, target_model.get_input_embeddings().weight.detach().float())
+    repeat = 1 + (CONTEXT + 16) // windows.numel()
+    ids = windows.flatten().repeat(repeat)[:CONTEXT + 16]  # real code, as long as the forwards need
+    f["head_ms"] = head_step_ms(loaded, states.flatten(0, 1).float().repeat(repeat, 1)[:CONTEXT + 16], ids)
+    f["costs"] = target_step_costs(target_model, target.gguf, ids.tolist())
+    for name, cost in f["costs"].items():
+        if "target_ms" in cost:
+            cost["ratio"] = f["head_ms"] / cost["target_ms"][1]
+            say(f"{name}: head step {f['head_ms']:.2f} ms, target step {cost['target_ms'][1]:.2f} ms "
+                f"({cost['ratio']:.1%})")
+    f["params"] = sum(t.numel() for t in loaded.parameters())
+    f["folder_mib"] = sum(q.stat().st_size for q in head_dir.iterdir() if q.is_file()) / 2 ** 20
+    f["report_s"] = time.monotonic() - started
+    (run.out / "figures.json").write_text(json.dumps(f, indent=1, default=str) + "\n", encoding="utf-8")
+    (run.out / "TRAINING.md").write_text(render_head(run, head_dir, f), encoding="utf-8")
+    return f
+
+
+def render_head(run, head_dir: Path, f: dict) -> str:
+    import torch
+    import transformers
+
+    from specd.distill.teacher import bf16_arithmetic
+
+    s, p, data, target, c = run.settings, run.progress, run.data, run.target, run.student.config
+    a, a2 = f["agreement"], f["second"]
+    timed = {name: cost for name, cost in f["costs"].items() if "ratio" in cost}
+    lines = [
+        "# Feature head trained by `specd train-draft --head`",
+        "",
+        f"Command: `{run.command}`",
+        "",
+        f"A feature head (EAGLE's draft, `specd/engine/feature_head.py`) for {target.describe()}: one decoder layer "
+        "that reads the target's final hidden state and the token the target emitted after it, predicts the next "
+        "hidden state, and scores it with the target's own LM-head rows of its vocabulary. It is not a model of "
+        "its own: it drafts from the target's hidden states and reads the target's embedding table, which the "
+        f"head's folder `{head_dir}` does not hold.",
+        "",
+        "## Use",
+        "",
+        "```toml",
+        "[model]",
+        f'draft = "{head_dir}"',
+        "```",
+        "",
+        "The engine takes a feature head as `model.draft` once its loader lands; in code: "
+        "`FeatureHead.load(folder, target.get_input_embeddings().weight)`.",
+        "",
+        f"Machine: {platform.processor() or platform.machine()}, {s.threads} torch threads, Python "
+        f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}.",
+        "",
+        f"Time: teacher {p.teacher_s / 60:.1f} min, training {p.train_s / 60:.1f} min (budget {s.minutes:g} min"
+        + (f", {p.resumes} resume{'s' if p.resumes != 1 else ''}" if p.resumes else "") + f"), report "
+        f"{f['report_s'] / 60:.1f} min.",
+        "",
+        "## Data",
+        "",
+        f"- Corpus: {data['train_files']} files under {', '.join(f'`{r}`' for r in data['roots'])}; "
+        f"{len(data['train']):,} windows of {s.seq_len} tokens tokenized, the teacher ran over {p.taught:,} "
+        f"({p.taught * s.seq_len:,} tokens) and kept its final hidden states (bfloat16) at every position.",
+        f"- Held out (never trained on): {f['heldout_files']} files"
+        + (f" under {', '.join(f'`{h}`' for h in s.heldout)}" if s.heldout else " (a hashed share of the corpus)")
+        + f"; {f['heldout_tokens']:,} tokens measured.",
+        "",
+        "## Head",
+        "",
+        f"One decoder layer of width {c.hidden}, {c.heads} heads, MLP {c.intermediate}; {f['params'] / 1e6:.2f}M "
+        f"trained params ({f['folder_mib']:.1f} MiB with its rows). It scores the {f['vocab']:,} tokens most frequent "
+        f"in what the teacher read and emitted, of {c.vocab_size:,}; they hold **{f['coverage']:.1%}** of the "
+        "target's greedy tokens on held-out code (the head can never draft the rest).",
+        "",
+        f"Loss at each position t (reading h_t and x_(t+1), predicting h_(t+1)): cross-entropy against the "
+        "target's distribution over the head's vocabulary (softmax of h_(t+1)'s scores) plus smooth-L1 "
+        "between the states; uniform noise of +-0.1 on the input states; AdamW, peak lr "
+        f"{s.lr}, warm-up then cosine over the training time; {s.tokens_per_step} tokens per step; {p.step} steps, "
+        f"{p.tokens:,} tokens.",
+        "",
+        "| training min | step | tokens | lr | loss | held-out agreement, first token (progress windows) |",
+        "|---|---|---|---|---|---|",
+        *(f"| {r.minute:.1f} | {r.step} | {r.tokens:,} | {r.lr:.2e} | {r.loss:.3f} | {r.agreement:.1%} |"
+          for r in p.rows),
+        "",
+        "## Agreement on held-out code",
+        "",
+        f"The head's first drafted token (its argmax at t, from the target's state h_t and the token x_(t+1)) is "
+        f"the target's greedy token at t + 1 on **{a:.1%}** of held-out positions. Its second (from its own "
+        "predicted state and the target's token, attending to the true states before) is the target's at t + 2 "
+        f"on **{a2:.1%}** of the positions where the first was right. The target's states and greedy tokens "
+        "are the teacher's (torch" + (", bfloat16 autocast" if bf16_arithmetic() else ", float32") + ").",
+        "",
+        "## Step costs",
+        "",
+        f"Median ms after {CONTEXT} positions of context ({REPEATS} timed at most): one head step (1 position, "
+        "float32 on torch, its argmax over its vocabulary) against the target's step and verify widths (every row).",
+        "",
+        "| path | head step | target step | head / target | " + " | ".join(
+            f"target {k + 1} tokens" for k in DRAFT_LENGTHS) + " |",
+        "|---|---|---|---|" + "---|" * len(DRAFT_LENGTHS),
+    ]
+    for name, cost in f["costs"].items():
+        if "ratio" not in cost:
+            lines.append(f"| {name} | unavailable: {cost['unavailable']} |")
+            continue
+        lines.append(f"| {name} | {f['head_ms']:.2f} | {cost['target_ms'][1]:.2f} | {cost['ratio']:.1%} | "
+                     + " | ".join(f"{cost['target_ms'][k + 1]:.2f}" for k in DRAFT_LENGTHS) + " |")
+    lines += ["", "## What the agreement predicts", "",
+              f"Tokens per target forward with a chain of k drafted tokens, the first the target's with probability "
+              f"{a:.3f} and each later one, given those before were, with {a2:.3f}: 1 + a1 (1 - a2^k) / (1 - a2); "
+              "and the speed-up over the target alone at the costs above (the head reads the hidden states the "
+              "target's verify computes anyway): that times one target step, over k head steps and one verify of "
+              "k + 1 tokens. A guide, not a promise: `specd bench` measures.", "",
+              "| k | tokens per forward | " + " | ".join(f"speed-up on {n}" for n in timed) + " |",
+              "|---|---|" + "---|" * len(timed)]
+    for k in DRAFT_LENGTHS:
+        tokens = chain_tokens(a, a2, k)
+        lines.append(f"| {k} | {tokens:.2f} | " + " | ".join(
+            f"{tokens * c['target_ms'][1] / (k * f['head_ms'] + c['target_ms'][k + 1]):.2f}x" for c in timed.values())
+            + " |")
+    small_draft_only = ("shape", "top_k")
+    identity = {k: v for k, v in run.settings.identity().items() if k not in small_draft_only}
+    lines += ["", "## Settings", "", "```json", json.dumps(identity | {
+        "minutes": s.minutes, "lr": s.lr, "tokens_per_step": s.tokens_per_step, "teacher_share": s.teacher_share},
+        indent=1), "```", ""]
     return "\n".join(lines)

@@ -85,3 +85,19 @@ def teach(model, windows, k: int, batch: int, bf16: bool = False):
             ids.append(top_ids)
             values.append(top_values)
     return torch.cat(ids), torch.cat(values)
+
+
+def teach_states(model, windows, batch: int, bf16: bool = False):
+    """The target's final hidden states (after its final norm: what its LM head scores) over
+    ``windows`` [B, T], in bfloat16 to halve what is kept, and its greedy tokens there:
+    (states [B, T, D] bfloat16, greedy [B, T] int32). ``bf16``: under bfloat16 autocast."""
+    import torch
+
+    states, greedy = [], []
+    head = model.get_output_embeddings()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        for start in range(0, len(windows), batch):
+            hidden = model.model(input_ids=windows[start:start + batch]).last_hidden_state  # [b, T, D]
+            greedy.append(head(hidden).argmax(-1).to(torch.int32))
+            states.append(hidden.to(torch.bfloat16))
+    return torch.cat(states), torch.cat(greedy)

@@ -52,7 +52,10 @@ REPORT = "TRAINING.md"
 EXIT_INTERRUPTED = 130
 
 # Settings that decide what the checkpoint holds: a resume must agree on all of them.
-IDENTITY = ("target", "corpus", "heldout", "shape", "seq_len", "top_k", "seed", "max_corpus_tokens", "eval_tokens")
+IDENTITY = ("target", "corpus", "heldout", "shape", "seq_len", "top_k", "seed", "max_corpus_tokens", "eval_tokens",
+            "head", "head_vocab")
+# A checkpoint written before a setting joined IDENTITY holds the setting's default.
+IDENTITY_DEFAULTS = {"head": False, "head_vocab": 8192}
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class Settings:
     gguf: str | None = None               # GGUF tensor type of the exported draft (None: no file)
     seed: int = 0
     threads: int = 2
+    head: bool = False                    # a feature head (``specd.distill.head``) instead of a small model
+    head_vocab: int = 8192                # tokens the head scores: the most frequent on the corpus
 
     def identity(self) -> dict[str, Any]:
         return {name: json.loads(json.dumps(asdict(self)[name])) for name in IDENTITY}
@@ -190,6 +195,8 @@ def lr_factor(progress: float) -> float:
 class Run:
     """One invocation: the state it loaded, the phases it runs, the checkpoint it keeps."""
 
+    label = "draft"  # what is trained, in progress lines
+
     def __init__(self, settings: Settings, out: Path, command: str):
         self.settings, self.out, self.command = settings, out, command
         self.checkpoint = Checkpoint(out / CHECKPOINT)
@@ -230,7 +237,7 @@ class Run:
             return Progress()
         identity, progress = self.checkpoint.load_state()
         ours = self.settings.identity()
-        differ = [name for name in IDENTITY if identity.get(name) != ours[name]]
+        differ = [name for name in IDENTITY if identity.get(name, IDENTITY_DEFAULTS.get(name)) != ours[name]]
         if differ:
             raise ValueError(f"{self.checkpoint.root} was made with other settings ({', '.join(differ)}): "
                              "remove it, or train into another --out")
@@ -244,8 +251,6 @@ class Run:
         import torch
 
         from specd.distill.corpus import split_files, token_windows
-        from specd.distill.teacher import bf16_arithmetic, teach
-
         if self.checkpoint.has("corpus.pt"):
             return self.checkpoint.load("corpus.pt")
         from transformers import AutoTokenizer
@@ -264,15 +269,22 @@ class Run:
             f"{len(heldout)} windows{'' if split.heldout_named else ' (a share of the corpus)'}")
         heldout_ids = torch.tensor(heldout, dtype=torch.long)
         started = time.monotonic()
-        top_ids, _ = teach(teacher, heldout_ids, 1, s.teacher_batch, bf16_arithmetic())
+        judged = self._heldout_teacher(teacher, heldout_ids)
         say(f"teacher's greedy on the held-out windows (for the progress lines) in {time.monotonic() - started:.0f}s")
         data = {"train": torch.tensor(train, dtype=torch.int32), "heldout": heldout_ids.to(torch.int32),
-                "heldout_greedy": top_ids[..., 0], "train_files": len(split.train),
+                **judged, "train_files": len(split.train),
                 "heldout_files": [str(p) for p in split.heldout], "train_chars": train_chars,
                 "roots": list(s.corpus)}
         self.checkpoint.save("corpus.pt", data)
         self.checkpoint.save_state(self.settings, self.progress)
         return data
+
+    def _heldout_teacher(self, teacher, heldout) -> dict:
+        """What the teacher gives of the held-out windows [B, T]: its greedy tokens ``heldout_greedy``."""
+        from specd.distill.teacher import bf16_arithmetic, teach
+
+        top_ids, _ = teach(teacher, heldout, 1, self.settings.teacher_batch, bf16_arithmetic())
+        return {"heldout_greedy": top_ids[..., 0]}
 
     def _student(self, teacher):
         import torch
@@ -300,7 +312,7 @@ class Run:
         import torch
         from tqdm import tqdm
 
-        from specd.distill.teacher import bf16_arithmetic, teach
+        from specd.distill.teacher import bf16_arithmetic
 
         s, p = self.settings, self.progress
         windows = self.data["train"]
@@ -308,14 +320,12 @@ class Run:
         budget = s.teacher_share * self.budget_s
         bar = tqdm(total=len(windows), initial=p.taught, desc="teacher", unit="win", file=sys.stderr,
                    dynamic_ncols=True)
-        pending_ids, pending_values = [], []
+        pending: list[dict] = []
         segment = time.monotonic()
         try:
             while p.taught < len(windows) and p.teacher_s < budget:
                 batch = windows[p.taught:p.taught + s.teacher_batch].long()
-                ids, values = teach(teacher, batch, s.top_k, s.teacher_batch, bf16)
-                pending_ids.append(ids)
-                pending_values.append(values)
+                pending.append(self._teach_batch(teacher, batch, bf16))
                 p.taught += len(batch)
                 now = time.monotonic()
                 p.teacher_s += now - segment
@@ -323,33 +333,40 @@ class Run:
                 bar.update(len(batch))
                 bar.set_postfix(min=f"{p.teacher_s / 60:.1f}/{budget / 60:.1f}", refresh=False)
                 if now - self.last_save >= CHECKPOINT_EVERY_S:
-                    self._save_shard(pending_ids, pending_values)
+                    self._save_shard(pending)
         except KeyboardInterrupt:
-            self._save_shard(pending_ids, pending_values)
+            self._save_shard(pending)
             raise Interrupted from None
         finally:
             bar.close()
         p.teacher_done = True
-        self._save_shard(pending_ids, pending_values)
+        self._save_shard(pending)
         say(f"teacher: {p.taught} windows ({p.taught * s.seq_len:,} tokens) in {p.teacher_s / 60:.1f} min")
 
-    def _save_shard(self, ids: list, values: list) -> None:
+    def _teach_batch(self, teacher, batch, bf16: bool) -> dict:
+        """What the teacher keeps of windows ``batch`` [b, T]: its top-k, ids and logprobs [b, T, k]."""
+        from specd.distill.teacher import teach
+
+        ids, values = teach(teacher, batch, self.settings.top_k, self.settings.teacher_batch, bf16)
+        return {"ids": ids, "logprobs": values}
+
+    def _save_shard(self, pending: list[dict]) -> None:
         import torch
 
-        if ids:
+        if pending:
             self.checkpoint.save(f"teacher-{self.progress.shards:05d}.pt",
-                                 {"ids": torch.cat(ids), "logprobs": torch.cat(values)})
+                                 {key: torch.cat([part[key] for part in pending]) for key in pending[0]})
             self.progress.shards += 1
-            ids.clear()
-            values.clear()
+            pending.clear()
         self.checkpoint.save_state(self.settings, self.progress)
         self.last_save = time.monotonic()
 
-    def _taught(self):
+    def _taught(self) -> dict:
+        """The teacher's shards joined: each key's tensor over the windows taught, in order."""
         import torch
 
         shards = [self.checkpoint.load(f"teacher-{i:05d}.pt") for i in range(self.progress.shards)]
-        return torch.cat([sh["ids"] for sh in shards]), torch.cat([sh["logprobs"] for sh in shards])
+        return {key: torch.cat([sh[key] for sh in shards]) for key in shards[0]} if shards else {}
 
     def _train(self) -> None:
         import torch
@@ -359,10 +376,11 @@ class Run:
 
         s, p = self.settings, self.progress
         bf16 = bf16_arithmetic()
-        top_ids, top_logprobs = self._taught()
-        windows = self.data["train"][:len(top_ids)]
-        if not len(windows):
+        taught = self._taught()
+        windows = self.data["train"][:p.taught]
+        if not taught or not len(windows):
             raise ValueError("the teacher ran over no window: give a longer --minutes")
+        self._before_training(taught)
         budget = max(self.budget_s - p.teacher_s, 1.0)
         rows_per_step = max(1, s.tokens_per_step // s.seq_len)
         rng = random.Random(s.seed + p.step)
@@ -372,7 +390,7 @@ class Run:
         probe_greedy = self.data["heldout_greedy"][::every][:PROGRESS_EVAL_WINDOWS]
         next_eval = int(p.train_s / budget * PROGRESS_EVALS) + 1
         ema = p.rows[-1].loss if p.rows else None
-        bar = tqdm(total=round(budget), initial=min(round(p.train_s), round(budget)), desc="draft", unit="s",
+        bar = tqdm(total=round(budget), initial=min(round(p.train_s), round(budget)), desc=self.label, unit="s",
                    file=sys.stderr, dynamic_ncols=True)
         segment = time.monotonic()
         try:
@@ -381,8 +399,7 @@ class Run:
                 for group in self.optimizer.param_groups:
                     group["lr"] = s.lr * scale
                 pick = torch.tensor([rng.randrange(len(windows)) for _ in range(rows_per_step)])
-                loss = train_step(self.student, self.optimizer, windows[pick].long(), top_ids[pick],
-                                  top_logprobs[pick], bf16)
+                loss = self._train_step(windows[pick].long(), {key: t[pick] for key, t in taught.items()}, bf16)
                 p.step += 1
                 p.tokens += rows_per_step * s.seq_len
                 ema = loss if ema is None else 0.95 * ema + 0.05 * loss
@@ -393,7 +410,7 @@ class Run:
                 bar.set_postfix(step=p.step, loss=f"{ema:.3f}", refresh=False)
                 if p.train_s >= next_eval * budget / PROGRESS_EVALS or p.train_s >= budget:
                     next_eval += 1
-                    agreement = greedy_agreement(self.student, probe, probe_greedy)
+                    agreement = self._probe_agreement(probe, probe_greedy, every)
                     row = LogRow(round(p.train_s / 60, 2), p.step, p.tokens, s.lr * scale, round(ema, 4),
                                  round(agreement, 4))
                     p.rows.append(row)
@@ -409,7 +426,18 @@ class Run:
         finally:
             bar.close()
         self._save_student()
-        say(f"draft: {p.step} steps, {p.tokens:,} tokens in {p.train_s / 60:.1f} min")
+        say(f"{self.label}: {p.step} steps, {p.tokens:,} tokens in {p.train_s / 60:.1f} min")
+
+    def _before_training(self, taught: dict) -> None:
+        """Ready what training needs from the teacher's work (the student was built at the start)."""
+
+    def _train_step(self, windows, taught: dict, bf16: bool) -> float:
+        """One optimizer step on ``windows`` [B, T] and the teacher's work on them; the loss."""
+        return train_step(self.student, self.optimizer, windows, taught["ids"], taught["logprobs"], bf16)
+
+    def _probe_agreement(self, probe, probe_greedy, every: int) -> float:
+        """Agreement on the progress windows ``probe`` (every ``every``-th held-out window)."""
+        return greedy_agreement(self.student, probe, probe_greedy)
 
     def _save_student(self) -> None:
         import torch
@@ -438,6 +466,100 @@ class Run:
             say(f"wrote {gguf_path}")
         evaluate_and_write(self, draft_dir, gguf_path, say)
         say(f"wrote {self.out / REPORT}; use the draft with: --draft-model {gguf_path or draft_dir}")
+        return 0
+
+
+class HeadRun(Run):
+    """A run that trains a feature head: the teacher keeps hidden states, the head is built once
+    they are in (its vocabulary counts what the teacher read and emitted)."""
+
+    label = "head"
+
+    def _heldout_teacher(self, teacher, heldout) -> dict:
+        from specd.distill.teacher import bf16_arithmetic, teach_states
+
+        states, greedy = teach_states(teacher, heldout, self.settings.teacher_batch, bf16_arithmetic())
+        return {"heldout_greedy": greedy, "heldout_states": states}
+
+    def _teach_batch(self, teacher, batch, bf16: bool) -> dict:
+        from specd.distill.teacher import teach_states
+
+        states, greedy = teach_states(teacher, batch, self.settings.teacher_batch, bf16)
+        return {"states": states, "greedy": greedy}
+
+    def _student(self, teacher):
+        """The target's pieces the head needs (it is built after the teacher, or from the checkpoint)."""
+        import torch
+
+        from specd.distill import head as head_training
+        from specd.distill.student import target_embeddings
+
+        self.rows_all = target_embeddings(teacher)
+        self.embedding = teacher.get_input_embeddings().weight.detach().float()
+        self.config = head_training.head_config(teacher, self.rows_all.shape[0])
+        if not self.checkpoint.has(head_training.HEAD_CHECKPOINT):
+            return None, None
+        saved = self.checkpoint.load(head_training.HEAD_CHECKPOINT)
+        head = head_training.build_head(self.config, saved["model"]["vocab"], self.rows_all, self.embedding)
+        head.load_state_dict(saved["model"])
+        optimizer = head_training.make_optimizer(head, self.settings)
+        optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["rng"])
+        self._announce(head)
+        return head.train(), optimizer
+
+    def _announce(self, head) -> None:
+        from specd.distill.head import coverage
+
+        c = head.config
+        params = sum(p.numel() for p in head.parameters())
+        say(f"head: one layer of width {c.hidden} ({c.heads} heads, MLP {c.intermediate}), {params / 1e6:.2f}M "
+            f"params, scoring {len(head.vocab)} of {c.vocab_size} tokens, which cover "
+            f"{coverage(head.vocab, self.data['heldout_greedy'], c.vocab_size):.1%} of the target's greedy "
+            "tokens on held-out code")
+
+    def _before_training(self, taught: dict) -> None:
+        from specd.distill import head as head_training
+
+        if self.student is not None:
+            return
+        vocab = head_training.choose_vocab(self.data["train"][:self.progress.taught], taught["greedy"],
+                                           self.settings.head_vocab, self.config.vocab_size)
+        self.student = head_training.build_head(self.config, vocab, self.rows_all, self.embedding).train()
+        self.optimizer = head_training.make_optimizer(self.student, self.settings)
+        self._announce(self.student)
+
+    def _train_step(self, windows, taught: dict, bf16: bool) -> float:
+        from specd.distill import head as head_training
+
+        return head_training.head_train_step(self.student, self.optimizer, windows, taught["states"], bf16, GRAD_CLIP)
+
+    def _probe_agreement(self, probe, probe_greedy, every: int) -> float:
+        from specd.distill.head import head_agreement
+
+        states = self.data["heldout_states"][::every][:PROGRESS_EVAL_WINDOWS]
+        first, _ = head_agreement(self.student, probe, states, probe_greedy, second=False)
+        return first
+
+    def _save_student(self) -> None:
+        import torch
+
+        from specd.distill.head import HEAD_CHECKPOINT
+
+        if self.student is not None:
+            self.checkpoint.save(HEAD_CHECKPOINT, {"model": self.student.state_dict(),
+                                                   "optimizer": self.optimizer.state_dict(),
+                                                   "rng": torch.get_rng_state()})
+        self.checkpoint.save_state(self.settings, self.progress)
+        self.last_save = time.monotonic()
+
+    def _finish(self) -> int:
+        from specd.distill.head import HEAD_SUBDIR
+        from specd.distill.report import evaluate_head_and_write
+
+        self.student.eval()
+        evaluate_head_and_write(self, self.out / HEAD_SUBDIR, say)
+        say(f"wrote {self.out / REPORT}; use the head with: model.draft = {self.out / HEAD_SUBDIR}")
         return 0
 
 
@@ -499,8 +621,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gguf", metavar="TYPE", nargs="?", const=DEFAULT_GGUF_TYPE, default=None,
                         help=f"also write the draft as a GGUF file of this type (default {DEFAULT_GGUF_TYPE}; "
                              "always written for a GGUF target)")
-    parser.add_argument("--hidden", type=int, default=Shape.hidden, help="draft width (default: %(default)s)")
-    parser.add_argument("--layers", type=int, default=Shape.layers, help="draft layers (default: %(default)s)")
+    parser.add_argument("--head", action="store_true",
+                        help="train a feature head instead: one layer that reads the target's final hidden state "
+                             "and the token it emitted and predicts its next state (EAGLE's draft)")
+    parser.add_argument("--head-vocab", type=int, default=Settings.head_vocab, metavar="N",
+                        help="with --head: the N most frequent tokens it scores (default: %(default)s)")
+    parser.add_argument("--hidden", type=int, default=None, help=f"draft width (default: {Shape.hidden})")
+    parser.add_argument("--layers", type=int, default=None, help=f"draft layers (default: {Shape.layers})")
     parser.add_argument("--seq-len", type=int, default=Settings.seq_len,
                         help="tokens per training window (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=Settings.threads, help="torch threads (default: %(default)s)")
@@ -512,20 +639,33 @@ def settings_from_args(args: argparse.Namespace, cfg: Any = None) -> Settings:
     corpus = args.corpus or ([f for f in cfg["workspace.folders"].split(":") if f] if cfg is not None else [])
     if not corpus:
         raise ValueError("no code to learn from: name --corpus DIR (or set workspace.folders)")
-    hidden = args.hidden
+    head = getattr(args, "head", False)
+    if head:
+        shaping = [name for name, value in (("--gguf", args.gguf), ("--hidden", args.hidden), ("--layers", args.layers))
+                   if value is not None]
+        if shaping:
+            raise ValueError(f"--head trains a feature head shaped by the target: {', '.join(shaping)} "
+                             "shape the small draft, not the head")
+    hidden = args.hidden or Shape.hidden
     heads = max(1, hidden // 64)
-    shape = Shape(hidden=hidden, layers=args.layers, heads=heads, kv_heads=max(1, heads // 2), intermediate=3 * hidden)
+    shape = Shape(hidden=hidden, layers=args.layers or Shape.layers, heads=heads, kv_heads=max(1, heads // 2),
+                  intermediate=3 * hidden)
     base = Settings()
-    return replace(base, target=target, corpus=tuple(str(Path(c).expanduser().resolve()) for c in corpus),
-                   heldout=tuple(str(Path(h).expanduser().resolve()) for h in args.heldout or ()),
-                   minutes=args.minutes, shape=shape, seq_len=args.seq_len, gguf=args.gguf, seed=args.seed,
-                   threads=args.threads, tokens_per_step=max(base.tokens_per_step, args.seq_len))
+    settings = replace(base, target=target, corpus=tuple(str(Path(c).expanduser().resolve()) for c in corpus),
+                       heldout=tuple(str(Path(h).expanduser().resolve()) for h in args.heldout or ()),
+                       minutes=args.minutes, shape=shape, seq_len=args.seq_len, gguf=args.gguf, seed=args.seed,
+                       threads=args.threads, tokens_per_step=max(base.tokens_per_step, args.seq_len))
+    if head:
+        from specd.distill.head import head_settings
+
+        settings = head_settings(settings, args.head_vocab)
+    return settings
 
 
-def default_out(target: str) -> Path:
+def default_out(target: str, head: bool = False) -> Path:
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     name = "".join(c if c.isalnum() or c in "._-" else "-" for c in (Path(target).name if target else "default"))
-    return Path(base) / "specd" / "drafts" / name
+    return Path(base) / "specd" / "drafts" / (name + ("-head" if head else ""))
 
 
 def run_train_draft(args: argparse.Namespace, cfg: Any = None) -> int:
@@ -536,7 +676,7 @@ def run_train_draft(args: argparse.Namespace, cfg: Any = None) -> int:
     except ValueError as err:
         print(f"specd train-draft: {err}", file=sys.stderr)
         return 2
-    out = Path(args.out).expanduser() if args.out else default_out(settings.target)
+    out = Path(args.out).expanduser() if args.out else default_out(settings.target, settings.head)
     out.mkdir(parents=True, exist_ok=True)
     command = "specd train-draft " + " ".join(_argv(args, settings, out))
     log.info("train-draft into %s: %s", out, settings)
@@ -547,7 +687,7 @@ def run_train_draft(args: argparse.Namespace, cfg: Any = None) -> int:
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with logging_redirect_tqdm():
-            return Run(settings, out, command).run()
+            return (HeadRun if settings.head else Run)(settings, out, command).run()
     except ValueError as err:
         print(f"specd train-draft: {err}", file=sys.stderr)
         return 1
@@ -563,6 +703,9 @@ def _argv(args: argparse.Namespace, settings: Settings, out: Path) -> list[str]:
     parts = [f"--target {settings.target}" if settings.target else ""]
     parts += [f"--corpus {c}" for c in settings.corpus] + [f"--heldout {h}" for h in settings.heldout]
     parts += [f"--minutes {settings.minutes:g}", f"--out {out}"]
+    if settings.head:
+        parts.append("--head" + (f" --head-vocab {settings.head_vocab}" if settings.head_vocab != Settings.head_vocab
+                                 else ""))
     if settings.gguf:
         parts.append(f"--gguf {settings.gguf}")
     if settings.shape != Shape():

@@ -1,0 +1,195 @@
+"""``specd train-draft --head``: a feature head (``specd.engine.feature_head``, EAGLE's draft) for a
+target, trained on the target's own final hidden states. The pieces that differ from the small
+draft's are here; ``train.HeadRun`` runs them with the run's machinery (corpus, target,
+checkpoint and resume, budget, progress, Ctrl-C, report).
+
+What differs from the small draft:
+
+- **teacher**: each window's final hidden states (after the final norm: what the LM head
+  scores), kept in bfloat16, and the teacher's greedy tokens; not its top-k.
+- **student**: one decoder layer of the target's width. At position t it reads h_t and the
+  embedding of x_{t+1} and predicts h_{t+1}; the loss is the cross-entropy of the prediction's
+  scores against the target's distribution over the head's vocabulary (the softmax of the true
+  next state's scores, computed from the stored state) plus smooth-L1 between the states. Its
+  vocabulary is the ``head_vocab`` most frequent tokens of what the teacher read and emitted;
+  its rows and the input embeddings are the target's, frozen.
+- **report**: agreement of the head's first and second drafted tokens with the target's
+  greedy, and a head step against the target's (``report.evaluate_head_and_write``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+HEAD_SUBDIR = "head"
+HEAD_CHECKPOINT = "head.pt"
+HEAD_LR = 1e-3
+# Windows of 1,024 tokens, four a step: a head step is far cheaper than the small draft's (one
+# layer, a reduced vocabulary), so it affords more positions per update.
+HEAD_TOKENS_PER_STEP = 4096
+# Uniform noise of +-FEATURE_NOISE on the input states (EAGLE's): drafting feeds the head its own
+# imperfect predictions, so it learns to read states that are a little off.
+FEATURE_NOISE = 0.1
+
+
+def head_settings(settings, head_vocab: int):
+    """The run's ``Settings`` for a feature head: its vocabulary, and its optimizer's settings."""
+    if head_vocab < 1:
+        raise ValueError(f"--head-vocab must be positive, not {head_vocab}")
+    return replace(settings, head=True, head_vocab=head_vocab, lr=HEAD_LR, weight_decay=0.0,
+                   tokens_per_step=max(HEAD_TOKENS_PER_STEP, settings.seq_len))
+
+
+def head_config(target_model, vocab_size: int):
+    """``HeadConfig`` of one decoder layer shaped as the target's."""
+    from specd.engine.feature_head import HeadConfig
+
+    tc = target_model.config
+    rope = getattr(tc, "rope_theta", None) or (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    return HeadConfig(hidden=tc.hidden_size, heads=tc.num_attention_heads, intermediate=tc.intermediate_size,
+                      vocab_size=vocab_size, rope_theta=float(rope), rms_eps=float(getattr(tc, "rms_norm_eps", 1e-5)))
+
+
+def choose_vocab(windows, greedy, size: int, vocab_size: int):
+    """The ``size`` most frequent token ids [R] (most frequent first) among ``windows`` [N, T]
+    (what the teacher read) and ``greedy`` [N, T] (what it would emit there)."""
+    import torch
+
+    counts = torch.bincount(windows.flatten().long(), minlength=vocab_size)
+    counts += torch.bincount(greedy.flatten().long(), minlength=vocab_size)
+    return counts.argsort(descending=True, stable=True)[:min(size, vocab_size)]
+
+
+def coverage(vocab, tokens, vocab_size: int) -> float:
+    """Share of ``tokens`` that ``vocab`` holds."""
+    import torch
+
+    held = torch.zeros(vocab_size, dtype=torch.bool)
+    held[vocab] = True
+    return float(held[tokens.flatten().long()].float().mean())
+
+
+def head_loss(head, predicted, following):
+    """Cross-entropy of the predicted states' scores against the target's distribution over the
+    head's vocabulary (the softmax of the true next states' scores) plus smooth-L1 between the
+    states. ``predicted``, ``following``: [..., D] float32. Returns (loss, cross-entropy)."""
+    import torch
+    import torch.nn.functional as F
+
+    with torch.no_grad():
+        wanted = torch.softmax(head.scores(following), -1)
+    cross_entropy = -(wanted * torch.log_softmax(head.scores(predicted), -1)).sum(-1).mean()
+    return cross_entropy + F.smooth_l1_loss(predicted, following), cross_entropy
+
+
+def head_train_step(head, optimizer, windows, states, bf16: bool = False, grad_clip: float = 1.0) -> float:
+    """One optimizer step on windows ``windows`` [B, T] and the target's states on them
+    ``states`` [B, T, D]: at each t < T - 1, h_t (noised) and x_{t+1} predict h_{t+1}."""
+    import torch
+
+    features = states[:, :-1].float()
+    features = features + (torch.rand_like(features) - 0.5) * (2 * FEATURE_NOISE)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        predicted = head(features, windows[:, 1:])
+    loss, _ = head_loss(head, predicted.float(), states[:, 1:].float())
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(head.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def second_states(head, features, tokens, predicted, emitted):
+    """The head's second drafted state at every position at once. At t + 1 it reads its own
+    predicted state ``predicted`` [B, T, D] (of h_{t+1}) and the token the target emitted there
+    ``emitted`` [B, T]; its attention sees the true positions up to t (``features``, ``tokens``
+    [B, T, D], [B, T]) and itself: the cache drafting has after the target's last true state.
+    Uses the head's layer pieces so that all T chains run as one masked attention."""
+    import torch
+    import torch.nn.functional as F
+
+    true_inputs = head.inputs(features, tokens)
+    length = true_inputs.shape[-2]
+    positions = torch.arange(length)
+    _, true_keys, true_values = head._split(true_inputs, positions)
+    drafted = head.inputs(predicted, emitted)
+    queries, keys, values = head._split(drafted, positions + 1)  # [B, heads, T, head_dim]
+    mask = torch.zeros(length, 2 * length, dtype=torch.bool)
+    mask[:, :length] = torch.ones(length, length, dtype=torch.bool).tril()
+    mask[positions, length + positions] = True  # each drafted position sees only itself of the drafted ones
+    attended = F.scaled_dot_product_attention(queries, torch.cat([true_keys, keys], -2),
+                                              torch.cat([true_values, values], -2), attn_mask=mask)
+    return head._finish(drafted, attended)
+
+
+def head_agreement(head, windows, states, greedy, second: bool = True) -> tuple[float, float | None]:
+    """(first, second): how often the head's first drafted token (its argmax at t, through its
+    vocabulary) is the target's greedy at t + 1, over windows [B, T] with the target's states
+    [B, T, D] and greedy [B, T]; and how often its second is the target's at t + 2 given the
+    first was right (None unless ``second``)."""
+    import torch
+
+    was_training = head.training
+    head.eval()
+    first_right = first_total = chains = chains_right = 0
+    with torch.no_grad():
+        for row in range(len(windows)):  # a window at a time: scores are [T, R]
+            features, tokens = states[row:row + 1, :-1].float(), windows[row:row + 1, 1:].long()
+            wanted = greedy[row:row + 1, 1:].long()
+            predicted = head(features, tokens)
+            right = head.vocab[head.scores(predicted).argmax(-1)] == wanted  # [1, T-1]
+            first_right += int(right.sum())
+            first_total += right.numel()
+            if second:
+                drafted = second_states(head, features, tokens, predicted, wanted)
+                second_right = head.vocab[head.scores(drafted).argmax(-1)][:, :-1] == wanted[:, 1:]
+                chains += int(right[:, :-1].sum())  # the last position has no t + 2 in the window
+                chains_right += int((right[:, :-1] & second_right).sum())
+    head.train(was_training)
+    return first_right / max(first_total, 1), (chains_right / max(chains, 1) if second else None)
+
+
+def build_head(config, vocab, rows_all, embedding):
+    """A fresh feature head scoring ``vocab``: its rows of the target's LM head ``rows_all``
+    [V, D], reading the target's input ``embedding`` [V, D]."""
+    from specd.engine.feature_head import FeatureHead
+
+    return FeatureHead(config, vocab, rows_all[vocab], embedding)
+
+
+def make_optimizer(head, settings):
+    import torch
+
+    return torch.optim.AdamW(head.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def target_note(target) -> dict[str, Any]:
+    """What the head was trained for, into its config: the target as named (empty: the default
+    model) and, for a GGUF target, its file's name and digest."""
+    note: dict[str, Any] = {"name": target.name}
+    if target.gguf is not None:
+        note |= {"gguf": target.gguf.name, "sha256": file_sha256(target.gguf)}
+    return note
+
+
+def save_head(head, folder: Path, target: dict, trained: dict) -> None:
+    """The head's folder (``FeatureHead.save``) with what it was trained for and how in its
+    config; written beside and then moved into ``folder``, so a folder there is whole."""
+    head.config = replace(head.config, target=target, trained=trained)
+    work = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    head.save(work)
+    shutil.rmtree(folder, ignore_errors=True)
+    work.rename(folder)
