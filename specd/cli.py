@@ -213,8 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "started from the target's embeddings learns them within --minutes, and "
                                    "TRAINING.md beside the weights says how often it agrees with the target on "
                                    "held-out code, what its step costs against the target's on each forward path, "
-                                   "and the tokens per forward that predicts. Ctrl-C saves a checkpoint in --out; "
-                                   "the same command goes on from it.")
+                                   "and the tokens per forward that predicts. With --head it trains a feature head "
+                                   "instead (EAGLE's draft: one layer reading the target's final hidden state). "
+                                   "Ctrl-C saves a checkpoint in --out; the same command goes on from it.")
     from specd.distill.train import add_arguments as train_draft_arguments  # light: no torch at import
 
     train_draft_arguments(p)

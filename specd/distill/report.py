@@ -387,7 +387,7 @@ def render_head(run, head_dir: Path, f: dict) -> str:
         "```",
         "",
         "The engine takes a feature head as `model.draft` once its loader lands; in code: "
-        "`FeatureHead.load(folder, target.get_input_embeddings().weight)`.",
+        "`FeatureHead.load(folder, target.get_input_embeddings().weight.detach())`.",
         "",
         f"Machine: {platform.processor() or platform.machine()}, {s.threads} torch threads, Python "
         f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}.",

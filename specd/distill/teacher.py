@@ -1,5 +1,6 @@
 """The target as a teacher: any name specd serves resolved to a torch folder, and its next-token
-distributions on the corpus, run once and kept as the top ``k`` (ids and log-probabilities).
+distributions on the corpus, run once and kept as the top ``k`` (ids and log-probabilities); for a
+feature head (``--head``), its final hidden states and greedy tokens instead.
 
 A GGUF target (a ``.gguf`` file, ``ollama:NAME``, or the default model) teaches from its
 dequantized transformers folder (``specd.llamacpp.dequantize``): on a CPU torch runs it
