@@ -196,3 +196,27 @@ def test_chain_tokens():
     assert chain_tokens(0.0, 0.9, 4) == 1.0
     assert chain_tokens(0.5, 0.5, 2) == pytest.approx(tokens_per_forward(0.5, 2))
     assert chain_tokens(0.4, 1.0, 3) == pytest.approx(2.2)
+
+
+def test_a_head_step_learns_the_next_state_and_trains_only_the_layer():
+    torch.manual_seed(0)
+    config = HeadConfig(hidden=16, heads=2, intermediate=24, vocab_size=40)
+    embedding = torch.randn(40, 16)
+    vocab = torch.arange(0, 40, 2)
+    head = head_training.build_head(config, vocab, embedding.clone(), embedding)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2)
+    windows = torch.randint(0, 40, (2, 10))
+    states = torch.randn(2, 10, 16).to(torch.bfloat16)
+    rows = head.rows.clone()
+
+    def loss() -> float:
+        with torch.no_grad():
+            return float(head_training.head_loss(head, head(states[:, :-1].float(), windows[:, 1:]),
+                                                 states[:, 1:].float())[0])
+
+    before = loss()
+    for _ in range(30):
+        head_training.head_train_step(head, optimizer, windows, states)
+    assert loss() < 0.8 * before
+    assert torch.equal(head.rows, rows) and torch.equal(head.embedding, embedding)
+    assert not {"rows", "vocab", "embedding"} & {name for name, _ in head.named_parameters()}
