@@ -56,3 +56,18 @@ def test_a_saved_head_loads_as_it_was(tmp_path):
     assert loaded.vocab.tolist() == [3, 7, 11, 20, 42]
     with pytest.raises(ValueError, match="vocabulary 50 and width 32"):
         FeatureHead.load(tmp_path / "h", torch.randn(60, 32))
+
+
+def test_a_cache_that_dropped_its_oldest_positions_keeps_the_rest_in_place():
+    head = _head()
+    features, tokens = torch.randn(8, 32), torch.randint(0, 50, (8,))
+    with torch.no_grad():
+        cache = HeadCache()
+        head.step(features[:6], tokens[:6], cache)
+        cache.drop_front(2)
+        last = head.step(features[6:], tokens[6:], cache)
+        # the same as a head that read positions 2.. at their own positions: rotary angles are
+        # relative, so it matches a fresh read of positions 2..7 from position 0
+        fresh = head.step(features[2:], tokens[2:], HeadCache())[4:]
+    assert cache.length == 6 and cache.dropped == 2
+    torch.testing.assert_close(last, fresh, atol=1e-4, rtol=1e-4)

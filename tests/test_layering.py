@@ -19,15 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = {"specd": ROOT / "specd", "specd_lsp": ROOT / "lsp" / "specd_lsp"}
 
 # Inside specd.engine, from the top down: a room may import the rooms after it, never before.
-ENGINE_ROOMS = ["loading", "engine", "completion", "idle", "resident", "remote", "front", "speculation", "caches", "forward"]
+ENGINE_ROOMS = ["loading", "engine", "completion", "idle", "resident", "remote", "front", "speculation", "head_state",
+                "caches", "forward"]
 # Foundations any room may import.
-ENGINE_FOUNDATIONS = {"types", "options", "models", "compat", "lookup", "builtin", "cold_start"}
+ENGINE_FOUNDATIONS = {"types", "options", "models", "compat", "lookup", "builtin", "cold_start", "feature_head"}
 # What the engine, a plain library, never reaches.
 OUTSIDE_THE_ENGINE = ("specd.daemon", "specd.protocol", "specd.cli", "specd.client", "specd_lsp", "specd.bench")
 # What of specd outside itself the engine may import.
 ENGINE_MAY_IMPORT = ("specd.engine", "specd.llamacpp", "specd.suggestion_rules", "specd.options_table", "specd.demo")
 # The rooms and foundations that run models: the front knows tokenizers and text, never these.
-MODEL_MACHINERY = {"speculation", "caches", "forward", "models", "compat"}
+MODEL_MACHINERY = {"speculation", "head_state", "caches", "forward", "models", "compat", "feature_head"}
 # What of specd the daemon may import; of the engine only its torch-free types, and its loader
 # lazily (inside a function: the worker thread calls it, after the loop has started).
 DAEMON_MAY_IMPORT = ("specd.daemon", "specd.protocol", "specd.config", "specd.logs", "specd.client",

@@ -549,13 +549,13 @@ def test_calibration_measures_the_draft_models_agreement_on_the_code_it_reads():
             del self.ids[length:]
 
     context = [i % 50 for i in range(CALIBRATION_CONTEXT)]
-    measured = calibrate(Model, lambda: Model(wrong=lambda token: token % 4 == 0), vocab_size=50, max_width=8,
+    measured = calibrate(Model, lambda target: Model(wrong=lambda token: token % 4 == 0), vocab_size=50, max_width=8,
                          device=torch.device("cpu"), context=context, target_rows=50)
     agreement = Agreement.of(measured.sample)
     assert agreement.positions == CALIBRATION_CONTEXT
     assert agreement.first == pytest.approx(sum(t % 4 != 0 for t in context) / len(context))
     assert measured.costs.draft_step is not None and sorted(measured.costs.target) == [1, 2, 4, 8]
-    assert calibrate(Model, lambda: Model(), vocab_size=50, max_width=8, device=torch.device("cpu")).sample is None
+    assert calibrate(Model, lambda target: Model(), vocab_size=50, max_width=8, device=torch.device("cpu")).sample is None
 
 
 def test_a_measured_agreement_lets_a_lagging_draft_model_run_from_the_first_request():

@@ -168,6 +168,11 @@ class LazyRows:
         return torch.stack([self.row(i) for i in range(len(self))])
 
 
+# Final hidden states a target's state keeps for a feature head: what the head attends over
+# (it was trained on windows of about this many tokens).
+FEATURE_WINDOW = 512
+
+
 class KVState:
     def __init__(self, model: PreTrainedModel, path: ForwardPath | None = None):
         self.model = model
@@ -176,6 +181,11 @@ class KVState:
         self.cache = self.path.new_cache()
         self.ids: list[int] = []
         self.forwards = 0
+        # Final hidden states of the last positions run, for a feature head to read
+        # (``features``): kept where ``keeps_features`` is set and the path gives them.
+        self.keeps_features = False
+        self._features: torch.Tensor | None = None  # [n, D]: positions _features_from .. len(ids) - 1
+        self._features_from = 0
 
     def rollback(self, length: int) -> None:
         """Forget everything after the first ``length`` tokens (a crop, not a recompute). Should
@@ -187,6 +197,7 @@ class KVState:
                 self.reset()
                 raise
             del self.ids[length:]
+            self._crop_features(length)
 
     def extend(self, new_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
         """Run ``new_ids`` after the held tokens; logits [len(new_ids), V] (or [1, V] when last_only).
@@ -194,7 +205,49 @@ class KVState:
         A forward that fails part-way (out of memory, or any other error) has grown
         the layers it reached and not the rest: every layer is cropped back to the tokens held
         before the call, and the error is raised. The cache is never left inconsistent."""
+        if self.gives_features:  # the same products a forward with its head runs, row by row
+            hidden = self._forward(new_ids, head=False)
+            return self.path.head(hidden[-1:] if last_only else hidden)
         return self._forward(new_ids, last_only=last_only)
+
+    @property
+    def gives_features(self) -> bool:
+        """Whether this state keeps the final hidden states of what it runs (``features``)."""
+        return self.keeps_features and self.path.gives_hidden
+
+    @property
+    def features_from(self) -> int | None:
+        """The first position whose final hidden state this state keeps (None: none)."""
+        return self._features_from if self._features is not None else None
+
+    def features(self, start: int, end: int) -> torch.Tensor | None:
+        """The final hidden states [end - start, D] of positions start .. end - 1, where this
+        state still keeps them (the last ``FEATURE_WINDOW`` positions it ran), else None."""
+        held = self._features
+        if held is None or start < self._features_from or end > len(self.ids) or start > end:
+            return None
+        return held[start - self._features_from:end - self._features_from]
+
+    def _note_features(self, hidden: torch.Tensor | None, added: int) -> None:
+        """The forward that added the last ``added`` positions gave ``hidden`` (None: none)."""
+        start = len(self.ids) - added
+        held = self._features
+        if hidden is None or hidden.shape[0] != added:
+            self._features = None  # a gap: features start again with the next forward that gives them
+            return
+        if held is None or self._features_from + held.shape[0] != start:
+            held, self._features_from = hidden, start
+        else:
+            held = torch.cat([held, hidden])
+        if held.shape[0] > FEATURE_WINDOW:
+            self._features_from += held.shape[0] - FEATURE_WINDOW
+            held = held[-FEATURE_WINDOW:]
+        self._features = held
+
+    def _crop_features(self, length: int) -> None:
+        if self._features is not None:
+            kept = length - self._features_from
+            self._features = self._features[:kept] if kept > 0 else None
 
     @property
     def lazy_head(self) -> bool:
@@ -245,6 +298,8 @@ class KVState:
         if not self.trees:
             raise ValueError(f"the {self.path.name} forward runs no token trees")
         if not self.lazy_head:
+            if self.gives_features:
+                return DenseRows(self.path.head(self._forward(new_ids, head=False, parents=parents))[skip:])
             return DenseRows(self._forward(new_ids, parents=parents)[skip:])
         return LazyRows(self._forward(new_ids, head=False, parents=parents)[skip:], self.path.head)
 
@@ -259,18 +314,24 @@ class KVState:
             self.reset()
             raise
         self.ids[start:] = [self.ids[slot] for slot in slots]
+        held, first = self._features, self._features_from
+        if held is not None:  # the kept path's features move with its K/V
+            self._features = torch.cat([held[:start - first], held[[s - first for s in slots]]]) \
+                if first <= start else None
 
     def _forward(self, new_ids: Sequence[int], **kwargs: Any) -> torch.Tensor:
         input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
-        return self._run(new_ids, lambda: self.path.forward(input_ids, self.cache, **kwargs))
+        hidden = kwargs.get("head") is False and not kwargs.get("last_only")
+        return self._run(new_ids, lambda: self.path.forward(input_ids, self.cache, **kwargs), hidden)
 
     def _forward_ids(self, new_ids: list[int], rows_from: int) -> np.ndarray:
         """``_forward`` on a path that takes a list and gives numpy logits (``host_ids``)."""
         return self._run(new_ids, lambda: self.path.forward_ids(new_ids, self.cache, rows_from=rows_from))
 
-    def _run(self, new_ids: Sequence[int], forward: Callable[[], Any]) -> Any:
+    def _run(self, new_ids: Sequence[int], forward: Callable[[], Any], hidden: bool = False) -> Any:
         """``forward()`` over ``new_ids`` into the cache: the ids are held once it returns; if it
-        fails, every layer goes back to the tokens held before and the error is raised."""
+        fails, every layer goes back to the tokens held before and the error is raised.
+        ``hidden``: it returns the final hidden states of every new position."""
         try:
             out = forward()
         except BaseException:
@@ -278,6 +339,8 @@ class KVState:
             raise
         self.ids.extend(new_ids)
         self.forwards += 1
+        if self.keeps_features:
+            self._note_features(out if hidden else None, len(new_ids))
         return out
 
     def _restore(self, length: int) -> None:
@@ -318,6 +381,7 @@ class KVState:
 
     def reset(self) -> None:
         self.ids = []
+        self._features = None
         self.cache = None  # its memory goes back first: a path with a pool of caches may need it
         self.cache = self.path.new_cache()
 

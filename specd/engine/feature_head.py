@@ -72,18 +72,27 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
 
 @dataclass
 class HeadCache:
-    """The head's keys and values for the positions it has read ([heads, T, head_dim] each)."""
+    """The head's keys and values for the positions it has read ([heads, T, head_dim] each),
+    after the ``dropped`` oldest ones it no longer attends to."""
 
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    dropped: int = 0
 
     @property
     def length(self) -> int:
         return 0 if self.keys is None else self.keys.shape[1]
 
     def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions held."""
         if self.keys is not None and length < self.length:
             self.keys, self.values = self.keys[:, :length], self.values[:, :length]
+
+    def drop_front(self, count: int) -> None:
+        """Stop attending to the ``count`` oldest positions; the rest keep their positions."""
+        if self.keys is not None and count > 0:
+            self.keys, self.values = self.keys[:, count:], self.values[:, count:]
+            self.dropped += count
 
 
 class FeatureHead(nn.Module):
@@ -137,7 +146,7 @@ class FeatureHead(nn.Module):
         """Predicted next states [n, D] of ``n`` new positions after those ``cache`` holds; their
         keys and values join it."""
         x = self.inputs(features, tokens)
-        start = cache.length
+        start = cache.dropped + cache.length
         q, k, v = self._split(x, torch.arange(start, start + x.shape[0]))
         keys = k if cache.keys is None else torch.cat([cache.keys, k], 1)
         values = v if cache.values is None else torch.cat([cache.values, v], 1)

@@ -92,8 +92,8 @@ class ModelPair:
 
     def input_vocab(self) -> int:
         """Token ids every model of the pair embeds: the smaller embedding's rows."""
-        return min(self.target.vocab_size if is_gguf(m) else m.get_input_embeddings().weight.shape[0]
-                   for m in (self.target, self.draft) if m is not None)
+        return min(m.vocab_size if is_gguf(m) else m.config.vocab_size if is_head(m) else
+                   m.get_input_embeddings().weight.shape[0] for m in (self.target, self.draft) if m is not None)
 
     def window(self) -> int | None:
         """Positions the target attends to (``options.context_window``; a GGUF file's trained
@@ -133,6 +133,14 @@ def is_gguf(model) -> bool:
     from specd.llamacpp.model import GgufModel
 
     return isinstance(model, GgufModel)
+
+
+def is_head(model) -> bool:
+    """Whether ``model`` is a feature head (``specd.engine.feature_head``): a draft that reads the
+    target's final hidden states, run by ``head_state.HeadState``."""
+    from specd.engine.feature_head import FeatureHead
+
+    return isinstance(model, FeatureHead)
 
 
 def output_rows(model) -> int:
@@ -280,7 +288,14 @@ def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str =
     vocabularies, and not at all when its tokenizer files are the target's own (the same
     folder, or files of the same content). A target that names a GGUF file (or an Ollama
     model) loads as ``load_gguf_pair`` says."""
+    from specd.engine.feature_head import is_feature_head
+
+    head = bool(draft) and is_feature_head(draft)
     if is_gguf_name(target) or (draft and is_gguf_name(draft)):
+        if head:
+            raise ModelLoadError(f"draft {draft} is a feature head, which reads the target's final hidden states "
+                                 f"on torch's forward; the GGUF target {target} runs on llama.cpp's: set "
+                                 "engine.forward_backend = \"torch\" to pair them")
         return load_gguf_pair(target, draft, device, dtype)
     times = StartupTimes()
     dev = resolve_device(device)
@@ -289,7 +304,7 @@ def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str =
     with times.step("tokenizer"):
         tokenizer = load_tokenizer(target, trust_remote_code)
         fingerprint = tokenizer_fingerprint(target)
-    if draft:
+    if draft and not head:
         _check_source(draft, "draft")
         with times.step("draft tokenizer check"):
             if fingerprint is not None and tokenizer_fingerprint(draft) == fingerprint:
@@ -300,11 +315,27 @@ def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str =
     with times.step("target model"):
         target_model = load_model(target, "target", dev, dt, trust_remote_code)
     draft_model = None
-    if draft:
+    if head:
+        log.info("loading draft %s (a feature head)", draft)
+        with times.step("draft model"):
+            draft_model = load_feature_head(draft, target_model, dev)
+    elif draft:
         log.info("loading draft %s", draft)
         with times.step("draft model"):
             draft_model = load_model(draft, "draft", dev, dt, trust_remote_code)
     return ModelPair(target_model, draft_model, tokenizer, target, draft or None, dev, dt, fingerprint, times)
+
+
+def load_feature_head(folder: str, target_model, device: torch.device):
+    """The feature head in ``folder``, reading ``target_model``'s input embeddings (shared, not
+    copied, where they are float32); one-line errors for a head trained for another vocabulary."""
+    from specd.engine.feature_head import FeatureHead
+
+    embedding = target_model.get_input_embeddings().weight.detach()
+    try:
+        return FeatureHead.load(Path(folder).expanduser(), embedding).float().to(device)
+    except (ValueError, OSError) as err:
+        raise ModelLoadError(f"draft {folder}: {err}") from None
 
 
 def load_gguf_pair(target: str, draft: str | None, device: str = "auto", dtype: str = "auto") -> ModelPair:

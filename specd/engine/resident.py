@@ -19,8 +19,9 @@ from specd.engine.caches import DocumentState, KVState
 from specd.engine.cold_start import ColdStart
 from specd.engine.forward.auto import choose_auto
 from specd.engine.forward.choose import choose_forward_path, llamacpp_forward
+from specd.engine.head_state import HEAD_PATH, HeadState
 from specd.engine.front.engine_front import EngineFront
-from specd.engine.models import ModelPair, StartupTimes, load_pair, stderr_is_terminal
+from specd.engine.models import ModelPair, StartupTimes, is_head, load_pair, stderr_is_terminal
 from specd.engine.options import FORWARD_OPTIONS, EngineOptions
 from specd.engine.speculation import drafters
 from specd.engine.speculation.agreement import NO_SAMPLE_CONFIDENCE, Agreement, choose_confidence, code_sample
@@ -89,6 +90,11 @@ def install(engine: Installed, pair: ModelPair, paths: dict | None = None) -> No
     for role, (path, why) in engine.paths.items():
         detail = why or path.description
         log.info("%s forward: %s%s", role, path.name, f" ({detail})" if detail else "")
+    target_path, why = engine.paths["target"]
+    if is_head(pair.draft) and not target_path.gives_hidden:
+        raise ModelLoadError(f"draft {pair.draft_name} is a feature head, which reads the target's final hidden "
+                             f"states; the target's {target_path.name} forward does not give them"
+                             f"{f' ({why})' if why else ''}")
     _calibrate(engine, pair, times)
     for path, _ in engine.paths.values():  # which forwards to record is learnt from requests
         path.forget_uses()
@@ -110,7 +116,7 @@ def _calibrate(engine: Installed, pair: ModelPair, times: StartupTimes) -> None:
         calibration, engine.costs_cached = cached_calibration(
             calibration_key(pair, paths, options, engine.vocab_size), lambda: calibrate(
                 lambda: new_kv(pair, paths, "target"),
-                (lambda: new_kv(pair, paths, "draft")) if pair.draft is not None else None,
+                (lambda target: new_draft(pair, paths, target)) if pair.draft is not None else None,
                 pair.input_vocab(), widest_verify(options, paths), pair.device,
                 context=code_sample(engine.front.prompts.encode, pair.input_vocab()), target_rows=engine.vocab_size))
     costs, sample = calibration.costs, calibration.sample
@@ -166,6 +172,8 @@ def forward_path(model, source: str, pair: ModelPair, role: str, options: Engine
     lean path, else transformers' with why), llamacpp (llama.cpp's forward where it can
     serve this model, else torch's with why), or auto (whichever a few forwards timed here
     say is faster, ``auto.choose_auto``, its figures kept in ``auto_choices``; why holds them)."""
+    if is_head(model):
+        return HEAD_PATH, None
     backend = options.forward_backend
     if backend == "auto":
         choice = choose_auto(model, source, pair, options, role)
@@ -183,15 +191,26 @@ def forward_path(model, source: str, pair: ModelPair, role: str, options: Engine
 
 
 def new_kv(pair: ModelPair, paths: dict, role: str) -> KVState:
-    """An empty cache for ``role``'s model on its forward path."""
+    """An empty cache for ``role``'s model on its forward path; the target's keeps its final
+    hidden states from its first forward where the draft is a feature head, which reads them."""
     path, _ = paths[role]
-    return KVState(pair.target if role == "target" else pair.draft, path)
+    state = KVState(pair.target if role == "target" else pair.draft, path)
+    state.keeps_features = role == "target" and is_head(pair.draft)
+    return state
+
+
+def new_draft(pair: ModelPair, paths: dict, target: KVState) -> KVState | HeadState:
+    """An empty draft state beside ``target`` (the same document's): a feature head reads the
+    target's states, so its state is bound to that one."""
+    if is_head(pair.draft):
+        return HeadState(pair.draft, target)
+    return new_kv(pair, paths, "draft")
 
 
 def new_state(pair: ModelPair, paths: dict) -> DocumentState:
     """An empty document state: the target's cache, and the draft model's where one is loaded."""
     target = new_kv(pair, paths, "target")
-    return DocumentState(target, new_kv(pair, paths, "draft") if pair.draft is not None else None)
+    return DocumentState(target, new_draft(pair, paths, target) if pair.draft is not None else None)
 
 
 # -- what a load sets for the process -----------------------------------------------------------
@@ -257,7 +276,8 @@ def resolve_models(options: EngineOptions) -> tuple[str, str]:
     except FetchError as err:
         raise ModelLoadError(str(err)) from None
     if is_gguf_name(target) and gguf_on_torch(options):
-        target, draft = dequantized(target, "target"), dequantized(draft, "draft") if draft else draft
+        target = dequantized(target, "target")
+        draft = dequantized(draft, "draft") if draft and is_gguf_name(draft) else draft
     return target, draft
 
 

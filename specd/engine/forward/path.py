@@ -37,6 +37,9 @@ class ForwardPath(Protocol):
     # step that never touches torch (on llama.cpp a torch tensor in and out of each step cost a
     # tenth of a small model's forward: docs/llamacpp.md)
     host_ids: bool
+    # forward(..., head=False) returns the final hidden states [T, D] on any device, and head()
+    # turns them into logits: a feature head (``specd.engine.feature_head``) can read them
+    gives_hidden: bool
 
     def new_cache(self) -> Any: ...
     def forward(self, input_ids: torch.Tensor, cache: Any, last_only: bool = False) -> torch.Tensor: ...
@@ -88,6 +91,7 @@ class BasicPath:
     recordings = 0
     replays = False
     host_ids = False
+    gives_hidden = False
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"the {self.name} forward computes its logits within the forward (no lazy head)")

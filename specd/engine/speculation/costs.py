@@ -356,12 +356,13 @@ class Calibration:
     sample: AgreementSample | None = None
 
 
-def calibrate(target_state_factory: Callable[[], object], draft_state_factory: Callable[[], object] | None,
+def calibrate(target_state_factory: Callable[[], object], draft_state_factory: Callable[[object], object] | None,
               vocab_size: int, max_width: int, device: torch.device, context: Sequence[int] | None = None,
               target_rows: int | None = None) -> Calibration:
     """Seed the costs: forwards of each width after ``CALIBRATION_CONTEXT`` tokens of context,
     for the target, and draft steps and catch-up for the draft model. KV states come from the
-    factories (``KVState``s) and are thrown away.
+    factories (``KVState``s; the draft's is given the target's, which a feature head reads) and
+    are thrown away.
 
     ``context``: code to use as that context (``agreement.code_sample``); then both models read
     it with every row of logits, and their greedy next tokens are kept (``AgreementSample``), at
@@ -410,7 +411,7 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
     if head_ms:
         costs.head_row = statistics.median(head_ms)
     if draft_state_factory is not None:
-        draft = draft_state_factory()
+        draft = draft_state_factory(state)
         if measure:
             sample = AgreementSample(target_next, *next_tokens(draft, context, rows))
         else:

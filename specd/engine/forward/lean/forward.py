@@ -48,6 +48,7 @@ class LeanForward:
     trees = True  # forward(parents=...) runs a token tree; keep() keeps one path of it
     rows_from = False  # prompt tokens ride with a step through the lazy head instead (on a CPU)
     host_ids = False  # torch tensors in and out (its rows come from the lazy head)
+    gives_hidden = True  # forward(head=False) and head(), on every device
 
     def __init__(self, model: PreTrainedModel, transposed_weights: str = "auto"):
         """``transposed_weights``: hold every weight matrix a second time, transposed, so that

@@ -1,0 +1,173 @@
+"""The draft role's state when the draft is a feature head (``feature_head``): what the decode
+loop, the drafter and the calibration ask of a draft model's ``KVState``, answered by the head
+reading the target's own final hidden states.
+
+Position p of the head reads the token at p and the target's state at p - 1 (the state that
+emitted that token) and predicts the state at p, which its rows score into the token after p. So
+the head can read a position with the target's own state where the target has run the tokens up
+to it and still keeps its state (``KVState.features``, the last ``FEATURE_WINDOW`` positions);
+past that (the pending token, a drafted chain) it reads its own prediction of the state before.
+Positions read with a prediction are read again once the target's state for them exists:
+``logits_after`` rolls back to the last position read with a state of the target's own.
+
+Where the target keeps no state for the positions before (a document whose prefix was computed
+before, a restart), the head's cache starts again after them: its ``ids`` still hold every token,
+as a draft model's cache would, so the planner's catch-up counts stay true.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from specd.engine.caches import FEATURE_WINDOW, KVState, common_prefix
+from specd.engine.feature_head import FeatureHead, HeadCache
+
+
+class HeadPath:
+    """What the engine asks of a draft's forward path, for a feature head: a name for logs, the
+    stats and the calibration's key; nothing recorded, replayed or reclaimed."""
+
+    name = "feature-head"
+    description = "a feature head reading the target's final hidden states"
+    lazy_head = rows_from = trees = replays = host_ids = gives_hidden = False
+    recordings = 0
+
+    def add_reclaimer(self, reclaim: Callable[[], bool]) -> None:
+        return None
+
+    def forget_uses(self) -> None:
+        return None
+
+
+HEAD_PATH = HeadPath()
+
+
+class HeadState:
+    """One concern: the feature head's cache for one document, kept in step with the target's
+    state of the same document (see the module docstring)."""
+
+    path = HEAD_PATH
+    lazy_head = merges_prompt = trees = False
+    recordings = 0
+
+    def __init__(self, head: FeatureHead, target: KVState):
+        self.head = head
+        self.model = head
+        self.target = target
+        target.keeps_features = True
+        self.device = head.rows.device
+        self.vocab_size = head.config.vocab_size
+        self.ids: list[int] = []
+        self.forwards = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.ids = []
+        self.cache = HeadCache()
+        self._start = 0  # the position the head's cache starts at
+        self._outputs: torch.Tensor | None = None  # predicted states of the positions read [n, D]
+        self._true = 0  # positions before this were read with the target's own states
+
+    def rollback(self, length: int) -> None:
+        if length < len(self.ids):
+            del self.ids[length:]
+            read = max(0, length - self._start)
+            self.cache.crop(read)
+            if self._outputs is not None:
+                self._outputs = self._outputs[:read] if read else None
+            self._true = min(self._true, length)
+
+    def logits_after(self, seq: Sequence[int]) -> torch.Tensor:
+        """Logits [1, V] of the token after ``seq``."""
+        self.rollback(min(common_prefix(self.ids, seq), len(seq) - 1, self._true))
+        return self.extend(seq[len(self.ids):], last_only=True)
+
+    def prefill(self, ids: Sequence[int], deadline: float | None = None, piece: int | None = None) -> bool:
+        """Hold exactly ``ids``, read with the target's states where it has them (it runs first)."""
+        self.rollback(min(common_prefix(self.ids, ids), self._true))
+        if len(self.ids) < len(ids):
+            self._read(list(ids[len(self.ids):]))
+        return True
+
+    def extend(self, new_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
+        """Read ``new_ids``; logits [len(new_ids), V] of the token after each (or [1, V])."""
+        new = list(new_ids)
+        states = self._read(new)
+        if last_only:
+            states = states[-1:]
+        return self._logits(states)
+
+    def nbytes(self) -> int:
+        tensors = (self.cache.keys, self.cache.values, self._outputs)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def prepare(self, ahead: int) -> int:
+        return 0
+
+    def _read(self, new: list[int]) -> list[torch.Tensor | None]:
+        """Read the positions of ``new`` (after ``ids``); each one's predicted state, None where
+        the head could not read it (no state before it, the target's or its own)."""
+        self.forwards += 1
+        first = len(self.ids)
+        seq = self.ids + new
+        self.ids = seq
+        states: list[torch.Tensor | None] = [None] * len(new)
+        # The target's own states: positions p whose tokens up to p the target has run (its state
+        # at p - 1 is the one that emitted token p) and whose state at p - 1 it keeps.
+        kept = self.target.features_from
+        true_end = min(len(seq), common_prefix(self.target.ids, seq) + 1)
+        p = first
+        if kept is not None and p < true_end and kept + 1 < true_end:
+            if p < max(kept + 1, 1) or p != self._start + self.cache.length:
+                self._restart(max(p, kept + 1, 1))  # the states before are gone: start after them
+            p = self._start + self.cache.length
+            features = self.target.features(p - 1, true_end - 1)
+            if features is not None and p < true_end:
+                out = self._step(features, seq[p:true_end])
+                for i in range(p, true_end):
+                    states[i - first] = out[i - p]
+                self._true = true_end
+                p = true_end
+        # Past the target's states: each position reads the state the head predicted before it.
+        while p < len(seq):
+            if p != self._start + self.cache.length or self._outputs is None:
+                break  # nothing read before it: these positions stay unread
+            out = self._step(self._outputs[-1:], seq[p:p + 1])
+            states[p - first] = out[0]
+            p += 1
+        self._trim()
+        return states
+
+    def _restart(self, start: int) -> None:
+        self.cache = HeadCache()
+        self._outputs = None
+        self._start = start
+        self._true = start  # the positions before it can be read no better
+
+    def _step(self, features: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            out = self.head.step(features.to(self.head.rows.dtype), torch.tensor(list(tokens), device=self.device),
+                                 self.cache)
+        self._outputs = out if self._outputs is None else torch.cat([self._outputs, out])
+        return out
+
+    def _trim(self) -> None:
+        """Keep the head's cache to twice the target's feature window: it attends over the recent
+        code, as it was trained to, and a long session does not grow it without end."""
+        extra = self.cache.length - 2 * FEATURE_WINDOW
+        if extra > 0 and self._outputs is not None:
+            self.cache.drop_front(extra)
+            self._outputs = self._outputs[extra:]
+            self._start += extra
+
+    def _logits(self, states: list[torch.Tensor | None]) -> torch.Tensor:
+        """Rows [n, V]: the head's scores over its vocabulary, -inf elsewhere; an unread
+        position's row is uniform over the vocabulary (no confidence: a chain stops there)."""
+        rows = torch.full((len(states), self.vocab_size), float("-inf"), device=self.device)
+        vocab = self.head.vocab
+        with torch.inference_mode():
+            for i, state in enumerate(states):
+                rows[i, vocab] = self.head.scores(state).float() if state is not None else 0.0
+        return rows

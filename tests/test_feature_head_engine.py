@@ -1,0 +1,90 @@
+"""A feature head as the engine's draft: it reads the target's own final hidden states at the
+right positions, its chains keep the output the target's greedy, and a pair it cannot serve is
+refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from engine_helpers import assert_lossless, make_engine
+from specd.engine import CompletionRequest
+from specd.engine.caches import KVState
+from specd.engine.feature_head import FeatureHead, HeadConfig
+from specd.engine.forward.lean import LeanForward
+from specd.engine.head_state import HeadState
+from specd.engine.models import load_pair
+from specd.engine.types import ModelLoadError
+
+
+def make_head(target_dir, out, seed: int = 0):
+    """A head for the tiny target: its every token scored, the layer randomly disturbed from its
+    identity start (so it predicts something other than the state it reads)."""
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    c = model.config
+    torch.manual_seed(seed)
+    vocab = torch.arange(c.vocab_size - 7)  # a reduced vocabulary: the last few ids never drafted
+    head = FeatureHead(HeadConfig(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.vocab_size,
+                                  getattr(c, "rope_theta", 10000.0), c.rms_norm_eps),
+                       vocab, model.get_output_embeddings().weight.detach()[vocab].clone(),
+                       model.get_input_embeddings().weight.detach())
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    head.save(out)
+    return out, head
+
+
+@pytest.fixture(scope="module")
+def head_pair(llama_pair, tmp_path_factory):
+    target, _ = llama_pair
+    folder, head = make_head(target, tmp_path_factory.mktemp("head") / "head")
+    return target, folder, head
+
+
+def test_the_head_reads_the_targets_states_one_position_behind(head_pair):
+    target_dir, _, head = head_pair
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    target = KVState(model, LeanForward(model, transposed_weights="off"))
+    state = HeadState(head, target)
+    seq = torch.randint(0, model.config.vocab_size, (40,)).tolist()
+    target.extend(seq[:30], last_only=True)  # the target has run the prompt but its last token
+    with torch.no_grad():
+        hidden = model.model(input_ids=torch.tensor([seq])).last_hidden_state  # [1, 40, D]
+        # position p reads token p and the target's state at p - 1 (position 0 has none)
+        expected = head.scores(head(hidden[:, :30], torch.tensor([seq[1:31]]))[0, -1])
+    got = state.logits_after(seq[:31])[0]
+    torch.testing.assert_close(got[head.vocab], expected, atol=2e-4, rtol=2e-4)
+    assert torch.isinf(got[-7:]).all()  # never a token outside its vocabulary
+
+    # A drafted chain reads the head's own predictions; once the target has run those tokens,
+    # the next draft reads the target's states again, as a head that never drafted would.
+    state.extend(seq[31:34], last_only=True)
+    target.extend(seq[30:36])
+    again = state.logits_after(seq[:37])[0]
+    with torch.no_grad():
+        fresh = head.scores(head(hidden[:, :36], torch.tensor([seq[1:37]]))[0, -1])
+    torch.testing.assert_close(again[head.vocab], fresh, atol=2e-4, rtol=2e-4)
+
+
+def test_completions_with_the_head_drafting_are_the_targets_greedy(head_pair, sample_source):
+    target, folder, _ = head_pair
+    engine = make_engine(target, folder, prefix_tokens=384, suffix_tokens=128)
+    assert engine.paths["draft"][0].name == "feature-head"
+    text, drafted = sample_source, 0
+    for at in (len(text) // 3, len(text) // 2, len(text) // 2 + 7):
+        text = text[:at] + "value = " + text[at:]
+        result = engine.complete(CompletionRequest(text=text, offset=at + 8, uri="file:///head.py", max_tokens=24,
+                                                   use_draft_model=True, use_lookup=False))
+        assert_lossless(engine, result, 24)
+        drafted += result.sources["draft"].proposed if "draft" in result.sources else 0
+    assert drafted > 0  # the head drafted, and what it drafted was verified away or kept
+
+
+def test_a_head_is_refused_where_the_target_gives_no_states(head_pair, tmp_path):
+    target, folder, _ = head_pair
+    with pytest.raises(ModelLoadError, match="feature head.*llama.cpp"):
+        load_pair(str(tmp_path / "model.gguf"), str(folder))
+    with pytest.raises(ModelLoadError, match="feature head.*does not give them"):
+        make_engine(target, folder, fast_forward=False)
