@@ -73,25 +73,52 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
 @dataclass
 class HeadCache:
     """The head's keys and values for the positions it has read ([heads, T, head_dim] each),
-    after the ``dropped`` oldest ones it no longer attends to."""
+    after the ``dropped`` oldest ones it no longer attends to. Held in buffers that grow by
+    doubling: a drafting step appends one position, and a copy of them all each step would
+    cost as much as the step's products."""
 
-    keys: torch.Tensor | None = None
-    values: torch.Tensor | None = None
+    length: int = 0
     dropped: int = 0
+    _keys: torch.Tensor | None = None  # [heads, capacity, head_dim]
+    _values: torch.Tensor | None = None
 
     @property
-    def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[1]
+    def keys(self) -> torch.Tensor | None:
+        return None if self._keys is None else self._keys[:, :self.length]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._values is None else self._values[:, :self.length]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self._keys, self._values) if t is not None)
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        end = self.length + keys.shape[1]
+        if self._keys is None or end > self._keys.shape[1]:
+            capacity = max(end, 2 * (0 if self._keys is None else self._keys.shape[1]), 64)
+            grown_k = keys.new_empty(keys.shape[0], capacity, keys.shape[2])
+            grown_v = values.new_empty(values.shape[0], capacity, values.shape[2])
+            if self.length:
+                grown_k[:, :self.length] = self._keys[:, :self.length]
+                grown_v[:, :self.length] = self._values[:, :self.length]
+            self._keys, self._values = grown_k, grown_v
+        self._keys[:, self.length:end] = keys
+        self._values[:, self.length:end] = values
+        self.length = end
 
     def crop(self, length: int) -> None:
         """Keep the first ``length`` positions held."""
-        if self.keys is not None and length < self.length:
-            self.keys, self.values = self.keys[:, :length], self.values[:, :length]
+        self.length = max(0, min(self.length, length))
 
     def drop_front(self, count: int) -> None:
         """Stop attending to the ``count`` oldest positions; the rest keep their positions."""
-        if self.keys is not None and count > 0:
-            self.keys, self.values = self.keys[:, count:], self.values[:, count:]
+        count = min(count, self.length)
+        if self._keys is not None and count > 0:
+            rest = self.length - count
+            self._keys[:, :rest] = self._keys[:, count:self.length].clone()
+            self._values[:, :rest] = self._values[:, count:self.length].clone()
+            self.length = rest
             self.dropped += count
 
 
@@ -115,7 +142,9 @@ class FeatureHead(nn.Module):
         self.down = nn.Linear(i, d, bias=False)
         self.register_buffer("vocab", vocab.long())
         self.register_buffer("rows", rows.float())
-        self.embedding = embedding
+        # a plain tensor, never a parameter of the head's (handed an nn.Parameter, a module would
+        # register it, and then look for it in the head's file)
+        self.embedding = embedding.detach() if embedding is not None else None
         with torch.no_grad():  # start as "the next state is this one": a sensible first guess
             self.fc.weight.zero_()
             self.fc.weight[:, :d] = torch.eye(d)
@@ -148,11 +177,11 @@ class FeatureHead(nn.Module):
         x = self.inputs(features, tokens)
         start = cache.dropped + cache.length
         q, k, v = self._split(x, torch.arange(start, start + x.shape[0]))
-        keys = k if cache.keys is None else torch.cat([cache.keys, k], 1)
-        values = v if cache.values is None else torch.cat([cache.values, v], 1)
-        cache.keys, cache.values = keys, values
+        cache.append(k, v)
+        keys, values = cache.keys, cache.values
         n, total = x.shape[0], keys.shape[1]
-        mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)  # each new position sees itself and before
+        # each new position sees itself and those before (one new position: all of them)
+        mask = None if n == 1 else torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)
         return self._finish(x, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask))
 
     def scores(self, states: torch.Tensor) -> torch.Tensor:

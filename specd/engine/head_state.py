@@ -67,7 +67,7 @@ class HeadState:
         self.ids = []
         self.cache = HeadCache()
         self._start = 0  # the position the head's cache starts at
-        self._outputs: torch.Tensor | None = None  # predicted states of the positions read [n, D]
+        self._outputs: list[torch.Tensor] = []  # the predicted state [D] of each position read
         self._true = 0  # positions before this were read with the target's own states
 
     def rollback(self, length: int) -> None:
@@ -75,8 +75,7 @@ class HeadState:
             del self.ids[length:]
             read = max(0, length - self._start)
             self.cache.crop(read)
-            if self._outputs is not None:
-                self._outputs = self._outputs[:read] if read else None
+            del self._outputs[read:]
             self._true = min(self._true, length)
 
     def logits_after(self, seq: Sequence[int]) -> torch.Tensor:
@@ -100,8 +99,7 @@ class HeadState:
         return self._logits(states)
 
     def nbytes(self) -> int:
-        tensors = (self.cache.keys, self.cache.values, self._outputs)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return self.cache.nbytes() + sum(t.numel() * t.element_size() for t in self._outputs)
 
     def prepare(self, ahead: int) -> int:
         return 0
@@ -132,9 +130,9 @@ class HeadState:
                 p = true_end
         # Past the target's states: each position reads the state the head predicted before it.
         while p < len(seq):
-            if p != self._start + self.cache.length or self._outputs is None:
+            if p != self._start + self.cache.length or not self._outputs:
                 break  # nothing read before it: these positions stay unread
-            out = self._step(self._outputs[-1:], seq[p:p + 1])
+            out = self._step(self._outputs[-1][None], seq[p:p + 1])
             states[p - first] = out[0]
             p += 1
         self._trim()
@@ -142,7 +140,7 @@ class HeadState:
 
     def _restart(self, start: int) -> None:
         self.cache = HeadCache()
-        self._outputs = None
+        self._outputs = []
         self._start = start
         self._true = start  # the positions before it can be read no better
 
@@ -150,16 +148,17 @@ class HeadState:
         with torch.inference_mode():
             out = self.head.step(features.to(self.head.rows.dtype), torch.tensor(list(tokens), device=self.device),
                                  self.cache)
-        self._outputs = out if self._outputs is None else torch.cat([self._outputs, out])
+        self._outputs.extend(out)
         return out
 
     def _trim(self) -> None:
-        """Keep the head's cache to twice the target's feature window: it attends over the recent
-        code, as it was trained to, and a long session does not grow it without end."""
-        extra = self.cache.length - 2 * FEATURE_WINDOW
-        if extra > 0 and self._outputs is not None:
+        """Past twice the target's feature window, keep the head's cache to the last window: it
+        attends over the recent code, as it was trained to, and a long session does not grow it
+        without end (by halves, so the copy is rare)."""
+        if self.cache.length > 2 * FEATURE_WINDOW:
+            extra = self.cache.length - FEATURE_WINDOW
             self.cache.drop_front(extra)
-            self._outputs = self._outputs[extra:]
+            del self._outputs[:extra]
             self._start += extra
 
     def _logits(self, states: list[torch.Tensor | None]) -> torch.Tensor:
