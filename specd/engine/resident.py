@@ -175,6 +175,9 @@ def forward_path(model, source: str, pair: ModelPair, role: str, options: Engine
     if is_head(model):
         return HEAD_PATH, None
     backend = options.forward_backend
+    if role == "target" and is_head(pair.draft) and backend == "auto":
+        path, why = choose_forward_path(model, options)  # the head reads hidden states only torch's give
+        return path, why or "torch's forward: the draft is a feature head, which reads its final hidden states"
     if backend == "auto":
         choice = choose_auto(model, source, pair, options, role)
         auto_choices[role] = choice.figures
@@ -275,10 +278,18 @@ def resolve_models(options: EngineOptions) -> tuple[str, str]:
         target, draft = resolve_names(options.target, options.draft, say=log.info)
     except FetchError as err:
         raise ModelLoadError(str(err)) from None
-    if is_gguf_name(target) and gguf_on_torch(options):
+    if is_gguf_name(target) and (gguf_on_torch(options) or head_on_auto(options, draft)):
         target = dequantized(target, "target")
         draft = dequantized(draft, "draft") if draft and is_gguf_name(draft) else draft
     return target, draft
+
+
+def head_on_auto(options: EngineOptions, draft: str) -> bool:
+    """Whether the draft is a feature head with the forward left to ``auto``: a head reads the
+    target's final hidden states, which only torch's forward gives, so a GGUF target runs there."""
+    from specd.engine.feature_head import is_feature_head
+
+    return options.forward_backend == "auto" and bool(draft) and is_feature_head(draft)
 
 
 def gguf_on_torch(options: EngineOptions) -> bool:
