@@ -44,9 +44,9 @@ class StreamedCompletion:
 
     With ``partial_of`` (the partialLineMs setting on), before its first line with text is
     settled it also keeps ``partial``: what may be shown of the text so far, by that function
-    (``completion.partial_line`` at the stream's cursor). Once an answer
-    showed a partial (``showing_partial``), the cache entry follows the partial as it grows, then
-    the settled lines."""
+    (``completion.partial_line`` at the stream's cursor). Once an answer showed a partial
+    (``showing_partial``), the cache entry follows the partial as it grows, then the settled
+    lines."""
 
     uri: str
     text: str  # the text it completes (the editor's, or with a selected item applied)
