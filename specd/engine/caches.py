@@ -376,8 +376,10 @@ class KVState:
         return True
 
     def nbytes(self) -> int:
-        cache = self.cache  # None for a moment in ``reset``, which another thread's stats may see
-        return self.path.nbytes(cache) if cache is not None else 0
+        """The cache's bytes, and the final hidden states kept for a feature head."""
+        cache, features = self.cache, self._features  # None for a moment in ``reset``, which another thread's stats may see
+        kept = features.numel() * features.element_size() if features is not None else 0
+        return (self.path.nbytes(cache) if cache is not None else 0) + kept
 
     def reset(self) -> None:
         self.ids = []
