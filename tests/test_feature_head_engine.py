@@ -95,3 +95,20 @@ def test_a_head_keeps_the_target_on_torch_when_the_forward_is_left_to_auto(head_
     engine = make_engine(target, folder, forward_backend="auto")
     assert engine.paths["target"][0].name == "lean"
     assert "feature head" in engine.paths["target"][1]
+
+
+def test_the_bench_runs_a_head_draft_and_skips_what_cannot_run_it(head_pair, corpus_dir, tmp_path):
+    import json
+
+    from bench_helpers import bench_cli, module_bench_env
+
+    target, folder, _ = head_pair
+    with module_bench_env(tmp_path):
+        code, stdout, _ = bench_cli("--methods", "specd,specd_no_draft,hf_assisted", "--workloads", "line", "--limit", "2",
+                                    "--max-tokens", "8", "--json", "--no-forward-costs", "--costs", "gpu",
+                                    pair=(target, folder), corpus=corpus_dir)
+    assert code == 0
+    report = json.loads(stdout)
+    assert report["identical"] is True
+    assert "feature head" in report["skipped_methods"]["hf_assisted"]
+    assert set(report["workloads"]["line"]["methods"]) >= {"specd", "specd_no_draft"}

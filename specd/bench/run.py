@@ -134,12 +134,17 @@ def _methods(names: list[str], engine, max_tokens: int, skipped: dict[str, str] 
              idle_ms: float = 0) -> list[Method]:
     """The methods ``names`` (the reference among them, ``Baseline.methods``) on ``engine``; those that
     cannot run here go into ``skipped`` with the reason."""
+    from specd.engine.models import is_head
+
     skipped = {} if skipped is None else skipped
     if engine.pair.draft is None:
         needs_draft = [n for n in names if n in NEEDS_DRAFT]
         if needs_draft:
             log.warning("no draft model: skipping %s", ", ".join(needs_draft))
         skipped.update({name: "no draft model" for name in needs_draft})
+    elif "hf_assisted" in names and is_head(engine.pair.draft):  # transformers' assistant is a model
+        log.warning("the draft is a feature head, which transformers cannot run as an assistant: skipping hf_assisted")
+        skipped["hf_assisted"] = "the draft is a feature head, not a model transformers can run"
     gguf = llamacpp_target(engine, [n for n in names if n not in skipped], skipped)
     import torch
 
@@ -274,7 +279,10 @@ def hf_settings(engine) -> dict[str, Any] | None:
     from transformers.utils import is_sklearn_available
 
     names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-    config = engine.pair.draft.generation_config if engine.pair.draft is not None else GenerationConfig()
+    from specd.engine.models import is_head
+
+    draft = engine.pair.draft
+    config = draft.generation_config if draft is not None and not is_head(draft) else GenerationConfig()
     values = {name: getattr(config, name, None) for name in names}
     defaults = getattr(GenerationConfig, "_get_default_generation_params", None)  # 5.x keeps them here
     if callable(defaults):
