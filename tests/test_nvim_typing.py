@@ -24,7 +24,7 @@ import time
 import pytest
 
 from nvim_driver import Nvim
-from nvim_person import EDIT_S, Person, user_home
+from nvim_person import EDIT_S, Person, ghost as ghost_on, user_home
 from specd.client import Client, DaemonUnavailable
 from tools import find_tool
 
@@ -86,6 +86,9 @@ def test_a_person_typing_in_neovim(home, renderer, tmp_path):
         ghost = person.ghost_after(nvim.input("A<CR>"), "a suggestion on the fresh indented line")
         assert person.line() == " " * 8
         assert not ghost.startswith(" "), f"the ghost text would indent the line again: {ghost!r}"
+        # What Tab takes: the ghost text the pause ended with (a first line shown while it was
+        # being written has grown since).
+        ghost = ghost_on(nvim.screen)
         row = nvim.lua("return vim.api.nvim_win_get_cursor(0)[1]")
         nvim.input("<Tab>")
         # The fresh line as accepted (a suggestion of several lines leaves the cursor on its last).
@@ -109,7 +112,8 @@ def test_a_person_typing_in_neovim(home, renderer, tmp_path):
 
         # A partial accept: the next word goes in, specd-lsp counts it, the rest stays offered.
         sent = person.type("\n")
-        ghost = person.ghost_after(sent, "a suggestion on the next line")
+        person.ghost_after(sent, "a suggestion on the next line")
+        ghost = ghost_on(nvim.screen)  # as the pause ended
         before = person.line()
         nvim.input("<M-w>")
         grown = nvim.wait("local l = vim.api.nvim_get_current_line(); return l ~= ... and l", EDIT_S, "a word taken",
