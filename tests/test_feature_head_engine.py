@@ -4,6 +4,8 @@ refused in one line."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -80,6 +82,8 @@ def test_completions_with_the_head_drafting_are_the_targets_greedy(head_pair, sa
         assert_lossless(engine, result, 24)
         drafted += result.sources["draft"].proposed if "draft" in result.sources else 0
     assert drafted > 0  # the head drafted, and what it drafted was verified away or kept
+    stats = json.loads(json.dumps(engine.stats()))  # status reads it: plain data
+    assert stats["planner"]["draft_agreement"] is not None
 
 
 def test_a_head_is_refused_where_the_target_gives_no_states(head_pair, tmp_path):
@@ -98,8 +102,6 @@ def test_a_head_keeps_the_target_on_torch_when_the_forward_is_left_to_auto(head_
 
 
 def test_the_bench_runs_a_head_draft_and_skips_what_cannot_run_it(head_pair, corpus_dir, tmp_path):
-    import json
-
     from bench_helpers import bench_cli, module_bench_env
 
     target, folder, _ = head_pair
