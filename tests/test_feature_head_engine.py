@@ -75,10 +75,12 @@ def test_completions_with_the_head_drafting_are_the_targets_greedy(head_pair, sa
     engine = make_engine(target, folder, prefix_tokens=384, suffix_tokens=128)
     assert engine.paths["draft"][0].name == "feature-head"
     text, drafted = sample_source, 0
-    for at in (len(text) // 3, len(text) // 2, len(text) // 2 + 7):
+    # the head alone, then beside lookup (token trees of both, whose kept path moves the
+    # target's states as it moves its cache)
+    for at, lookup in ((len(text) // 3, False), (len(text) // 2, False), (len(text) // 2 + 7, True), (len(text) // 4, True)):
         text = text[:at] + "value = " + text[at:]
         result = engine.complete(CompletionRequest(text=text, offset=at + 8, uri="file:///head.py", max_tokens=24,
-                                                   use_draft_model=True, use_lookup=False))
+                                                   use_draft_model=True, use_lookup=lookup))
         assert_lossless(engine, result, 24)
         drafted += result.sources["draft"].proposed if "draft" in result.sources else 0
     assert drafted > 0  # the head drafted, and what it drafted was verified away or kept
@@ -114,3 +116,28 @@ def test_the_bench_runs_a_head_draft_and_skips_what_cannot_run_it(head_pair, cor
     assert report["identical"] is True
     assert "feature head" in report["skipped_methods"]["hf_assisted"]
     assert set(report["workloads"]["line"]["methods"]) >= {"specd", "specd_no_draft"}
+
+
+def test_the_targets_states_follow_its_cache_through_a_token_tree(llama_pair):
+    """After a token tree's forward and ``keep`` of one path, the kept states are that path's, as
+    a plain run of it would keep them."""
+    model = AutoModelForCausalLM.from_pretrained(llama_pair[0]).eval()
+    torch.manual_seed(1)
+    prompt = torch.randint(0, model.config.vocab_size, (12,)).tolist()
+    tree, parents = [5, 9, 17, 23, 31], [-1, 0, 0, 2, 3]  # 5 -> {9, 17 -> 23 -> 31}
+    kept = [0, 2, 3]  # the path 5, 17, 23
+
+    def state():
+        s = KVState(model, LeanForward(model, transposed_weights="off"))
+        s.keeps_features = True
+        s.extend(prompt, last_only=True)
+        return s
+
+    grown, plain = state(), state()
+    grown.extend_tree(tree, parents)
+    grown.keep(len(prompt), kept)
+    plain.extend([tree[i] for i in kept])
+    assert grown.ids == plain.ids
+    torch.testing.assert_close(grown.features(0, len(plain.ids)), plain.features(0, len(plain.ids)), atol=1e-4, rtol=1e-4)
+    grown.rollback(len(prompt) + 1)
+    assert grown.features(0, len(prompt) + 2) is None and grown.features(0, len(prompt) + 1) is not None
