@@ -386,8 +386,10 @@ def render_head(run, head_dir: Path, f: dict) -> str:
         f'draft = "{head_dir}"',
         "```",
         "",
-        "The engine takes a feature head as `model.draft` once its loader lands; in code: "
-        "`FeatureHead.load(folder, target.get_input_embeddings().weight.detach())`.",
+        "The engine drafts with a feature head on torch's lean forward, so its target runs on torch there "
+        "(`engine.forward_backend = \"auto\"` keeps it on torch, a GGUF target dequantized; llama.cpp's and "
+        "transformers' forwards give no hidden states and are refused). In code: "
+        "`FeatureHead.load(folder, target.get_input_embeddings().weight)`.",
         "",
         f"Machine: {platform.processor() or platform.machine()}, {s.threads} torch threads, Python "
         f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}.",
