@@ -88,42 +88,27 @@ def head_loss(head, predicted, following):
 
 def head_train_step(head, optimizer, windows, states, bf16: bool = False, grad_clip: float = 1.0) -> float:
     """One optimizer step on windows ``windows`` [B, T] and the target's states on them
-    ``states`` [B, T, D]: at each t < T - 1, h_t (noised) and x_{t+1} predict h_{t+1}."""
+    ``states`` [B, T, D]: at each t < T - 1, h_t (noised) and x_{t+1} predict h_{t+1}; and, as a
+    chain's second step reads it, the head's own prediction of h_{t+1} and x_{t+2} predict
+    h_{t+2} (EAGLE-3's training-time test: trained on true states alone, the head reads its own
+    predictions badly, and a chain's second token seldom stands)."""
     import torch
 
     features = states[:, :-1].float()
     features = features + (torch.rand_like(features) - 0.5) * (2 * FEATURE_NOISE)
+    tokens = windows[:, 1:]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        predicted = head(features, windows[:, 1:])
-    loss, _ = head_loss(head, predicted.float(), states[:, 1:].float())
+        predicted = head(features, tokens)
+        # positions t < T - 2: the second step reads the prediction and x_{t+2}
+        drafted = head.second(features[:, :-1], tokens[:, :-1], predicted[:, :-1], windows[:, 2:])
+    first, _ = head_loss(head, predicted.float(), states[:, 1:].float())
+    second, _ = head_loss(head, drafted.float(), states[:, 2:].float())
+    loss = first + second
     loss.backward()
     torch.nn.utils.clip_grad_norm_(head.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss.item()
-
-
-def second_states(head, features, tokens, predicted, emitted):
-    """The head's second drafted state at every position at once. At t + 1 it reads its own
-    predicted state ``predicted`` [B, T, D] (of h_{t+1}) and the token the target emitted there
-    ``emitted`` [B, T]; its attention sees the true positions up to t (``features``, ``tokens``
-    [B, T, D], [B, T]) and itself: the cache drafting has after the target's last true state.
-    Uses the head's layer pieces so that all T chains run as one masked attention."""
-    import torch
-    import torch.nn.functional as F
-
-    true_inputs = head.inputs(features, tokens)
-    length = true_inputs.shape[-2]
-    positions = torch.arange(length)
-    _, true_keys, true_values = head._split(true_inputs, positions)
-    drafted = head.inputs(predicted, emitted)
-    queries, keys, values = head._split(drafted, positions + 1)  # [B, heads, T, head_dim]
-    mask = torch.zeros(length, 2 * length, dtype=torch.bool)
-    mask[:, :length] = torch.ones(length, length, dtype=torch.bool).tril()
-    mask[positions, length + positions] = True  # each drafted position sees only itself of the drafted ones
-    attended = F.scaled_dot_product_attention(queries, torch.cat([true_keys, keys], -2),
-                                              torch.cat([true_values, values], -2), attn_mask=mask)
-    return head._finish(drafted, attended)
 
 
 def head_agreement(head, windows, states, greedy, second: bool = True) -> tuple[float, float | None]:
@@ -145,7 +130,7 @@ def head_agreement(head, windows, states, greedy, second: bool = True) -> tuple[
             first_right += int(right.sum())
             first_total += right.numel()
             if second:
-                drafted = second_states(head, features, tokens, predicted, wanted)
+                drafted = head.second(features, tokens, predicted, wanted)
                 second_right = head.vocab[head.scores(drafted).argmax(-1)][:, :-1] == wanted[:, 1:]
                 chains += int(right[:, :-1].sum())  # the last position has no t + 2 in the window
                 chains_right += int((right[:, :-1] & second_right).sum())

@@ -184,6 +184,28 @@ class FeatureHead(nn.Module):
         mask = None if n == 1 else torch.ones(n, total, dtype=torch.bool, device=x.device).tril(total - n)
         return self._finish(x, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask))
 
+    def second(self, features: torch.Tensor, tokens: torch.Tensor, predicted: torch.Tensor,
+               emitted: torch.Tensor) -> torch.Tensor:
+        """The second drafted state at every position of a window at once [B, T, D]: at t + 1 the
+        head reads its own prediction ``predicted`` [B, T, D] (of the state at t + 1, from
+        ``forward``) and the token emitted there ``emitted`` [B, T], attending to the true
+        positions up to t (``features`` and ``tokens`` as ``forward`` reads them) and to itself:
+        the cache a chain's second step has. Training on it teaches the head to read its own
+        predictions (EAGLE-3's "training-time test"); judging with it measures a chain's second
+        token."""
+        true_inputs = self.inputs(features, tokens)
+        length = true_inputs.shape[-2]
+        positions = torch.arange(length, device=features.device)
+        _, true_keys, true_values = self._split(true_inputs, positions)
+        drafted = self.inputs(predicted, emitted)
+        queries, keys, values = self._split(drafted, positions + 1)  # [B, heads, T, head_dim]
+        mask = torch.zeros(length, 2 * length, dtype=torch.bool, device=features.device)
+        mask[:, :length] = torch.ones(length, length, dtype=torch.bool, device=features.device).tril()
+        mask[positions, length + positions] = True  # of the drafted positions, each sees only itself
+        attended = F.scaled_dot_product_attention(queries, torch.cat([true_keys, keys], -2),
+                                                  torch.cat([true_values, values], -2), attn_mask=mask)
+        return self._finish(drafted, attended)
+
     def scores(self, states: torch.Tensor) -> torch.Tensor:
         """Logits [..., R] over ``vocab`` of predicted states [..., D]."""
         return states @ self.rows.T.to(states.dtype)
