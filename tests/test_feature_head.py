@@ -71,3 +71,22 @@ def test_a_cache_that_dropped_its_oldest_positions_keeps_the_rest_in_place():
         fresh = head.step(features[2:], tokens[2:], HeadCache())[4:]
     assert cache.length == 6 and cache.dropped == 2
     torch.testing.assert_close(last, fresh, atol=1e-4, rtol=1e-4)
+
+
+def test_the_feature_trail_keeps_the_last_positions_in_order(monkeypatch):
+    from specd.engine import caches
+
+    monkeypatch.setattr(caches, "FEATURE_WINDOW", 4)
+    trail = caches.FeatureTrail()
+    rows = torch.arange(40, dtype=torch.float32)[:, None].repeat(1, 3)  # row i holds i
+    at = 0
+    for n in (3, 1, 1, 2, 1, 6, 1, 1, 9, 1):  # prompt pieces and steps, past twice the window
+        trail.note(rows[at:at + n], at)
+        at += n
+        assert trail.end == at and trail.length >= min(at, 4)
+        assert at < 4 or torch.equal(trail.get(at - 4, at), rows[at - 4:at])
+    trail.crop(at - 2)
+    assert trail.end == at - 2 and trail.get(at - 2, at) is None
+    assert torch.equal(trail.get(at - 4, at - 2), rows[at - 4:at - 2])
+    trail.note(rows[:1] * 0 - 1, at + 5)  # not after its end: it starts again there
+    assert trail.first == at + 5 and trail.length == 1

@@ -141,3 +141,21 @@ def test_the_targets_states_follow_its_cache_through_a_token_tree(llama_pair):
     torch.testing.assert_close(grown.features(0, len(plain.ids)), plain.features(0, len(plain.ids)), atol=1e-4, rtol=1e-4)
     grown.rollback(len(prompt) + 1)
     assert grown.features(0, len(prompt) + 2) is None and grown.features(0, len(prompt) + 1) is not None
+
+
+def test_a_head_starting_on_a_long_prompt_reads_back_only_its_last_positions(head_pair):
+    from specd.engine.head_state import READ_BACK
+
+    target_dir, _, head = head_pair
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    target = KVState(model, LeanForward(model, transposed_weights="off"))
+    state = HeadState(head, target)
+    seq = torch.randint(0, model.config.vocab_size, (150,)).tolist()
+    target.extend(seq[:-1], last_only=True)
+    got = state.logits_after(seq)[0]
+    assert state.cache.length == READ_BACK and len(state.ids) == len(seq)
+    with torch.no_grad():
+        hidden = model.model(input_ids=torch.tensor([seq])).last_hidden_state
+        start = len(seq) - READ_BACK  # positions start .. len - 1 read, each with the state before it
+        expected = head.scores(head(hidden[:, start - 1:-1], torch.tensor([seq[start:]]))[0, -1])
+    torch.testing.assert_close(got[head.vocab], expected, atol=2e-4, rtol=2e-4)

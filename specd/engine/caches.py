@@ -168,9 +168,70 @@ class LazyRows:
         return torch.stack([self.row(i) for i in range(len(self))])
 
 
-# Final hidden states a target's state keeps for a feature head: what the head attends over
-# (it was trained on windows of about this many tokens).
-FEATURE_WINDOW = 512
+# Final hidden states a target's state keeps for a feature head: at least the last this many
+# positions, more than the head reads back when it starts again (``head_state.READ_BACK``).
+FEATURE_WINDOW = 128
+
+
+class FeatureTrail:
+    """The final hidden states of a state's last positions, contiguous up to its end: positions
+    ``first`` .. ``first + length - 1``. In a buffer that grows by doubling and, past twice
+    ``FEATURE_WINDOW``, keeps the last window (rarely: a decode step appends one row, and a copy
+    of every row each step would cost what the rows do)."""
+
+    def __init__(self) -> None:
+        self.first = 0
+        self.length = 0
+        self._rows: torch.Tensor | None = None  # [capacity, D]
+
+    @property
+    def end(self) -> int:
+        return self.first + self.length
+
+    def get(self, start: int, end: int) -> torch.Tensor | None:
+        if self._rows is None or start < self.first or end > self.end or start > end:
+            return None
+        return self._rows[start - self.first:end - self.first]
+
+    def note(self, hidden: torch.Tensor, start: int) -> None:
+        """``hidden`` [n, D]: the states of positions ``start`` .. ``start + n - 1``, which follow
+        the last kept (else the trail starts again there)."""
+        if self._rows is None or start != self.end or self.length == 0:
+            self.first, self.length, self._rows = start, 0, None
+        n = hidden.shape[0]
+        if self.length + n > 2 * FEATURE_WINDOW:  # keep the last window of what there will be
+            keep = max(0, FEATURE_WINDOW - n)
+            if keep:
+                self._rows[:keep] = self._rows[self.length - keep:self.length].clone()
+            self.first, self.length = self.end - keep, keep
+            hidden = hidden[-FEATURE_WINDOW:]
+            self.first += n - hidden.shape[0]
+            n = hidden.shape[0]
+        if self._rows is None or self.length + n > self._rows.shape[0]:
+            grown = hidden.new_empty(max(64, 2 * (self.length + n)), hidden.shape[1])
+            if self.length:
+                grown[:self.length] = self._rows[:self.length]
+            self._rows = grown
+        self._rows[self.length:self.length + n] = hidden
+        self.length += n
+
+    def crop(self, length: int) -> None:
+        """Keep the positions before ``length``."""
+        self.length = max(0, min(self.length, length - self.first))
+
+    def keep(self, start: int, slots: Sequence[int]) -> bool:
+        """After a token tree from ``start``: positions start.. become ``slots``' rows, in order;
+        False where the trail does not reach back to ``start`` (then it is of no use)."""
+        if self._rows is None or start < self.first or any(s >= self.end for s in slots):
+            return False
+        rows = self._rows[[s - self.first for s in slots]]  # a gather: a copy
+        self._rows[start - self.first:start - self.first + len(slots)] = rows
+        self.length = start - self.first + len(slots)
+        return True
+
+    def nbytes(self) -> int:
+        rows = self._rows
+        return rows.numel() * rows.element_size() if rows is not None else 0
 
 
 class KVState:
@@ -184,8 +245,7 @@ class KVState:
         # Final hidden states of the last positions run, for a feature head to read
         # (``features``): kept where ``keeps_features`` is set and the path gives them.
         self.keeps_features = False
-        self._features: torch.Tensor | None = None  # [n, D]: positions _features_from .. len(ids) - 1
-        self._features_from = 0
+        self._trail: FeatureTrail | None = None  # None: no states kept (none given, or a gap since)
 
     def rollback(self, length: int) -> None:
         """Forget everything after the first ``length`` tokens (a crop, not a recompute). Should
@@ -218,36 +278,27 @@ class KVState:
     @property
     def features_from(self) -> int | None:
         """The first position whose final hidden state this state keeps (None: none)."""
-        return self._features_from if self._features is not None else None
+        trail = self._trail
+        return trail.first if trail is not None and trail.length else None
 
     def features(self, start: int, end: int) -> torch.Tensor | None:
         """The final hidden states [end - start, D] of positions start .. end - 1, where this
-        state still keeps them (the last ``FEATURE_WINDOW`` positions it ran), else None."""
-        held = self._features
-        if held is None or start < self._features_from or end > len(self.ids) or start > end:
-            return None
-        return held[start - self._features_from:end - self._features_from]
+        state still keeps them (at least its last ``FEATURE_WINDOW`` positions), else None."""
+        trail = self._trail
+        return trail.get(start, end) if trail is not None and end <= len(self.ids) else None
 
     def _note_features(self, hidden: torch.Tensor | None, added: int) -> None:
         """The forward that added the last ``added`` positions gave ``hidden`` (None: none)."""
-        start = len(self.ids) - added
-        held = self._features
         if hidden is None or hidden.shape[0] != added:
-            self._features = None  # a gap: features start again with the next forward that gives them
+            self._trail = None  # a gap: states start again with the next forward that gives them
             return
-        if held is None or self._features_from + held.shape[0] != start:
-            held, self._features_from = hidden, start
-        else:
-            held = torch.cat([held, hidden])
-        if held.shape[0] > FEATURE_WINDOW:
-            self._features_from += held.shape[0] - FEATURE_WINDOW
-            held = held[-FEATURE_WINDOW:]
-        self._features = held
+        if self._trail is None:
+            self._trail = FeatureTrail()
+        self._trail.note(hidden, len(self.ids) - added)
 
     def _crop_features(self, length: int) -> None:
-        if self._features is not None:
-            kept = length - self._features_from
-            self._features = self._features[:kept] if kept > 0 else None
+        if self._trail is not None:
+            self._trail.crop(length)
 
     @property
     def lazy_head(self) -> bool:
@@ -314,10 +365,8 @@ class KVState:
             self.reset()
             raise
         self.ids[start:] = [self.ids[slot] for slot in slots]
-        held, first = self._features, self._features_from
-        if held is not None:  # the kept path's features move with its K/V
-            self._features = torch.cat([held[:start - first], held[[s - first for s in slots]]]) \
-                if first <= start else None
+        if self._trail is not None and not self._trail.keep(start, slots):  # the kept path's states move with its K/V
+            self._trail = None
 
     def _forward(self, new_ids: Sequence[int], **kwargs: Any) -> torch.Tensor:
         input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device)
@@ -377,13 +426,13 @@ class KVState:
 
     def nbytes(self) -> int:
         """The cache's bytes, and the final hidden states kept for a feature head."""
-        cache, features = self.cache, self._features  # None for a moment in ``reset``, which another thread's stats may see
-        kept = features.numel() * features.element_size() if features is not None else 0
+        cache, trail = self.cache, self._trail  # None for a moment in ``reset``, which another thread's stats may see
+        kept = trail.nbytes() if trail is not None else 0
         return (self.path.nbytes(cache) if cache is not None else 0) + kept
 
     def reset(self) -> None:
         self.ids = []
-        self._features = None
+        self._trail = None
         self.cache = None  # its memory goes back first: a path with a pool of caches may need it
         self.cache = self.path.new_cache()
 

@@ -25,6 +25,12 @@ from specd.engine.caches import FEATURE_WINDOW, KVState, common_prefix
 from specd.engine.feature_head import FeatureHead, HeadCache
 
 
+# Positions a head reads back from the target's last state when it starts again (a new document,
+# a jump): the target's state already carries the context, so the head's agreement does not grow
+# with more of its own (docs/engine.md), while each position read costs a head forward's row.
+READ_BACK = 64
+
+
 class HeadPath:
     """What the engine asks of a draft's forward path, for a feature head: a name for logs, the
     stats and the calibration's key; nothing recorded, replayed or reclaimed."""
@@ -118,8 +124,9 @@ class HeadState:
         true_end = min(len(seq), common_prefix(self.target.ids, seq) + 1)
         p = first
         if kept is not None and p < true_end and kept + 1 < true_end:
-            if p < max(kept + 1, 1) or p != self._start + self.cache.length:
-                self._restart(max(p, kept + 1, 1))  # the states before are gone: start after them
+            earliest = max(kept + 1, 1, true_end - READ_BACK)
+            if p < earliest or p != self._start + self.cache.length:
+                self._restart(max(p, earliest))  # the states before are gone, or not worth reading
             p = self._start + self.cache.length
             features = self.target.features(p - 1, true_end - 1)
             if features is not None and p < true_end:
