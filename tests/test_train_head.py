@@ -146,6 +146,13 @@ def test_options_that_shape_the_small_draft_are_refused_with_head(option, capsys
     assert not (tmp_path / "out").exists()
 
 
+def test_head_vocab_without_head_is_refused(capsys, tmp_path):
+    assert main(["train-draft", "--head-vocab", "100", "--corpus", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--head-vocab" in err and "--head" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_help_names_the_head(capsys):
     with pytest.raises(SystemExit):
         main(["train-draft", "--help"])

@@ -640,6 +640,8 @@ def settings_from_args(args: argparse.Namespace, cfg: Any = None) -> Settings:
     if not corpus:
         raise ValueError("no code to learn from: name --corpus DIR (or set workspace.folders)")
     head = getattr(args, "head", False)
+    if not head and getattr(args, "head_vocab", Settings.head_vocab) != Settings.head_vocab:
+        raise ValueError("--head-vocab sizes a feature head's vocabulary: it goes with --head")
     if head:
         shaping = [name for name, value in (("--gguf", args.gguf), ("--hidden", args.hidden), ("--layers", args.layers))
                    if value is not None]
