@@ -159,3 +159,16 @@ def test_a_head_starting_on_a_long_prompt_reads_back_only_its_last_positions(hea
         start = len(seq) - READ_BACK  # positions start .. len - 1 read, each with the state before it
         expected = head.scores(head(hidden[:, start - 1:-1], torch.tensor([seq[start:]]))[0, -1])
     torch.testing.assert_close(got[head.vocab], expected, atol=2e-4, rtol=2e-4)
+
+
+def test_a_prefill_reads_nothing_and_the_next_draft_reads_back_what_it_needs(head_pair):
+    target_dir, _, head = head_pair
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    target = KVState(model, LeanForward(model, transposed_weights="off"))
+    state, fresh = HeadState(head, target), HeadState(head, target)
+    seq = torch.randint(0, model.config.vocab_size, (120,)).tolist()
+    for end in (40, 80, 119):  # a prompt prefilled in pieces, the target first, as DocumentState does
+        target.prefill(seq[:end])
+        state.prefill(seq[:end])
+        assert state.ids == seq[:end] and state.cache.length == 0
+    torch.testing.assert_close(state.logits_after(seq), fresh.logits_after(seq))

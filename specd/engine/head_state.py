@@ -90,10 +90,12 @@ class HeadState:
         return self.extend(seq[len(self.ids):], last_only=True)
 
     def prefill(self, ids: Sequence[int], deadline: float | None = None, piece: int | None = None) -> bool:
-        """Hold exactly ``ids``, read with the target's states where it has them (it runs first)."""
-        self.rollback(min(common_prefix(self.ids, ids), self._true))
-        if len(self.ids) < len(ids):
-            self._read(list(ids[len(self.ids):]))
+        """Hold exactly ``ids``, reading none of them: a chain reads the last ``READ_BACK``
+        positions it needs when it is drafted (``logits_after``), so a document the planner
+        never drafts on costs the head nothing, and a prompt prefilled in pieces is not read
+        piece by piece."""
+        self.rollback(common_prefix(self.ids, ids))
+        self.ids.extend(ids[len(self.ids):])
         return True
 
     def extend(self, new_ids: Sequence[int], last_only: bool = False) -> torch.Tensor:
