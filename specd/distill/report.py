@@ -31,6 +31,22 @@ REPEATS = 7
 BUDGET_MS = 4000.0    # timed forwards per figure stop once this much went into them
 
 
+def _machine_and_time(s, p, f) -> list[str]:
+    """TRAINING.md's lines on the machine and the run's time, for either kind of draft."""
+
+    import torch
+    import transformers
+
+    return [
+        f"Machine: {platform.processor() or platform.machine()}, {s.threads} torch threads, Python "
+        f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}.",
+        "",
+        f"Time: teacher {p.teacher_s / 60:.1f} min, training {p.train_s / 60:.1f} min (budget {s.minutes:g} min"
+        + (f", {p.resumes} resume{'s' if p.resumes != 1 else ''}" if p.resumes else "") + f"), report "
+        f"{f['report_s'] / 60:.1f} min.",
+    ]
+
+
 def tokens_per_forward(agreement: float, k: int) -> float:
     """Expected tokens a verify forward yields after ``k`` drafted tokens, each accepted with
     probability ``agreement`` until the first rejection: the accepted ones plus the target's."""
@@ -201,9 +217,6 @@ def evaluate_and_write(run, draft_dir: Path, draft_gguf: Path | None, say: Calla
 
 
 def render(run, draft_dir: Path, draft_gguf: Path | None, f: dict) -> str:
-    import torch
-    import transformers
-
     s, p, data, target = run.settings, run.progress, run.data, run.target
     a = f["agreement"]
     lines = [
@@ -213,12 +226,7 @@ def render(run, draft_dir: Path, draft_gguf: Path | None, f: dict) -> str:
         "",
         f"Target: {target.describe()}. Draft: `{draft_dir}`" + (f", GGUF `{draft_gguf}`" if draft_gguf else "") + ".",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, {s.threads} torch threads, Python "
-        f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}.",
-        "",
-        f"Time: teacher {p.teacher_s / 60:.1f} min, training {p.train_s / 60:.1f} min (budget {s.minutes:g} min"
-        + (f", {p.resumes} resume{'s' if p.resumes != 1 else ''}" if p.resumes else "") + f"), report "
-        f"{f['report_s'] / 60:.1f} min.",
+        *_machine_and_time(s, p, f),
         "",
         "## Data",
         "",
@@ -360,9 +368,6 @@ def evaluate_head_and_write(run, head_dir: Path, say: Callable[[str], None]) -> 
 
 
 def render_head(run, head_dir: Path, f: dict) -> str:
-    import torch
-    import transformers
-
     from specd.distill.teacher import bf16_arithmetic
 
     s, p, data, target, c = run.settings, run.progress, run.data, run.target, run.student.config
@@ -391,12 +396,7 @@ def render_head(run, head_dir: Path, f: dict) -> str:
         "transformers' forwards give no hidden states and are refused). In code: "
         "`FeatureHead.load(folder, target.get_input_embeddings().weight)`.",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, {s.threads} torch threads, Python "
-        f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}.",
-        "",
-        f"Time: teacher {p.teacher_s / 60:.1f} min, training {p.train_s / 60:.1f} min (budget {s.minutes:g} min"
-        + (f", {p.resumes} resume{'s' if p.resumes != 1 else ''}" if p.resumes else "") + f"), report "
-        f"{f['report_s'] / 60:.1f} min.",
+        *_machine_and_time(s, p, f),
         "",
         "## Data",
         "",
