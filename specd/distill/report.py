@@ -47,6 +47,19 @@ def _machine_and_time(s, p, f) -> list[str]:
     ]
 
 
+def _cost_rows(costs: dict, draft_ms: Callable[[dict], float]) -> list[str]:
+    """The step-cost table's rows, one per forward path: the draft's step (``draft_ms`` of the
+    path's figures), the target's step, their ratio and the target's verify widths."""
+    rows = []
+    for name, cost in costs.items():
+        if "ratio" not in cost:
+            rows.append(f"| {name} | unavailable: {cost['unavailable']} |")
+            continue
+        rows.append(f"| {name} | {draft_ms(cost):.2f} | {cost['target_ms'][1]:.2f} | {cost['ratio']:.1%} | "
+                    + " | ".join(f"{cost['target_ms'][k + 1]:.2f}" for k in DRAFT_LENGTHS) + " |")
+    return rows
+
+
 def tokens_per_forward(agreement: float, k: int) -> float:
     """Expected tokens a verify forward yields after ``k`` drafted tokens, each accepted with
     probability ``agreement`` until the first rejection: the accepted ones plus the target's."""
@@ -268,12 +281,7 @@ def render(run, draft_dir: Path, draft_gguf: Path | None, f: dict) -> str:
               "| path | draft step | target step | draft / target | " + " | ".join(
                   f"target {k + 1} tokens" for k in DRAFT_LENGTHS) + " |",
               "|---|---|---|---|" + "---|" * len(DRAFT_LENGTHS)]
-    for name, cost in f["costs"].items():
-        if "ratio" not in cost:
-            lines.append(f"| {name} | unavailable: {cost['unavailable']} |")
-            continue
-        lines.append(f"| {name} | {cost['draft_ms']:.2f} | {cost['target_ms'][1]:.2f} | {cost['ratio']:.1%} | "
-                     + " | ".join(f"{cost['target_ms'][k + 1]:.2f}" for k in DRAFT_LENGTHS) + " |")
+    lines += _cost_rows(f["costs"], lambda cost: cost["draft_ms"])
     lines += ["", "## What the agreement predicts", "",
               f"Tokens per target forward with a chain of k drafted tokens, each the target's with probability "
               f"{a:.3f} independently: (1 - a^(k+1)) / (1 - a); and the speed-up over the target alone at the "
@@ -442,12 +450,7 @@ def render_head(run, head_dir: Path, f: dict) -> str:
             f"target {k + 1} tokens" for k in DRAFT_LENGTHS) + " |",
         "|---|---|---|---|" + "---|" * len(DRAFT_LENGTHS),
     ]
-    for name, cost in f["costs"].items():
-        if "ratio" not in cost:
-            lines.append(f"| {name} | unavailable: {cost['unavailable']} |")
-            continue
-        lines.append(f"| {name} | {f['head_ms']:.2f} | {cost['target_ms'][1]:.2f} | {cost['ratio']:.1%} | "
-                     + " | ".join(f"{cost['target_ms'][k + 1]:.2f}" for k in DRAFT_LENGTHS) + " |")
+    lines += _cost_rows(f["costs"], lambda cost: f["head_ms"])
     lines += ["", "## What the agreement predicts", "",
               f"Tokens per target forward with a chain of k drafted tokens, the first the target's with probability "
               f"{a:.3f} and each later one, given those before were, with {a2:.3f}: 1 + a1 (1 - a2^k) / (1 - a2); "
