@@ -31,8 +31,9 @@ REPEATS = 7
 BUDGET_MS = 4000.0    # timed forwards per figure stop once this much went into them
 
 
-def _machine_and_time(s, p, f) -> list[str]:
-    """TRAINING.md's lines on the machine and the run's time, for either kind of draft."""
+def _machine_and_data(s, p, data, f, kept: str) -> list[str]:
+    """TRAINING.md's lines on the machine, the run's time and its data, for either kind of draft
+    (``kept``: what the teacher kept of each position)."""
 
     import torch
     import transformers
@@ -44,6 +45,15 @@ def _machine_and_time(s, p, f) -> list[str]:
         f"Time: teacher {p.teacher_s / 60:.1f} min, training {p.train_s / 60:.1f} min (budget {s.minutes:g} min"
         + (f", {p.resumes} resume{'s' if p.resumes != 1 else ''}" if p.resumes else "") + f"), report "
         f"{f['report_s'] / 60:.1f} min.",
+        "",
+        "## Data",
+        "",
+        f"- Corpus: {data['train_files']} files under {', '.join(f'`{r}`' for r in data['roots'])}; "
+        f"{len(data['train']):,} windows of {s.seq_len} tokens tokenized, the teacher ran over {p.taught:,} "
+        f"({p.taught * s.seq_len:,} tokens) and kept {kept}.",
+        f"- Held out (never trained on): {f['heldout_files']} files"
+        + (f" under {', '.join(f'`{h}`' for h in s.heldout)}" if s.heldout else " (a hashed share of the corpus)")
+        + f"; {f['heldout_tokens']:,} tokens measured.",
     ]
 
 
@@ -239,16 +249,7 @@ def render(run, draft_dir: Path, draft_gguf: Path | None, f: dict) -> str:
         "",
         f"Target: {target.describe()}. Draft: `{draft_dir}`" + (f", GGUF `{draft_gguf}`" if draft_gguf else "") + ".",
         "",
-        *_machine_and_time(s, p, f),
-        "",
-        "## Data",
-        "",
-        f"- Corpus: {data['train_files']} files under {', '.join(f'`{r}`' for r in data['roots'])}; "
-        f"{len(data['train']):,} windows of {s.seq_len} tokens tokenized, the teacher ran over {p.taught:,} "
-        f"({p.taught * s.seq_len:,} tokens) and kept its top {s.top_k} log-probabilities per position.",
-        f"- Held out (never trained on): {f['heldout_files']} files"
-        + (f" under {', '.join(f'`{h}`' for h in s.heldout)}" if s.heldout else " (a hashed share of the corpus)")
-        + f"; {f['heldout_tokens']:,} tokens measured.",
+        *_machine_and_data(s, p, data, f, f"its top {s.top_k} log-probabilities per position"),
         "",
         "## Draft",
         "",
@@ -404,16 +405,7 @@ def render_head(run, head_dir: Path, f: dict) -> str:
         "transformers' forwards give no hidden states and are refused). In code: "
         "`FeatureHead.load(folder, target.get_input_embeddings().weight)`.",
         "",
-        *_machine_and_time(s, p, f),
-        "",
-        "## Data",
-        "",
-        f"- Corpus: {data['train_files']} files under {', '.join(f'`{r}`' for r in data['roots'])}; "
-        f"{len(data['train']):,} windows of {s.seq_len} tokens tokenized, the teacher ran over {p.taught:,} "
-        f"({p.taught * s.seq_len:,} tokens) and kept its final hidden states (bfloat16) at every position.",
-        f"- Held out (never trained on): {f['heldout_files']} files"
-        + (f" under {', '.join(f'`{h}`' for h in s.heldout)}" if s.heldout else " (a hashed share of the corpus)")
-        + f"; {f['heldout_tokens']:,} tokens measured.",
+        *_machine_and_data(s, p, data, f, "its final hidden states (bfloat16) at every position"),
         "",
         "## Head",
         "",
