@@ -11,7 +11,9 @@ def _head(seed: int = 0) -> FeatureHead:
     torch.manual_seed(seed)
     config = HeadConfig(hidden=32, heads=4, intermediate=48, vocab_size=50, rope_theta=100.0)
     vocab = torch.tensor([3, 7, 11, 20, 42])
-    head = FeatureHead(config, vocab, torch.randn(5, 32), torch.randn(50, 32))
+    lm_head = torch.randn(50, 32)  # the target's LM head, untied from its embeddings
+    head = FeatureHead(config, vocab, lm_head[vocab], torch.randn(50, 32))
+    head.lm_head = lm_head  # kept here for the tests that load a saved head
     with torch.no_grad():  # away from the identity start, so the layer's every part shows
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -45,17 +47,36 @@ def test_a_cropped_cache_drafts_as_if_the_rest_never_ran():
     torch.testing.assert_close(again, fresh, atol=1e-5, rtol=1e-5)
 
 
-def test_a_saved_head_loads_as_it_was(tmp_path):
+def test_a_saved_head_loads_as_it_was_from_its_file_and_the_targets_tables(tmp_path):
+    from safetensors.torch import load_file
+
     head = _head(1)
     head.save(tmp_path / "h")
     assert is_feature_head(tmp_path / "h") and not is_feature_head(tmp_path)
-    loaded = FeatureHead.load(tmp_path / "h", head.embedding)
+    # the file holds what the head trained; the target's rows come from the target at load
+    assert "rows" not in load_file(str(tmp_path / "h" / "head.safetensors"))
+    loaded = FeatureHead.load(tmp_path / "h", head.embedding, head.lm_head)
     features, tokens = torch.randn(1, 5, 32), torch.randint(0, 50, (1, 5))
     with torch.no_grad():
         torch.testing.assert_close(loaded(features, tokens), head(features, tokens))
+        torch.testing.assert_close(loaded.scores(head(features, tokens)), head.scores(head(features, tokens)))
     assert loaded.vocab.tolist() == [3, 7, 11, 20, 42]
-    with pytest.raises(ValueError, match="vocabulary 50 and width 32"):
-        FeatureHead.load(tmp_path / "h", torch.randn(60, 32))
+    with pytest.raises(ValueError, match="vocabulary 50 and width 32, not an embedding of"):
+        FeatureHead.load(tmp_path / "h", torch.randn(60, 32), head.lm_head)
+    with pytest.raises(ValueError, match="vocabulary 50 and width 32, not an LM head of"):
+        FeatureHead.load(tmp_path / "h", head.embedding, torch.randn(50, 16))
+
+
+def test_a_file_that_carries_rows_loads_scoring_with_the_targets_own(tmp_path):
+    from safetensors.torch import save_file
+
+    head = _head(2)
+    head.save(tmp_path / "h")
+    tensors = {name: t.contiguous() for name, t in head.state_dict().items()}
+    tensors["rows"] = torch.zeros_like(tensors["rows"])  # a stale copy, unlike the target's
+    save_file(tensors, str(tmp_path / "h" / "head.safetensors"))
+    loaded = FeatureHead.load(tmp_path / "h", head.embedding, head.lm_head)
+    assert torch.equal(loaded.rows, head.lm_head[head.vocab])
 
 
 def test_a_cache_that_dropped_its_oldest_positions_keeps_the_rest_in_place():

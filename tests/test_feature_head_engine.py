@@ -88,6 +88,22 @@ def test_completions_with_the_head_drafting_are_the_targets_greedy(head_pair, sa
     assert stats["planner"]["draft_agreement"] is not None
 
 
+def test_a_loaded_head_scores_with_the_targets_lm_head_which_its_file_does_not_hold(head_pair):
+    from safetensors.torch import load_file
+
+    target, folder, head = head_pair
+    assert "rows" not in load_file(str(folder / "head.safetensors"))
+    pair = load_pair(str(target), str(folder))
+    lm_head = pair.target.get_output_embeddings().weight.detach()
+    # the tiny Llama's LM head is untied: the rows are its, not the input embeddings'
+    assert not torch.equal(lm_head, pair.target.get_input_embeddings().weight.detach())
+    assert torch.equal(pair.draft.rows, lm_head[head.vocab].float())
+    states = torch.randn(3, pair.target.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(pair.draft.scores(pair.draft(states[None], torch.tensor([[1, 2, 3]]))),
+                                   head.scores(head(states[None], torch.tensor([[1, 2, 3]]))))
+
+
 def test_a_head_is_refused_where_the_target_gives_no_states(head_pair, tmp_path):
     target, folder, _ = head_pair
     with pytest.raises(ModelLoadError, match="feature head.*llama.cpp"):

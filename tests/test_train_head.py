@@ -45,19 +45,25 @@ def head_trained(tmp_path_factory, tiny_root, folders):  # noqa: F811
 
 
 def test_writes_a_head_folder_that_loads_against_the_targets_embeddings(head_trained):
+    from safetensors.torch import load_file
+
     target, out, _ = head_trained
     folder = out / head_training.HEAD_SUBDIR
     assert (folder / "head.json").is_file() and (folder / "head.safetensors").is_file()
     assert not (out / "draft").exists()
     model = _target_model(target)
-    head = FeatureHead.load(folder, model.get_input_embeddings().weight.detach())
+    lm_head = model.get_output_embeddings().weight.detach()
+    head = FeatureHead.load(folder, model.get_input_embeddings().weight.detach(), lm_head)
     tc = model.config
     assert (head.config.hidden, head.config.heads, head.config.intermediate) == \
         (tc.hidden_size, tc.num_attention_heads, tc.intermediate_size)
-    assert head.config.vocab_size == model.get_output_embeddings().weight.shape[0]
+    assert head.config.vocab_size == lm_head.shape[0]
     assert len(head.vocab) == VOCAB and len(set(head.vocab.tolist())) == VOCAB
-    # its rows are the target's LM-head rows of its tokens, untouched by training
-    assert torch.equal(head.rows, model.get_output_embeddings().weight.detach()[head.vocab])
+    # its rows are the target's LM-head rows of its tokens, untouched by training (the training's
+    # checkpoint holds them); the head's file leaves them to the target
+    trained = torch.load(out / "checkpoint" / head_training.HEAD_CHECKPOINT, weights_only=False)["model"]
+    assert torch.equal(trained["rows"], lm_head[trained["vocab"]])
+    assert "rows" not in load_file(str(folder / "head.safetensors"))
     figures = json.loads((out / "figures.json").read_text())
     assert head.config.trained["agreement"] == round(figures["agreement"], 4)
     assert head.config.trained["tokens"] == _state(out)["tokens"] > 0

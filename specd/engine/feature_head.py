@@ -10,12 +10,13 @@ carry the target's summary one token on, which is why it agrees far more often a
 
 Why the head scores a reduced vocabulary: a draft step's cost is the layer plus the head, and at
 a vocabulary of tens of thousands the head would be most of it; the rows of the target's most
-frequent tokens on code (``vocab``) cover nearly every token it emits there. The input side reads
-the target's whole embedding table, which is not stored here: the loader is handed it
-(``FeatureHead.load(folder, embedding)``), so a head file carries only what it trained.
+frequent tokens on code (``vocab``) cover nearly every token it emits there. Neither the target's
+embedding table (the input side) nor its LM head (``rows``, its rows at ``vocab``) is stored here:
+both are frozen copies of the target's, so the loader is handed them
+(``FeatureHead.load(folder, embedding, lm_head)``) and a head file carries only what it trained.
 
 File format (a folder): ``head.json`` (``HeadConfig``'s fields, ``format``) and
-``head.safetensors`` (the layer's weights, ``vocab`` and ``rows``).
+``head.safetensors`` (the layer's weights and ``vocab``).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ class FeatureHead(nn.Module):
     def __init__(self, config: HeadConfig, vocab: torch.Tensor, rows: torch.Tensor,
                  embedding: torch.Tensor | None = None):
         """``vocab`` [R]: the target token ids the head scores; ``rows`` [R, D]: their rows of the
-        target's LM head; ``embedding`` [V, D]: the target's input embedding table (not saved)."""
+        target's LM head; ``embedding`` [V, D]: the target's input embedding table (neither is
+        saved in the head's file)."""
         super().__init__()
         d, i = config.hidden, config.intermediate
         self.config = config
@@ -141,6 +143,7 @@ class FeatureHead(nn.Module):
         self.gate_up = nn.Linear(d, 2 * i, bias=False)
         self.down = nn.Linear(i, d, bias=False)
         self.register_buffer("vocab", vocab.long())
+        # in the state dict, so a training checkpoint holds them; ``save`` leaves them out
         self.register_buffer("rows", rows.float())
         # a plain tensor, never a parameter of the head's (handed an nn.Parameter, a module would
         # register it, and then look for it in the head's file)
@@ -214,21 +217,31 @@ class FeatureHead(nn.Module):
         from safetensors.torch import save_file
 
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {name: t.detach().contiguous() for name, t in self.state_dict().items()}
+        tensors = {name: t.detach().contiguous() for name, t in self.state_dict().items()
+                   if name != "rows"}  # the target's, handed to ``load``
         save_file(tensors, str(folder / WEIGHTS_FILE))
         (folder / CONFIG_FILE).write_text(json.dumps({"format": FORMAT, **asdict(self.config)}, indent=1) + "\n")
 
     @classmethod
-    def load(cls, folder: Path | str, embedding: torch.Tensor) -> "FeatureHead":
-        """The head in ``folder``, reading ``embedding`` [V, D] (the target's input embeddings)."""
+    def load(cls, folder: Path | str, embedding: torch.Tensor, lm_head: torch.Tensor) -> "FeatureHead":
+        """The head in ``folder``, reading ``embedding`` [V, D] (the target's input embeddings) and
+        scoring with ``lm_head`` [V, D] (the target's LM-head weight; with tied embeddings the same
+        tensor) at its vocabulary."""
         from safetensors.torch import load_file
 
         folder = Path(folder)
         config = read_config(folder)
-        if tuple(embedding.shape) != (config.vocab_size, config.hidden):
-            raise ValueError(f"feature head {folder}: trained for a target of vocabulary {config.vocab_size} "
-                             f"and width {config.hidden}, not {tuple(embedding.shape)}")
+        expected = (config.vocab_size, config.hidden)
+        for name, table in (("an embedding", embedding), ("an LM head", lm_head)):
+            if tuple(table.shape) != expected:
+                raise ValueError(f"feature head {folder}: trained for a target of vocabulary {config.vocab_size} "
+                                 f"and width {config.hidden}, not {name} of {tuple(table.shape)}")
         tensors = load_file(str(folder / WEIGHTS_FILE))
+        # A file may carry ``rows`` too. They are ignored: training froze them as a copy of the
+        # target's LM head at ``vocab``, so for the target the head was trained for they equal
+        # what is read here, and the head's predicted states are meant to be scored by the
+        # target's own rows, whatever a file holds.
+        tensors["rows"] = lm_head.detach()[tensors["vocab"].long()].float()
         head = cls(config, tensors["vocab"], tensors["rows"], embedding.float())
         head.load_state_dict(tensors)
         return head.eval()

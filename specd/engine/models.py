@@ -328,12 +328,14 @@ def load_pair(target: str, draft: str | None, device: str = "auto", dtype: str =
 
 def load_feature_head(folder: str, target_model, device: torch.device):
     """The feature head in ``folder``, reading ``target_model``'s input embeddings (shared, not
-    copied, where they are float32); one-line errors for a head trained for another vocabulary."""
+    copied, where they are float32) and scoring with its LM head's rows (with tied embeddings the
+    same tensor); one-line errors for a head trained for another vocabulary."""
     from specd.engine.feature_head import FeatureHead
 
     embedding = target_model.get_input_embeddings().weight.detach()
+    lm_head = target_model.get_output_embeddings().weight.detach()
     try:
-        return FeatureHead.load(Path(folder).expanduser(), embedding).float().to(device)
+        return FeatureHead.load(Path(folder).expanduser(), embedding, lm_head).float().to(device)
     except (ValueError, OSError) as err:
         raise ModelLoadError(f"draft {folder}: {err}") from None
 
