@@ -367,7 +367,7 @@ OPTIONS: tuple[Option, ...] = (
                                             "(or, where the cursor's line opens a block, at that block's end)",
            **_ENGINE, **_ASKED),
     Option("stop_at_repeated_line", bool, True, "end a suggestion before a line that repeats one of its last "
-                                                "few lines", **_ENGINE, **_ASKED),
+                                                "few lines, or loops within itself", **_ENGINE, **_ASKED),
     Option("stop_at_suffix_line", bool, True, "end a suggestion before a line that equals the next non-empty "
                                               "line after the cursor's (code that is already there)",
            **_ENGINE, **_ASKED),

@@ -11,7 +11,10 @@ Each rule finds the first place it ends the completion, as a character offset in
 completion's text (the text after the cursor); the earliest of the enabled rules wins:
 
 - ``repeated_line``: a line that repeats the line before it, or one of the last few
-  (``REPEAT_WINDOW``) lines of the suggestion: a model at the end of what it knows loops;
+  (``REPEAT_WINDOW``) lines of the suggestion, or a line that loops within itself (a piece of
+  text holding a word, written ``LOOP_COPIES`` or more times back to back over at least
+  ``LOOP_SPAN`` characters, as ``DEBUG_ON_DEBUG_ON_DEBUG_ON_...``): a model at the end of what it
+  knows loops;
 - ``suffix_line``: a line that equals the next non-empty line after the cursor's line: the
   suggestion has reached code that is already there;
 - ``block_end``: the first line indented less than the cursor's line leaves the enclosing
@@ -25,7 +28,9 @@ completion's text (the text after the cursor); the earliest of the enabled rules
   that ends on a line break keeps it).
 
 A rule judges a line once it is complete (a line break follows it, or generation ended), so a
-boundary never depends on tokens not yet generated. Lines are compared stripped of their
+boundary never depends on tokens not yet generated; a loop within a line is judged while the line
+is written (more text cannot undo it), so generation stops there instead of looping on to its
+token limit. Lines are compared stripped of their
 indentation; lines of punctuation alone (``}``, ``)``, ``];``) never count as repeats, since
 closers legitimately follow each other. Cuts drop the line break before the boundary and any
 blank lines before it, so the suggestion ends on its last kept line's text. Indentation is
@@ -38,11 +43,20 @@ never lets a token run into one.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 
 TAB_WIDTH = 8
 REPEAT_WINDOW = 4  # earlier lines of the suggestion a new line is compared with
+# A line loops where one piece of it (3-64 characters) is written at least LOOP_COPIES times back to
+# back, those copies together at least LOOP_SPAN characters long and the piece holding a word of
+# two letters or more: data a person writes out (``[None, None, None]``, ``0x00, 0x00, ...``,
+# ``"=" * 40``) is left alone.
+LOOP_COPIES = 4
+LOOP_SPAN = 40
+_LOOP = re.compile(r"(.{3,64}?)\1{%d,}" % (LOOP_COPIES - 1))
+_LETTERS = re.compile(r"[^\W\d]{2}")  # two letters (or underscores) in a row: a word, not a number
 BRACKETS = {"(": ")", "[": "]", "{": "}"}  # opener: its closer
 BLOCK_OPENERS = (":", *BRACKETS)  # a line ending in one of these opens a block
 CLOSERS = "".join(BRACKETS.values())
@@ -164,12 +178,31 @@ def _counts(line: str) -> bool:
     return bool(WORD.search(line))
 
 
+@functools.lru_cache(maxsize=1024)
+def loops(text: str) -> bool:
+    """Whether ``text`` (a line) holds a loop: a piece written ``LOOP_COPIES`` times back to back
+    over at least ``LOOP_SPAN`` characters, the piece holding two letters in a row. Cached: the
+    engine asks again of every line of a completion at each new token, and a finished line's
+    answer does not change."""
+    if len(text) < LOOP_SPAN:
+        return False
+    start = 0
+    while (found := _LOOP.search(text, start)) is not None:
+        if found.end() - found.start() >= LOOP_SPAN and _LETTERS.search(found.group(1)):
+            return True
+        start = found.start() + 1
+    return False
+
+
 def repeated_line(completion: str, around: Surroundings, finished: bool) -> int | None:
     """Where the first line repeating one of the ``REPEAT_WINDOW`` non-blank lines before it
-    (in the suggestion, the cursor's line completed by its first) begins."""
+    (in the suggestion, the cursor's line completed by its first), or looping within itself
+    (``loops``, judged while it is written), begins."""
     lines = lines_of(completion, finished)
     seen: list[str] = []
     for number, line in enumerate(lines):
+        if loops(line.text(completion)):
+            return _cut_before(completion, line)
         if not line.complete:
             break
         content = (around.line_prefix + line.text(completion) if number == 0 else line.text(completion)).strip()

@@ -17,7 +17,7 @@ from specd.engine.front.boundaries import (NO_BOUNDARIES, BoundaryRules, Surroun
 from specd.engine.front.stops import StopRules
 from specd.engine.options import EngineOptions
 from specd.protocol.errors import RpcError
-from specd.suggestion_rules import BLOCK_OPENERS, BRACKETS
+from specd.suggestion_rules import BLOCK_OPENERS, BRACKETS, loops
 from specd_lsp.completion import context_at, postprocess
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +61,24 @@ def test_repeated_line_lets_closers_and_far_repeats_be():
     assert cut(closers, BODY, "repeated_line") == closers
     far = "a = 1\n        b = 2\n        c = 3\n        d = 4\n        e = 5\n        a = 1"
     assert cut(far, BODY, "repeated_line") == far  # more than REPEAT_WINDOW lines apart
+
+
+def test_repeated_line_drops_a_line_that_loops_within_itself():
+    looping = "        DB_CORE" + "_DEBUG_ON" * 8
+    assert cut("console.write(x)\n" + looping + "\n        y = 1", BODY, "repeated_line") == "console.write(x)"
+    assert cut(looping.strip(), BODY, "repeated_line") == ""  # the cursor's own line loops: nothing to show
+    # Judged while the line is written: more text cannot undo a loop.
+    assert boundary("x = 1\n" + looping, BODY, BoundaryRules().only("repeated_line")) == (5, "repeated_line")
+
+
+@pytest.mark.parametrize("data", [
+    "[None, None, None, None, None]", "bytes([0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00])",
+    '"=" * 40 + "========================================"', 'b"\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00"',
+    "self.a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s.t.u.v.w.x.y.z",
+])
+def test_repeated_line_lets_data_written_out_be(data):
+    assert not loops(data)
+    assert cut(data + "\n        return x", BODY, "repeated_line") == data + "\n        return x"
 
 
 def test_suffix_line_stops_at_the_suffixs_next_line():
@@ -115,7 +133,7 @@ def test_a_boundary_seen_token_by_token_is_the_one_of_the_whole_text():
     """Rules judge only complete lines (or lines with content, for indentation), so the cut
     found while the text grows is the one found on the finished text."""
     texts = ["a = 1\n        a = 1\n        b", "x = 1\n    y = 2\n  z", "if a:\n            b\n        c\n",
-             "item = pop()\n\n        return item\n"]
+             "item = pop()\n\n        return item\n", "a = 1\n        b = c" + "_on_debug" * 8 + "\n        d"]
     around = Surroundings(line_prefix="        ", previous_line="    def f():", next_line="return item")
     for text in texts:
         whole = apply(text, around, BoundaryRules())
@@ -223,6 +241,13 @@ def test_stop_rules_stop_generation_at_the_boundary(tokenizer):
     reason, shown, used, total = stop_on(tokenizer, text, BODY)
     assert (reason, shown) == ("repeated_line", "return self.items.pop()")
     assert used < total  # generation stopped at the second copy's line break, not at the end
+
+
+def test_stop_rules_stop_a_loop_within_a_line_as_it_is_written(tokenizer):
+    text = "console.write(x)\n        DB_CORE" + "_DEBUG_ON" * 30 + "\n"
+    reason, shown, used, total = stop_on(tokenizer, text, BODY)
+    assert (reason, shown) == ("repeated_line", "console.write(x)")
+    assert used < total / 2  # stopped a few copies in, not at the line's end
 
 
 def test_stop_rules_judge_the_last_line_when_generation_ends(tokenizer):

@@ -67,6 +67,12 @@ def test_a_held_back_partial_would_otherwise_show():
         assert _partial(document, written) == ""
 
 
+def test_a_line_looping_within_itself_is_not_shown():
+    looping = "DB_CORE" + "_DEBUG_ON" * 6 + "_DEB"
+    assert _partial(BODY, looping) == ""  # the engine drops the line (repeated_line): nothing to grow from
+    assert _partial(BODY, looping[:20]) == "DB_CORE_DEBUG_ON_"  # before it loops, a partial like any other
+
+
 def test_a_partial_that_cannot_become_the_next_line_is_shown():
     document = "def f(a, b):\n    |\n\n    return a + b\n"
     assert _partial(document, "total = a +") == "total = a +"

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from specd.suggestion_rules import BRACKETS, Surroundings, block_end, suffix_line, surroundings
+from specd.suggestion_rules import BRACKETS, Surroundings, block_end, loops, suffix_line, surroundings
 
 OPENER_OF = {closer: opener for opener, closer in BRACKETS.items()}
 QUOTES = "\"'`"
@@ -348,7 +348,8 @@ def partial_line(written: str, ctx: CursorContext, *, single_line: bool = False)
     Nothing is shown while the line being written could still complete into a line the rules
     cut the whole suggestion at, so a partial is never withdrawn when its line ends: the
     suffix's next line (``suffix_line``), a line repeating the ones before it in the suggestion
-    (``repeated_line``: the cursor's line, when the suggestion starts with a line break), or the
+    (``repeated_line``: the cursor's line, when the suggestion starts with a line break, or a line
+    looping within itself), or the
     text after the cursor it would only re-type. ``block_end`` and ``current_line`` never cut a
     suggestion's first line with text, and a line indented out of the block is known, and cut
     the same way, as soon as it has text."""
@@ -357,6 +358,8 @@ def partial_line(written: str, ctx: CursorContext, *, single_line: bool = False)
     number, line = len(lines) - 1, lines[-1].rstrip("\r")
     if not shown.strip() or any(earlier.strip() for earlier in lines[:-1]):
         return ""  # no whole word part yet, or a complete line with text (settled: not a partial)
+    if loops(line):
+        return ""  # a line looping within itself: the engine drops it (``repeated_line``)
     around = ctx.around
     content = (around.line_prefix + line if number == 0 else line).lstrip()
     # what a complete line must not equal (stripped); the cursor's own line counts against the

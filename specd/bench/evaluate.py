@@ -27,7 +27,7 @@ mid-line by the token limit is judged on its whole lines), ``stray_whitespace`` 
 starts with whitespace the deleted text did not: a doubled indentation or a space inside a
 word), ``retyped_suffix`` (the suggestion ends with the closers already after the cursor:
 accepting it doubles them), ``repeated_line`` (a line of the suggestion repeats one of its last
-few lines), ``retyped_next_line`` (a line of it equals the suffix's next non-empty line),
+few lines, or loops within itself), ``retyped_next_line`` (a line of it equals the suffix's next non-empty line),
 ``empty`` (nothing shown); and, for speed's side of the same cases, ``tokens_per_forward``
 (tokens over target forwards: what drafting from the prompt buys).
 
