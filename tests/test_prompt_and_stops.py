@@ -197,9 +197,34 @@ def test_windows_are_fitted_in_tokens(tokenizer):
 
 def test_window_start_moves_in_coarse_steps(tokenizer):
     text = "".join(f"value_{i} = compute({i})\n" for i in range(300))
-    builder = PromptBuilder(tokenizer, TEMPLATES["demo"], prefix_tokens=400, suffix_tokens=50)
+    builder = PromptBuilder(tokenizer, TEMPLATES["demo"], prefix_tokens=600, suffix_tokens=50)
     starts = {builder.build(text, cursor).prefix_start for cursor in range(len(text) // 2, len(text) // 2 + 200, 3)}
     assert len(starts) <= 2  # typing 200 characters moves the window start at most once
+
+
+def test_a_window_cut_inside_its_last_lines_keeps_its_start_while_typing(tokenizer):
+    """A narrow window's budget is often less than its last few lines: its start still moves in
+    steps of a quarter of the budget, not a token per keystroke, so a keystroke reuses the
+    window's cache; every window fits the budget and is the one a fresh builder picks."""
+    before = "".join(f"def f{i}(values):\n    return values[{i}] * {i}\n\n" for i in range(40))
+    line = "    result = compute_the_total(values, weights, offsets, scale=2.0, shift=-1.5)"
+    builder = PromptBuilder(tokenizer, TEMPLATES["plain"], 48, 0).narrowed(48)
+    starts, ids_before = [], None
+    recomputed = 0
+    for typed in range(1, len(line) + 1):
+        text = before + line[:typed] + "\n"
+        prompt = builder.build(text, len(before) + typed)
+        fresh = PromptBuilder(tokenizer, TEMPLATES["plain"], 48, 0).narrowed(48).build(text, len(before) + typed)
+        assert prompt.ids == fresh.ids and prompt.prefix_start == fresh.prefix_start
+        assert len(prompt.ids) <= 48
+        assert text.startswith(tokenizer.decode(prompt.ids), prompt.prefix_start)
+        starts.append(prompt.prefix_start)
+        if ids_before is not None:
+            recomputed += len(prompt.ids) - common_prefix(ids_before, prompt.ids)
+        ids_before = prompt.ids
+    typed_tokens = len(tokenizer.encode(line))
+    assert len(set(starts)) <= typed_tokens // (48 // 4) + 2, starts  # a move per quarter budget typed, not per key
+    assert recomputed < 4 * typed_tokens  # a token per key, and the window again at each move: not the window per key
 
 
 def test_cursor_out_of_range_is_an_engine_error(tokenizer):

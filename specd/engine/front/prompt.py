@@ -40,6 +40,7 @@ from specd.engine.types import ContextChunk, EngineError
 PREFIX, SUFFIX = "{prefix}", "{suffix}"
 WINDOW_STEP_LINES = 32  # a prefix window starts on a line whose number is a multiple of this ...
 NARROW_STEP_LINES = 4  # ... or of this in a narrowed builder's, whose whole window is a few dozen lines
+CUT_STEPS = 4  # a window cut inside its last grid stretch moves its start by a budget / CUT_STEPS tokens at a time
 LAYOUTS = ("psm", "spm", "anchored")
 ANCHOR_MAX_LINES = 8  # the anchor moves to the cursor's line once the typed span is longer ...
 ANCHOR_MAX_CHARS = 640  # ... in lines or characters (FIM middles of this size are common in training)
@@ -358,10 +359,29 @@ class PromptBuilder:
                         self._windows.popitem(last=False)
             if found[1] is not None:
                 return first + found[0], list(found[1])
-        # The last grid stretch alone is over budget: take the tokens nearest the cursor.
+        # The last grid stretch alone is over budget: the tokens nearest the cursor.
         start = grid_starts[-1] if grid_starts else floor
-        ids = self.encode(text[start:offset])
+        if grid_starts:
+            return self._cut_stretch(text[start:offset], start, budget)
+        ids = self.encode(text[start:offset])  # one line longer than the budget's characters
         return start, ids[-budget:]
+
+    def _cut_stretch(self, stretch: str, start: int, budget: int) -> tuple[int, list[int]]:
+        """(start, ids) of the tokens of ``stretch`` (the text from line start ``start`` to the
+        cursor, over ``budget`` tokens) nearest the cursor: it starts at a token boundary that
+        drops a multiple of ``budget // CUT_STEPS`` tokens, so successive keystrokes keep the same
+        start (and the window's cache) for that many tokens typed, instead of sliding it a token
+        at a time and prefilling the whole window again at every key (a narrow window's budget
+        is often less than a few lines)."""
+        spans = self.tokenizer(stretch, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        step = max(1, budget // CUT_STEPS)
+        drop = -(-(len(spans) - budget) // step) * step
+        if 0 < drop < len(spans):
+            cut = spans[drop][0]
+            ids = self.encode(stretch[cut:])
+            if len(ids) <= budget:
+                return start + cut, ids
+        return start, self.encode(stretch)[-budget:]
 
     def _fit_again(self, window: str, starts: tuple[int, ...], budget: int) -> tuple[int, list[int] | None] | None:
         """Where the prefix ends at the cursor (psm, prefix-last templates), a keystroke changes
