@@ -107,6 +107,39 @@ def test_a_cold_document_answers_from_a_window_while_its_full_prompt_prefills(ll
     assert engine.stats()["first_suggestion"]["narrow_answers"] == 2
 
 
+def test_while_typing_in_a_window_idle_time_brings_the_window_along_and_the_full_prompt_waits(
+        llama_pair, sample_source):
+    """A keystroke's request comes after the editor's debounce: idle prefill brings the window's
+    cache to the cursor at once, and starts no piece of the full prompt (which no request can cut
+    short) until the typing has paused for ``TYPING_GRACE_S``."""
+    import time
+
+    from specd.engine.idle import TYPING_GRACE_S
+
+    target, _ = llama_pair
+    engine = make_engine(target, None)
+    engine.cold = SlowMachine(1000, 10.0)
+    text, offset = long_document(sample_source)
+    engine.open_document(URI, text)
+    engine.complete(CompletionRequest(uri=URI, offset=offset, max_tokens=4))
+    full_before = len(engine.caches.peek(URI).target.ids) if engine.caches.peek(URI) is not None else 0
+
+    text = text[:offset] + "x" + text[offset:]
+    engine.update_document(URI, text, offset + 1)
+    typed = time.monotonic()
+    while time.monotonic() - typed < TYPING_GRACE_S / 2:
+        assert engine.prefill_pending(0.01)  # work is left: the full prompt, later
+    window = engine.caches.peek(narrow_key(URI))
+    asked = engine.build_prompt(URI, text, offset + 1, window=window.window).ids[:-1]
+    assert window.target.ids[:len(asked)] == asked  # the window is at the cursor already
+    full = engine.caches.peek(URI)
+    assert (len(full.target.ids) if full is not None else 0) == full_before  # the full prompt waited
+
+    time.sleep(TYPING_GRACE_S)
+    engine.prefill_pending(0.01)  # the typing paused: the full prompt's pieces go on
+    assert len(engine.caches.peek(URI).target.ids) > full_before
+
+
 @pytest.mark.parametrize("how", ["text sent with it", "first_suggestion_ms = 0"])
 def test_one_shot_requests_and_a_zero_budget_wait_for_the_full_prompt(llama_pair, sample_source, how):
     target, _ = llama_pair

@@ -15,6 +15,13 @@ from specd.engine.front.prompt import Prompt
 from specd.engine.resident import Resident, new_state, settle_heap, widest_verify
 
 
+# After an edit to a document that answers from a narrow window, idle prefill of its full prompt
+# waits this long (the window itself is brought to the cursor at once): the keystroke's request,
+# sent after the editor's debounce, then finds the worker free instead of inside a prefill piece
+# that no request can cut short. While the user types on, the full prompt waits; a pause resumes it.
+TYPING_GRACE_S = 0.2
+
+
 class IdleHost(Resident, Protocol):
     """What idle work reads of its engine."""
 
@@ -72,6 +79,11 @@ class IdleWork:
         caches = engine.caches
         if self._narrow_first(uri, text, offset, ids):
             documents.resume_edited(uri, offset)  # the full prompt next
+            return True
+        since = documents.edited_ago(uri)
+        if since is not None and since < TYPING_GRACE_S and caches.peek(narrow_key(uri)) is not None:
+            documents.resume_edited(uri, offset)  # the full prompt once the typing pauses
+            time.sleep(min(budget_s, TYPING_GRACE_S - since))
             return True
         state = caches.get(uri)
         if state is None:

@@ -105,6 +105,12 @@ class Documents:
             self._edited.move_to_end(uri)
             return True
 
+    def edited_ago(self, uri: str) -> float | None:
+        """Seconds since the document's text last changed (None: not open, or never edited)."""
+        with self._lock:
+            doc = self._docs.get(uri)
+            return None if doc is None or doc.version == 0 else time.monotonic() - doc.updated
+
     def resume_edited(self, uri: str, offset: int) -> None:
         """Put an edit back for the next slice of idle work, unless a newer edit came meanwhile."""
         with self._lock:
