@@ -237,6 +237,17 @@ def test_lookup_drafts_are_priced_by_where_they_come_from():
     assert len(draft) == 8 and draft.repeat
 
 
+def test_the_previous_suggestions_rest_is_drafted_long_from_its_first_use_where_rows_are_dear():
+    """On a CPU whose every verify row costs most of a step (llama.cpp's Q4_1 kernels at one
+    thread), the document's previous suggestion, once the user typed along it, is drafted long at
+    its first use: priced as a coin toss per token it would be cut to a token, and a one-token
+    draft never measures how often later tokens stand."""
+    steep = {1: 28.3, 2: 44.0, 4: 76.9, 8: 140.2, 12: 203.7, 16: 268.1}
+    planner = DraftPlanner(memory(steep), [ContinuationDrafter(3, list(range(100, 140)))])
+    draft = planner.propose([1, 2, 3], 40)
+    assert draft.source == "lookup:previous" and len(draft) >= 6, len(draft)  # 2 at (0.9, 0.9)
+
+
 class ManyLookups(LookupDrafter):
     """Stands in for LookupDrafter with several sources' matches, best first."""
 
