@@ -116,12 +116,7 @@ def test_while_typing_in_a_window_idle_time_brings_the_window_along_and_the_full
 
     from specd.engine.idle import TYPING_GRACE_S
 
-    target, _ = llama_pair
-    engine = make_engine(target, None)
-    engine.cold = SlowMachine(1000, 10.0)
-    text, offset = long_document(sample_source)
-    engine.open_document(URI, text)
-    engine.complete(CompletionRequest(uri=URI, offset=offset, max_tokens=4))
+    engine, text, offset = answering_from_a_window(llama_pair, sample_source)
     full_before = len(engine.caches.peek(URI).target.ids) if engine.caches.peek(URI) is not None else 0
 
     text = text[:offset] + "x" + text[offset:]
@@ -155,13 +150,20 @@ def test_one_shot_requests_and_a_zero_budget_wait_for_the_full_prompt(llama_pair
     assert engine.stats()["first_suggestion"]["narrow_answers"] == 0
 
 
-def test_closing_a_document_drops_its_window(llama_pair, sample_source):
+def answering_from_a_window(llama_pair, sample_source):
+    """An engine on a slow machine whose open document has answered once from a narrow window:
+    (engine, text, cursor)."""
     target, _ = llama_pair
     engine = make_engine(target, None)
     engine.cold = SlowMachine(1000, 10.0)
     text, offset = long_document(sample_source)
     engine.open_document(URI, text)
     engine.complete(CompletionRequest(uri=URI, offset=offset, max_tokens=4))
+    return engine, text, offset
+
+
+def test_closing_a_document_drops_its_window(llama_pair, sample_source):
+    engine, _, _ = answering_from_a_window(llama_pair, sample_source)
     assert engine.caches.peek(narrow_key(URI)) is not None
     engine.close_document(URI)
     assert engine.caches.peek(narrow_key(URI)) is None and engine.caches.peek(URI) is None
