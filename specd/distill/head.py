@@ -12,7 +12,7 @@ What differs from the small draft:
   scores against the target's distribution over the head's vocabulary (the softmax of the true
   next state's scores, computed from the stored state) plus smooth-L1 between the states. Its
   vocabulary is the ``head_vocab`` most frequent tokens of what the teacher read and emitted;
-  its rows and the input embeddings are the target's, frozen.
+  its rows and the input embeddings are the target's, frozen (the head's file holds neither).
 - **report**: agreement of the head's first and second drafted tokens with the target's
   greedy, and a head step against the target's (``report.evaluate_head_and_write``).
 """
