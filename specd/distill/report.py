@@ -358,7 +358,8 @@ def evaluate_head_and_write(run, head_dir: Path, say: Callable[[str], None]) -> 
 
     say("timing one head step against the target's on each forward path")
     target_model = AutoModelForCausalLM.from_pretrained(target.folder, dtype=torch.float32).eval()
-    loaded = FeatureHead.load(head_dir, target_model.get_input_embeddings().weight.detach().float())
+    loaded = FeatureHead.load(head_dir, target_model.get_input_embeddings().weight.detach().float(),
+                              target_model.get_output_embeddings().weight.detach())
     repeat = 1 + (CONTEXT + 16) // windows.numel()
     ids = windows.flatten().repeat(repeat)[:CONTEXT + 16]  # real code, as long as the forwards need
     f["head_ms"] = head_step_ms(loaded, states.flatten(0, 1).float().repeat(repeat, 1)[:CONTEXT + 16], ids)
@@ -403,14 +404,14 @@ def render_head(run, head_dir: Path, f: dict) -> str:
         "The engine drafts with a feature head on torch's lean forward, so its target runs on torch there "
         "(`engine.forward_backend = \"auto\"` keeps it on torch, a GGUF target dequantized; llama.cpp's and "
         "transformers' forwards give no hidden states and are refused). In code: "
-        "`FeatureHead.load(folder, target.get_input_embeddings().weight)`.",
+        "`FeatureHead.load(folder, target.get_input_embeddings().weight, target.get_output_embeddings().weight)`.",
         "",
         *_machine_and_data(s, p, data, f, "its final hidden states (bfloat16) at every position"),
         "",
         "## Head",
         "",
         f"One decoder layer of width {c.hidden}, {c.heads} heads, MLP {c.intermediate}; {f['params'] / 1e6:.2f}M "
-        f"trained params ({f['folder_mib']:.1f} MiB with its rows). It scores the {f['vocab']:,} tokens most frequent "
+        f"trained params ({f['folder_mib']:.1f} MiB without the target's rows). It scores the {f['vocab']:,} tokens most frequent "
         f"in what the teacher read and emitted, of {c.vocab_size:,}; they hold **{f['coverage']:.1%}** of the "
         "target's greedy tokens on held-out code (the head can never draft the rest).",
         "",
