@@ -189,3 +189,29 @@ def test_a_gguf_target_gets_a_gguf_draft_that_the_engine_pairs_with_it(trained, 
     assert set(figures["costs"]) == {"hf", "lean", "llamacpp"}
     pair = load_gguf_pair(str(target_gguf), str(draft))
     assert pair.draft is not None
+
+
+class _Chars:
+    """A tokenizer of one id per character, enough for cutting windows."""
+
+    @staticmethod
+    def encode(text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+
+def test_a_small_held_out_budget_spans_many_files(tmp_path):
+    """A held-out sample of a few thousand tokens is not filled by the first file drawn (a
+    generated table of numbers, say): each file gives at most its share, from its middle."""
+    from specd.distill.corpus import token_windows
+
+    files = []
+    for i, size in enumerate([5000, 300, 300, 300, 300, 300, 300, 300]):
+        path = tmp_path / f"f{i}.py"
+        path.write_text(chr(ord("a") + i) * size)
+        files.append(path)
+    one_file, _ = token_windows(_Chars, files, 16, seed=0, max_tokens=1024)
+    spread, _ = token_windows(_Chars, files, 16, seed=0, max_tokens=1024, per_file=128)
+    letters = {chr(t) for window in spread for t in window}
+    assert len(letters) == len(files) and len(spread) <= 1024 // 16
+    assert all(len(window) == 16 for window in spread)
+    assert len({chr(t) for window in one_file for t in window}) < len(files)  # without: a few files fill it

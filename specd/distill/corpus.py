@@ -97,10 +97,13 @@ def read_text(path: Path) -> str | None:
 
 
 def token_windows(tokenizer, files: Sequence[Path], seq_len: int, seed: int, max_tokens: int | None = None,
-                  separator: int | None = None) -> tuple[list[list[int]], int]:
+                  separator: int | None = None, per_file: int | None = None) -> tuple[list[list[int]], int]:
     """(windows, chars): the files, in an order shuffled by ``seed``, tokenized into one stream
     (``separator`` between files) and cut into windows of ``seq_len`` tokens; at most
-    ``max_tokens`` of them. ``chars``: characters read. ``tokenizer``: a transformers tokenizer."""
+    ``max_tokens`` of them. ``per_file``: at most this many tokens of each file, from its middle,
+    so a small budget spans many files rather than the first one drawn (a held-out sample
+    filled by one generated table of numbers measures nothing about code). ``chars``:
+    characters read. ``tokenizer``: a transformers tokenizer."""
     order = list(files)
     random.Random(seed).shuffle(order)
     stream: list[int] = []
@@ -111,7 +114,11 @@ def token_windows(tokenizer, files: Sequence[Path], seq_len: int, seed: int, max
         if not text:
             continue
         chars += len(text)
-        stream.extend(tokenizer.encode(text, add_special_tokens=False))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if per_file is not None and len(ids) > per_file:
+            middle = (len(ids) - per_file) // 2
+            ids = ids[middle:middle + per_file]
+        stream.extend(ids)
         if separator is not None:
             stream.append(separator)
         if budget is not None and len(stream) >= budget:

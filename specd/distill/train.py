@@ -44,6 +44,7 @@ TOP_K = 32                 # teacher log-probabilities kept per position
 CHECKPOINT_EVERY_S = 120.0
 PROGRESS_EVALS = 8         # agreement on a few held-out windows, this many times during training
 PROGRESS_EVAL_WINDOWS = 4
+HELDOUT_FILES = 16         # the held-out sample takes at most 1/this of its tokens from any one file
 ADAM_BETAS = (0.9, 0.95)
 GRAD_CLIP = 1.0
 CHECKPOINT = "checkpoint"
@@ -260,7 +261,8 @@ class Run:
         split = split_files([Path(p) for p in s.corpus], [Path(p) for p in s.heldout])
         separator = tokenizer.eos_token_id
         train, train_chars = token_windows(tokenizer, split.train, s.seq_len, s.seed, s.max_corpus_tokens, separator)
-        heldout, _ = token_windows(tokenizer, split.heldout, s.seq_len, s.seed, s.eval_tokens, separator)
+        heldout, _ = token_windows(tokenizer, split.heldout, s.seq_len, s.seed, s.eval_tokens, separator,
+                                   per_file=max(s.seq_len, s.eval_tokens // HELDOUT_FILES))
         if not train or not heldout:
             raise ValueError(f"too little code for windows of {s.seq_len} tokens "
                              f"({len(train)} training, {len(heldout)} held-out)")
