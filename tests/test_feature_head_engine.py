@@ -188,3 +188,20 @@ def test_a_prefill_reads_nothing_and_the_next_draft_reads_back_what_it_needs(hea
         state.prefill(seq[:end])
         assert state.ids == seq[:end] and state.cache.length == 0
     torch.testing.assert_close(state.logits_after(seq), fresh.logits_after(seq))
+
+
+def test_a_long_session_keeps_the_heads_cache_to_its_window(head_pair):
+    """Past twice the target's feature window the head's cache drops its oldest positions (its
+    tensors were made in inference mode, and so is the drop); drafting goes on."""
+    from specd.engine.caches import FEATURE_WINDOW
+
+    target_dir, _, head = head_pair
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    target = KVState(model, LeanForward(model, transposed_weights="off"))
+    state = HeadState(head, target)
+    seq = torch.randint(0, model.config.vocab_size, (3 * FEATURE_WINDOW,)).tolist()
+    for end in range(40, len(seq), 24):  # keystrokes: the target runs a step's tokens, the head drafts after
+        target.extend(seq[len(target.ids):end - 1], last_only=True)
+        rows = state.logits_after(seq[:end])
+        assert torch.isfinite(rows[0, head.vocab]).all()
+    assert FEATURE_WINDOW <= state.cache.length <= 2 * FEATURE_WINDOW

@@ -166,7 +166,8 @@ class HeadState:
         without end (by halves, so the copy is rare)."""
         if self.cache.length > 2 * FEATURE_WINDOW:
             extra = self.cache.length - FEATURE_WINDOW
-            self.cache.drop_front(extra)
+            with torch.inference_mode():  # the cache's tensors were made in it (``_step``)
+                self.cache.drop_front(extra)
             del self._outputs[:extra]
             self._start += extra
 
