@@ -25,7 +25,7 @@ from specd.engine.speculation.costs import CALIBRATION_WIDTHS, Calibration, Forw
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1  # bump when what calibrate measures, or how, changes
+CACHE_VERSION = 2  # bump when what calibrate measures, or how, changes
 
 
 def cache_dir() -> Path:

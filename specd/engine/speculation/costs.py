@@ -382,6 +382,15 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
         target_next, _ = next_tokens(state, context, rows)
     else:
         state.extend(context, last_only=True)
+    draft = None
+    if draft_state_factory is not None:
+        # Before the verify timings below: a feature head reads the target's hidden states at
+        # each position of the sample, and those timings' rollbacks keep only the last ones.
+        draft = draft_state_factory(state)
+        if measure:
+            sample = AgreementSample(target_next, *next_tokens(draft, context, rows))
+        else:
+            draft.extend(context, last_only=True)
     widths = [w for w in CALIBRATION_WIDTHS if w <= max_width]
     head_ms: list[float] = []
 
@@ -410,13 +419,7 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
         costs.target[width] = max(statistics.median(times[width]), 1e-3)
     if head_ms:
         costs.head_row = statistics.median(head_ms)
-    if draft_state_factory is not None:
-        draft = draft_state_factory(state)
-        if measure:
-            sample = AgreementSample(target_next, *next_tokens(draft, context, rows))
-        else:
-            draft.extend(context, last_only=True)
-
+    if draft is not None:
         def one_step():
             draft.extend(context[:1], last_only=True)
             draft.rollback(len(context))
