@@ -205,3 +205,27 @@ def test_a_long_session_keeps_the_heads_cache_to_its_window(head_pair):
         rows = state.logits_after(seq[:end])
         assert torch.isfinite(rows[0, head.vocab]).all()
     assert FEATURE_WINDOW <= state.cache.length <= 2 * FEATURE_WINDOW
+
+
+def test_the_loads_agreement_sample_is_read_by_the_head_at_every_position(head_pair):
+    """The load's calibration times the target's verifies after it read the sample; the head
+    reads the sample first, while the target still holds a state at every position, so its
+    agreement is the one a head reading the whole sample gets."""
+    from specd.engine.speculation.agreement import next_tokens
+    from specd.engine.speculation.costs import calibrate
+
+    target_dir, _, head = head_pair
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+
+    def target_state():
+        state = KVState(model, LeanForward(model, transposed_weights="off"))
+        state.keeps_features = True
+        return state
+
+    context = torch.randint(0, model.config.vocab_size, (256,), generator=torch.Generator().manual_seed(1)).tolist()
+    sample = calibrate(target_state, lambda target: HeadState(head, target), model.config.vocab_size, 17,
+                       torch.device("cpu"), context=context).sample
+    target = target_state()
+    next_tokens(target, context, model.config.vocab_size)
+    whole, _ = next_tokens(HeadState(head, target), context, model.config.vocab_size)
+    assert sample.draft_next == whole
