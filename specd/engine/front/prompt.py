@@ -220,6 +220,11 @@ def implicit_space(tokenizer) -> bool:
 
 
 class PromptBuilder:
+    """One concern: a document and a cursor to the prompt's token ids for one FIM template,
+    within its token budgets (prefix and suffix windows, other files' chunks, the anchored
+    layout's anchor, token healing's cut), built so successive keystrokes get windows whose
+    starts stay put and whose tokens it need not encode again."""
+
     def __init__(self, tokenizer, template: FimTemplate, prefix_tokens: int, suffix_tokens: int,
                  extra_tokens: int = 512, layout: str = "auto"):
         self.tokenizer = tokenizer
