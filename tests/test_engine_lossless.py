@@ -75,11 +75,14 @@ def test_near_draft_is_accepted_and_still_lossless(arch, engines, sample_source)
     engine = engines[arch]["near"]
     assert all(path.host_rows == frozenset(range(1, 17)) for path, _ in engine.paths.values())  # numpy's BLAS
     assert all(path.graphs is not None for path, _ in engine.paths.values())  # replayed steps
-    offset = sample_source.index("    def sell")
+    # A cursor where each architecture's random target writes on for a while before its
+    # end-of-text (at some cursors one ends at once, and nothing is left to draft).
+    offset = sample_source.index("    def remove")
     result = engine.complete(CompletionRequest(uri=f"file:///near-{arch}.py", text=sample_source, offset=offset,
                                                max_tokens=MAX_TOKENS, stop_at_block_end=False,
                                                use_lookup=False))
     assert_lossless(engine, result, MAX_TOKENS)
+    assert len(result.token_ids) >= 4, f"the target ended at once ({result.stop_reason}): choose another cursor"
     assert result.sources["draft"].accepted > 0
     assert result.target_forwards < len(result.token_ids), result.stop_reason
     # the target's verifies and the draft's steps replayed recordings of their document's caches
