@@ -190,7 +190,9 @@ def loops(text: str) -> bool:
     while (found := _LOOP.search(text, start)) is not None:
         if found.end() - found.start() >= LOOP_SPAN and _LETTERS.search(found.group(1)):
             return True
-        start = found.start() + 1
+        # Past this run: a start inside it repeats a rotation of the same piece (the same
+        # characters) over less of the line, so it fails the same way; one pass per line.
+        start = found.end()
     return False
 
 
