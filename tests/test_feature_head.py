@@ -111,3 +111,50 @@ def test_the_feature_trail_keeps_the_last_positions_in_order(monkeypatch):
     assert torch.equal(trail.get(at - 4, at - 2), rows[at - 4:at - 2])
     trail.note(rows[:1] * 0 - 1, at + 5)  # not after its end: it starts again there
     assert trail.first == at + 5 and trail.length == 1
+
+
+def test_lookups_guess_is_the_token_after_the_last_pair_else_the_last_token_seen_before():
+    import numpy as np
+
+    from specd.engine.feature_head import NO_GUESS, lookup_guess, lookup_guesses
+
+    def guess(history, last):
+        return lookup_guess(np.asarray(history), last)
+
+    assert guess([5, 1, 7, 2, 1, 8, 9], 1) == 8  # 1 alone: the token after its latest occurrence
+    assert guess([5, 1, 7, 2, 1, 8, 5], 1) == 7  # the pair (5, 1) wins over 1's latest occurrence
+    assert guess([4, 1], 1) == NO_GUESS  # 1 never had a token after it
+    assert guess([], 3) == guess([3], 3) == NO_GUESS
+    assert guess([3, 3], 3) == 3
+    ids = [2, 6, 2, 7, 2, 6, 2]
+    # each position reads only the tokens before it
+    assert lookup_guesses(ids) == [NO_GUESS, NO_GUESS, 6, NO_GUESS, 7, 2, 7]
+    assert lookup_guesses(ids, 4, 6) == [7, 2]
+
+
+def test_a_head_reading_lookups_guess_steps_as_its_window_forward_and_saves_so(tmp_path):
+    torch.manual_seed(2)
+    config = HeadConfig(hidden=32, heads=4, intermediate=48, vocab_size=50, rope_theta=100.0, guess=True)
+    vocab = torch.tensor([3, 7, 11, 20, 42])
+    lm_head, embedding = torch.randn(50, 32), torch.randn(50, 32)
+    head = FeatureHead(config, vocab, lm_head[vocab], embedding)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    features, tokens = torch.randn(1, 9, 32), torch.randint(0, 6, (1, 9))
+    guesses = torch.tensor([[-1, 4, 2, -1, 0, 5, 5, 1, -1]])
+    with torch.no_grad():
+        whole = head(features, tokens, guesses)[0]
+        cache = HeadCache()
+        parts = [head.step(features[0, :4], tokens[0, :4], cache, guesses[0, :4]),
+                 head.step(features[0, 4:], tokens[0, 4:], cache, guesses[0, 4:])]
+        # the guess is read: another guess, another prediction
+        assert not torch.allclose(head(features, tokens, guesses.flip(-1))[0], whole)
+    torch.testing.assert_close(torch.cat(parts), whole, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="guess"):
+        head(features, tokens)
+    head.save(tmp_path / "h")
+    loaded = FeatureHead.load(tmp_path / "h", embedding, lm_head)
+    assert loaded.config.guess
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(features, tokens, guesses)[0], whole)

@@ -13,22 +13,23 @@ from transformers import AutoModelForCausalLM
 from engine_helpers import assert_lossless, make_engine
 from specd.engine import CompletionRequest
 from specd.engine.caches import KVState
-from specd.engine.feature_head import FeatureHead, HeadConfig
+from specd.engine.feature_head import FeatureHead, HeadConfig, lookup_guesses
 from specd.engine.forward.lean import LeanForward
 from specd.engine.head_state import HeadState
 from specd.engine.models import load_pair
 from specd.engine.types import ModelLoadError
 
 
-def make_head(target_dir, out, seed: int = 0):
+def make_head(target_dir, out, seed: int = 0, guess: bool = True):
     """A head for the tiny target: its every token scored, the layer randomly disturbed from its
-    identity start (so it predicts something other than the state it reads)."""
+    identity start (so it predicts something other than the state it reads); ``guess``: reading
+    prompt lookup's guess at each position, as heads are trained now."""
     model = AutoModelForCausalLM.from_pretrained(target_dir)
     c = model.config
     torch.manual_seed(seed)
     vocab = torch.arange(c.vocab_size - 7)  # a reduced vocabulary: the last few ids never drafted
     head = FeatureHead(HeadConfig(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.vocab_size,
-                                  getattr(c, "rope_theta", 10000.0), c.rms_norm_eps),
+                                  getattr(c, "rope_theta", 10000.0), c.rms_norm_eps, guess=guess),
                        vocab, model.get_output_embeddings().weight.detach()[vocab].clone(),
                        model.get_input_embeddings().weight.detach())
     with torch.no_grad():
@@ -45,19 +46,28 @@ def head_pair(llama_pair, tmp_path_factory):
     return target, folder, head
 
 
-def test_the_head_reads_the_targets_states_one_position_behind(head_pair):
-    target_dir, _, head = head_pair
+@pytest.mark.parametrize("guess", [True, False], ids=["reading-lookups-guess", "states-and-tokens-only"])
+def test_the_head_reads_the_targets_states_one_position_behind(llama_pair, tmp_path, guess):
+    target_dir, _ = llama_pair
+    _, head = make_head(target_dir, tmp_path / "head", guess=guess)
     model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     target = KVState(model, LeanForward(model, transposed_weights="off"))
     state = HeadState(head, target)
-    seq = torch.randint(0, model.config.vocab_size, (40,)).tolist()
+    torch.manual_seed(1)
+    seq = torch.randint(0, 12, (40,)).tolist()  # few distinct ids: most positions have a guess
     target.extend(seq[:30], last_only=True)  # the target has run the prompt but its last token
+
+    def window(end: int) -> torch.Tensor:
+        """What the whole-window forward predicts after ``seq[:end + 1]``: position p reads token
+        p, the target's state at p - 1 and lookup's guess from the tokens before p."""
+        guesses = torch.tensor([lookup_guesses(seq[:end + 1], 1, end + 1)]) if guess else None
+        with torch.no_grad():
+            return head.scores(head(hidden[:, :end], torch.tensor([seq[1:end + 1]]), guesses)[0, -1])
+
     with torch.no_grad():
         hidden = model.model(input_ids=torch.tensor([seq])).last_hidden_state  # [1, 40, D]
-        # position p reads token p and the target's state at p - 1 (position 0 has none)
-        expected = head.scores(head(hidden[:, :30], torch.tensor([seq[1:31]]))[0, -1])
     got = state.logits_after(seq[:31])[0]
-    torch.testing.assert_close(got[head.vocab], expected, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(got[head.vocab], window(30), atol=2e-4, rtol=2e-4)
     assert torch.isinf(got[-7:]).all()  # never a token outside its vocabulary
 
     # A drafted chain reads the head's own predictions; once the target has run those tokens,
@@ -65,9 +75,7 @@ def test_the_head_reads_the_targets_states_one_position_behind(head_pair):
     state.extend(seq[31:34], last_only=True)
     target.extend(seq[30:36])
     again = state.logits_after(seq[:37])[0]
-    with torch.no_grad():
-        fresh = head.scores(head(hidden[:, :36], torch.tensor([seq[1:37]]))[0, -1])
-    torch.testing.assert_close(again[head.vocab], fresh, atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(again[head.vocab], window(36), atol=2e-4, rtol=2e-4)
 
 
 def test_completions_with_the_head_drafting_are_the_targets_greedy(head_pair, sample_source):
@@ -98,10 +106,11 @@ def test_a_loaded_head_scores_with_the_targets_lm_head_which_its_file_does_not_h
     # the tiny Llama's LM head is untied: the rows are its, not the input embeddings'
     assert not torch.equal(lm_head, pair.target.get_input_embeddings().weight.detach())
     assert torch.equal(pair.draft.rows, lm_head[head.vocab].float())
-    states = torch.randn(3, pair.target.config.hidden_size)
+    assert pair.draft.config.guess
+    states, tokens, guesses = torch.randn(3, pair.target.config.hidden_size), torch.tensor([[1, 2, 3]]), torch.tensor([[-1, 5, 2]])
     with torch.no_grad():
-        torch.testing.assert_close(pair.draft.scores(pair.draft(states[None], torch.tensor([[1, 2, 3]]))),
-                                   head.scores(head(states[None], torch.tensor([[1, 2, 3]]))))
+        torch.testing.assert_close(pair.draft.scores(pair.draft(states[None], tokens, guesses)),
+                                   head.scores(head(states[None], tokens, guesses)))
 
 
 def test_a_head_is_refused_where_the_target_gives_no_states(head_pair, tmp_path):
@@ -173,7 +182,9 @@ def test_a_head_starting_on_a_long_prompt_reads_back_only_its_last_positions(hea
     with torch.no_grad():
         hidden = model.model(input_ids=torch.tensor([seq])).last_hidden_state
         start = len(seq) - READ_BACK  # positions start .. len - 1 read, each with the state before it
-        expected = head.scores(head(hidden[:, start - 1:-1], torch.tensor([seq[start:]]))[0, -1])
+        # lookup's guesses read the whole document before each position, as prompt lookup does
+        guesses = torch.tensor([lookup_guesses(seq, start)])
+        expected = head.scores(head(hidden[:, start - 1:-1], torch.tensor([seq[start:]]), guesses)[0, -1])
     torch.testing.assert_close(got[head.vocab], expected, atol=2e-4, rtol=2e-4)
 
 

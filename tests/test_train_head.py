@@ -19,7 +19,7 @@ from test_train_draft import LONGER_MINUTES, SHORT_MINUTES, _state, _train, fold
 from specd.cli import main  # noqa: E402
 from specd.distill import head as head_training  # noqa: E402
 from specd.distill import train as trainer  # noqa: E402
-from specd.engine.feature_head import FeatureHead, HeadCache, HeadConfig  # noqa: E402
+from specd.engine.feature_head import FeatureHead, HeadCache, HeadConfig, lookup_guesses  # noqa: E402
 
 VOCAB = 64
 TINY_HEAD = ["--head", "--head-vocab", str(VOCAB), "--seq-len", "32", "--threads", "1"]
@@ -58,6 +58,7 @@ def test_writes_a_head_folder_that_loads_against_the_targets_embeddings(head_tra
     assert (head.config.hidden, head.config.heads, head.config.intermediate) == \
         (tc.hidden_size, tc.num_attention_heads, tc.intermediate_size)
     assert head.config.vocab_size == lm_head.shape[0]
+    assert head.config.guess  # a trained head reads prompt lookup's guess
     assert len(head.vocab) == VOCAB and len(set(head.vocab.tolist())) == VOCAB
     # its rows are the target's LM-head rows of its tokens, untouched by training (the training's
     # checkpoint holds them); the head's file leaves them to the target
@@ -182,25 +183,36 @@ def test_the_teachers_states_are_what_its_lm_head_scores(tiny_root):
     assert torch.allclose(scored, logits, atol=0.05 * float(logits.abs().max()))
 
 
-def test_the_second_drafted_state_is_the_heads_own_step_after_the_true_ones():
+@pytest.mark.parametrize("guess", [False, True])
+def test_the_second_drafted_state_is_the_heads_own_step_after_the_true_ones(guess):
     """The batched evaluation of the second token is what drafting computes with ``step``: the
-    true positions up to t in the cache, then the predicted state and the target's token."""
+    true positions up to t in the cache, then the predicted state and the target's token (and,
+    for a head reading them, lookup's guesses as drafting computes them, the drafted token in
+    place of the window's)."""
     torch.manual_seed(0)
-    config = HeadConfig(hidden=32, heads=4, intermediate=48, vocab_size=50)
+    config = HeadConfig(hidden=32, heads=4, intermediate=48, vocab_size=50, guess=guess)
     vocab = torch.arange(20)
     embedding = torch.randn(50, 32)
     head = FeatureHead(config, vocab, embedding[vocab], embedding).eval()
     with torch.no_grad():
         for p in head.parameters():
             p.add_(0.1 * torch.randn_like(p))
-        features, tokens, emitted = torch.randn(1, 7, 32), torch.randint(0, 50, (1, 7)), torch.randint(0, 50, (1, 7))
-        predicted = head(features, tokens)
-        batched = head.second(features, tokens, predicted, emitted)
+        window = torch.randint(0, 6, (1, 8))  # few distinct ids: guesses at most positions
+        features, tokens, emitted = torch.randn(1, 7, 32), window[:, 1:], torch.randint(0, 6, (1, 7))
+        guesses = head_training.window_guesses(head, window)
+        following = None if guesses is None else guesses[:, 1:]
+        second_guesses = head_training.emitted_guesses(head, window, emitted)
+        predicted = head(features, tokens, following)
+        batched = head.second(features, tokens, predicted, emitted, following, second_guesses)
         for t in range(7):
             cache = HeadCache()
-            head.step(features[0, :t + 1], tokens[0, :t + 1], cache)
-            stepped = head.step(predicted[0, t:t + 1], emitted[0, t:t + 1], cache)
+            head.step(features[0, :t + 1], tokens[0, :t + 1], cache, None if guess is False else following[0, :t + 1])
+            drafted = window[0, :t + 2].tolist() + [int(emitted[0, t])]  # the document as drafting has it
+            guess_t = torch.tensor(lookup_guesses(drafted, t + 2)) if guess else None
+            stepped = head.step(predicted[0, t:t + 1], emitted[0, t:t + 1], cache, guess_t)
             assert torch.allclose(stepped[0], batched[0, t], atol=1e-5), t
+    if guess:  # with the window's own next tokens emitted, the guesses are the window's
+        assert torch.equal(head_training.emitted_guesses(head, window, window[:, 2:]), guesses[:, 2:])
 
 
 def test_chain_tokens():

@@ -7,8 +7,9 @@ What differs from the small draft:
 
 - **teacher**: each window's final hidden states (after the final norm: what the LM head
   scores), kept in bfloat16, and the teacher's greedy tokens; not its top-k.
-- **student**: one decoder layer of the target's width. At position t it reads h_t and the
-  embedding of x_{t+1} and predicts h_{t+1}; the loss is the cross-entropy of the prediction's
+- **student**: one decoder layer of the target's width. At position t it reads h_t, the
+  embedding of x_{t+1} and that of prompt lookup's guess of x_{t+2} (``lookup_guess``, within the
+  window: a head trained with it agreed more in the same minutes), and predicts h_{t+1}; the loss is the cross-entropy of the prediction's
   scores against the target's distribution over the head's vocabulary (the softmax of the true
   next state's scores, computed from the stored state) plus smooth-L1 between the states. Its
   vocabulary is the ``head_vocab`` most frequent tokens of what the teacher read and emitted;
@@ -50,7 +51,38 @@ def head_config(target_model, vocab_size: int):
     tc = target_model.config
     rope = getattr(tc, "rope_theta", None) or (getattr(tc, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
     return HeadConfig(hidden=tc.hidden_size, heads=tc.num_attention_heads, intermediate=tc.intermediate_size,
-                      vocab_size=vocab_size, rope_theta=float(rope), rms_eps=float(getattr(tc, "rms_norm_eps", 1e-5)))
+                      vocab_size=vocab_size, rope_theta=float(rope), rms_eps=float(getattr(tc, "rms_norm_eps", 1e-5)),
+                      guess=True)
+
+
+def window_guesses(head, windows):
+    """``lookup_guesses`` over each window [B, T] (within it), [B, T]; None for a head that
+    reads none."""
+    import torch
+
+    from specd.engine.feature_head import lookup_guesses
+
+    if not head.config.guess:
+        return None
+    return torch.tensor([lookup_guesses(row) for row in windows.tolist()], dtype=torch.long)
+
+
+def emitted_guesses(head, windows, emitted):
+    """``lookup_guess`` of the token after ``emitted[:, t]`` [B, T - 1] where it follows
+    ``windows[:, :t + 2]`` (a chain's second position, the head's token in place of the window's);
+    None for a head that reads none."""
+    import numpy as np
+    import torch
+
+    from specd.engine.feature_head import lookup_guess
+
+    if not head.config.guess:
+        return None
+    rows = []
+    for window, row in zip(windows.tolist(), emitted.tolist()):
+        history = np.asarray(window, dtype=np.int64)
+        rows.append([lookup_guess(history[:t + 2], token) for t, token in enumerate(row)])
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def choose_vocab(windows, greedy, size: int, vocab_size: int):
@@ -96,10 +128,13 @@ def head_train_step(head, optimizer, windows, states, bf16: bool = False, grad_c
     features = states[:, :-1].float()
     features = features + (torch.rand_like(features) - 0.5) * (2 * FEATURE_NOISE)
     tokens = windows[:, 1:]
+    guesses = window_guesses(head, windows)
+    following, second_guesses = (None, None) if guesses is None else (guesses[:, 1:], guesses[:, 2:])
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        predicted = head(features, tokens)
+        predicted = head(features, tokens, following)
         # positions t < T - 2: the second step reads the prediction and x_{t+2}
-        drafted = head.second(features[:, :-1], tokens[:, :-1], predicted[:, :-1], windows[:, 2:])
+        drafted = head.second(features[:, :-1], tokens[:, :-1], predicted[:, :-1], windows[:, 2:],
+                              None if following is None else following[:, :-1], second_guesses)
     first, _ = head_loss(head, predicted.float(), states[:, 1:].float())
     second, _ = head_loss(head, drafted.float(), states[:, 2:].float())
     loss = first + second
@@ -122,14 +157,17 @@ def head_agreement(head, windows, states, greedy, second: bool = True) -> tuple[
     first_right = first_total = chains = chains_right = 0
     with torch.no_grad():
         for row in range(len(windows)):  # a window at a time: scores are [T, R]
-            features, tokens = states[row:row + 1, :-1].float(), windows[row:row + 1, 1:].long()
+            window = windows[row:row + 1].long()
+            features, tokens = states[row:row + 1, :-1].float(), window[:, 1:]
             wanted = greedy[row:row + 1, 1:].long()
-            predicted = head(features, tokens)
+            guesses = window_guesses(head, window)
+            predicted = head(features, tokens, None if guesses is None else guesses[:, 1:])
             right = head.vocab[head.scores(predicted).argmax(-1)] == wanted  # [1, T-1]
             first_right += int(right.sum())
             first_total += right.numel()
             if second:
-                drafted = head.second(features, tokens, predicted, wanted)
+                drafted = head.second(features, tokens, predicted, wanted, None if guesses is None else guesses[:, 1:],
+                                      emitted_guesses(head, window, wanted))
                 second_right = head.vocab[head.scores(drafted).argmax(-1)][:, :-1] == wanted[:, 1:]
                 chains += int(right[:, :-1].sum())  # the last position has no t + 2 in the window
                 chains_right += int((right[:, :-1] & second_right).sum())

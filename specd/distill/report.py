@@ -318,16 +318,20 @@ def head_step_ms(head, states, tokens) -> float:
     ``CONTEXT``-position ``HeadCache``; ``states`` [N, D], ``tokens`` [N] with N > CONTEXT."""
     import torch
 
-    from specd.engine.feature_head import HeadCache
+    from specd.distill.head import window_guesses
+    from specd.engine.feature_head import HeadCache, lookup_guesses
     from specd.engine.forward.measure import median_ms
 
     cache = HeadCache()
     feature, token = states[CONTEXT:CONTEXT + 1], tokens[CONTEXT:CONTEXT + 1]
+    ids = tokens[:CONTEXT + 1].tolist()
+    guesses = window_guesses(head, tokens[None, :CONTEXT])
     with torch.no_grad():
-        head.step(states[:CONTEXT], tokens[:CONTEXT], cache)
+        head.step(states[:CONTEXT], tokens[:CONTEXT], cache, None if guesses is None else guesses[0])
 
-        def step() -> None:
-            head.vocab[head.scores(head.step(feature, token, cache)).argmax(-1)]
+        def step() -> None:  # as the engine drafts: the guess from the document's tokens, then the step
+            guess = torch.tensor(lookup_guesses(ids, CONTEXT, CONTEXT + 1)) if head.config.guess else None
+            head.vocab[head.scores(head.step(feature, token, cache, guess)).argmax(-1)]
 
         return median_ms(step, lambda: cache.crop(CONTEXT), REPEATS, lambda: None, budget_ms=BUDGET_MS)
 
@@ -382,6 +386,7 @@ def render_head(run, head_dir: Path, f: dict) -> str:
 
     s, p, data, target, c = run.settings, run.progress, run.data, run.target, run.student.config
     a, a2 = f["agreement"], f["second"]
+    guess = " and lookup's guess" if c.guess else ""
     timed = {name: cost for name, cost in f["costs"].items() if "ratio" in cost}
     lines = [
         "# Feature head trained by `specd train-draft --head`",
@@ -389,7 +394,10 @@ def render_head(run, head_dir: Path, f: dict) -> str:
         f"Command: `{run.command}`",
         "",
         f"A feature head (EAGLE's draft, `specd/engine/feature_head.py`) for {target.describe()}: one decoder layer "
-        "that reads the target's final hidden state and the token the target emitted after it, predicts the next "
+        "that reads the target's final hidden state and the token the target emitted after it"
+        + (" (and prompt lookup's guess of the token after that: the token that followed the last earlier "
+           "occurrence of the last two tokens, else of the last one)" if c.guess else "")
+        + ", predicts the next "
         "hidden state, and scores it with the target's own LM-head rows of its vocabulary. It is not a model of "
         "its own: it drafts from the target's hidden states and reads the target's embedding table, which the "
         f"head's folder `{head_dir}` does not hold.",
@@ -415,7 +423,7 @@ def render_head(run, head_dir: Path, f: dict) -> str:
         f"in what the teacher read and emitted, of {c.vocab_size:,}; they hold **{f['coverage']:.1%}** of the "
         "target's greedy tokens on held-out code (the head can never draft the rest).",
         "",
-        f"Loss at each position t (reading h_t and x_(t+1), predicting h_(t+1)): cross-entropy against the "
+        f"Loss at each position t (reading h_t and x_(t+1){guess}, predicting h_(t+1)): cross-entropy against the "
         "target's distribution over the head's vocabulary (softmax of h_(t+1)'s scores) plus smooth-L1 "
         "between the states; uniform noise of +-0.1 on the input states; AdamW, peak lr "
         f"{s.lr}, warm-up then cosine over the training time; {s.tokens_per_step} tokens per step; {p.step} steps, "
@@ -428,7 +436,7 @@ def render_head(run, head_dir: Path, f: dict) -> str:
         "",
         "## Agreement on held-out code",
         "",
-        f"The head's first drafted token (its argmax at t, from the target's state h_t and the token x_(t+1)) is "
+        f"The head's first drafted token (its argmax at t, from the target's state h_t and the token x_(t+1){guess}) is "
         f"the target's greedy token at t + 1 on **{a:.1%}** of held-out positions. Its second (from its own "
         "predicted state and the target's token, attending to the true states before) is the target's at t + 2 "
         f"on **{a2:.1%}** of the positions where the first was right. The target's states and greedy tokens "

@@ -8,6 +8,12 @@ rows gives the token after. Drafting a chain feeds each predicted state back in 
 scored. A small student trained from scratch must learn the context itself; the head only has to
 carry the target's summary one token on, which is why it agrees far more often at the same cost.
 
+Why a head may read prompt lookup's guess (``HeadConfig.guess``): where the target is surest, it
+is mostly finishing a word or copying a name from earlier in the code, and one layer reading
+states cannot look a token up in the context (that takes two attention layers). So each position
+also reads ``lookup_guess``: the token that followed the last earlier occurrence of its last two
+tokens (else of its last one), the way prompt lookup drafts. The head learns when to trust it.
+
 Why the head scores a reduced vocabulary: a draft step's cost is the layer plus the head, and at
 a vocabulary of tens of thousands the head would be most of it; the rows of the target's most
 frequent tokens on code (``vocab``) cover nearly every token it emits there. Neither the target's
@@ -26,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,6 +40,26 @@ from torch import nn
 FORMAT = "specd-feature-head"
 CONFIG_FILE = "head.json"
 WEIGHTS_FILE = "head.safetensors"
+NO_GUESS = -1  # ``lookup_guess`` where the token never occurred before with one after it
+
+
+def lookup_guess(history: np.ndarray, last: int) -> int:
+    """Prompt lookup's guess of the token after ``last``, which follows the token ids
+    ``history``: the token after the latest occurrence in ``history`` of the pair
+    (``history[-1]``, ``last``), else of ``last`` alone; ``NO_GUESS`` where there is none."""
+    hits = np.flatnonzero(history[:-1] == last)  # occurrences with a token after them in history
+    if not len(hits):
+        return NO_GUESS
+    paired = hits[hits >= 1]
+    paired = paired[history[paired - 1] == history[-1]]
+    return int(history[(paired[-1] if len(paired) else hits[-1]) + 1])
+
+
+def lookup_guesses(ids, start: int = 0, end: int | None = None) -> list[int]:
+    """``lookup_guess`` of the token after each of ``ids[start:end]``, from the ids before it."""
+    history = np.asarray(ids, dtype=np.int64)
+    end = len(history) if end is None else end
+    return [lookup_guess(history[:i], int(history[i])) for i in range(start, end)]
 
 
 @dataclass(frozen=True)
@@ -43,6 +70,7 @@ class HeadConfig:
     vocab_size: int             # the target's vocabulary (token ids the head reads and emits)
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
+    guess: bool = False         # each position also reads ``lookup_guess`` (the embedding of that token)
     target: dict[str, Any] = field(default_factory=dict)  # what it was trained for (name, file digest)
     trained: dict[str, Any] = field(default_factory=dict)  # how (tokens, minutes) and its held-out agreement
 
@@ -135,7 +163,9 @@ class FeatureHead(nn.Module):
         super().__init__()
         d, i = config.hidden, config.intermediate
         self.config = config
-        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.fc = nn.Linear((3 if config.guess else 2) * d, d, bias=False)
+        if config.guess:  # what a position without a guess reads in its place
+            self.no_guess = nn.Parameter(torch.zeros(d))
         self.attn_norm = RMSNorm(d, config.rms_eps)
         self.qkv = nn.Linear(d, 3 * d, bias=False)
         self.o = nn.Linear(d, d, bias=False)
@@ -163,21 +193,31 @@ class FeatureHead(nn.Module):
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, -1)
         return x + self.down(F.silu(gate) * up)
 
-    def inputs(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """The layer's input at each position: the state h_t and the embedding of x_{t+1}."""
-        return self.fc(torch.cat([features, self.embedding[tokens].to(features.dtype)], -1))
+    def inputs(self, features: torch.Tensor, tokens: torch.Tensor, guesses: torch.Tensor | None) -> torch.Tensor:
+        """The layer's input at each position: the state h_t, the embedding of x_{t+1} and, for a
+        head that reads them, that of ``guesses`` (``lookup_guess`` of the token after x_{t+1},
+        shaped as ``tokens``)."""
+        dtype = features.dtype
+        parts = [features, self.embedding[tokens].to(dtype)]
+        if self.config.guess:
+            if guesses is None:
+                raise ValueError("this feature head reads prompt lookup's guess at each position (lookup_guesses)")
+            known = (guesses != NO_GUESS)[..., None]
+            parts.append(torch.where(known, self.embedding[guesses.clamp(min=0)].to(dtype), self.no_guess.to(dtype)))
+        return self.fc(torch.cat(parts, -1))
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, guesses: torch.Tensor | None = None) -> torch.Tensor:
         """Predicted next states [B, T, D] of states ``features`` [B, T, D] followed by ``tokens``
-        [B, T], causal over the window (positions 0 .. T-1)."""
-        x = self.inputs(features, tokens)
+        [B, T] (and their ``guesses``, [B, T]), causal over the window (positions 0 .. T-1)."""
+        x = self.inputs(features, tokens, guesses)
         q, k, v = self._split(x, torch.arange(x.shape[-2]))
         return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
-    def step(self, features: torch.Tensor, tokens: torch.Tensor, cache: HeadCache) -> torch.Tensor:
+    def step(self, features: torch.Tensor, tokens: torch.Tensor, cache: HeadCache,
+             guesses: torch.Tensor | None = None) -> torch.Tensor:
         """Predicted next states [n, D] of ``n`` new positions after those ``cache`` holds; their
         keys and values join it."""
-        x = self.inputs(features, tokens)
+        x = self.inputs(features, tokens, guesses)
         start = cache.dropped + cache.length
         q, k, v = self._split(x, torch.arange(start, start + x.shape[0]))
         cache.append(k, v)
@@ -188,19 +228,20 @@ class FeatureHead(nn.Module):
         return self._finish(x, F.scaled_dot_product_attention(q, keys, values, attn_mask=mask))
 
     def second(self, features: torch.Tensor, tokens: torch.Tensor, predicted: torch.Tensor,
-               emitted: torch.Tensor) -> torch.Tensor:
+               emitted: torch.Tensor, guesses: torch.Tensor | None = None,
+               emitted_guesses: torch.Tensor | None = None) -> torch.Tensor:
         """The second drafted state at every position of a window at once [B, T, D]: at t + 1 the
         head reads its own prediction ``predicted`` [B, T, D] (of the state at t + 1, from
         ``forward``) and the token emitted there ``emitted`` [B, T], attending to the true
         positions up to t (``features`` and ``tokens`` as ``forward`` reads them) and to itself:
         the cache a chain's second step has. Training on it teaches the head to read its own
         predictions (EAGLE-3's "training-time test"); judging with it measures a chain's second
-        token."""
-        true_inputs = self.inputs(features, tokens)
+        token. ``guesses`` go with ``tokens``, ``emitted_guesses`` with ``emitted``."""
+        true_inputs = self.inputs(features, tokens, guesses)
         length = true_inputs.shape[-2]
         positions = torch.arange(length, device=features.device)
         _, true_keys, true_values = self._split(true_inputs, positions)
-        drafted = self.inputs(predicted, emitted)
+        drafted = self.inputs(predicted, emitted, emitted_guesses)
         queries, keys, values = self._split(drafted, positions + 1)  # [B, heads, T, head_dim]
         mask = torch.zeros(length, 2 * length, dtype=torch.bool, device=features.device)
         mask[:, :length] = torch.ones(length, length, dtype=torch.bool, device=features.device).tril()

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import torch
 
 from specd.engine.caches import FEATURE_WINDOW, KVState, common_prefix
-from specd.engine.feature_head import FeatureHead, HeadCache
+from specd.engine.feature_head import FeatureHead, HeadCache, lookup_guesses
 
 
 # Positions a head reads back from the target's last state when it starts again (a new document,
@@ -132,7 +132,7 @@ class HeadState:
             p = self._start + self.cache.length
             features = self.target.features(p - 1, true_end - 1)
             if features is not None and p < true_end:
-                out = self._step(features, seq[p:true_end])
+                out = self._step(features, seq, p, true_end)
                 for i in range(p, true_end):
                     states[i - first] = out[i - p]
                 self._true = true_end
@@ -141,7 +141,7 @@ class HeadState:
         while p < len(seq):
             if p != self._start + self.cache.length or not self._outputs:
                 break  # nothing read before it: these positions stay unread
-            out = self._step(self._outputs[-1][None], seq[p:p + 1])
+            out = self._step(self._outputs[-1][None], seq, p, p + 1)
             states[p - first] = out[0]
             p += 1
         self._trim()
@@ -153,10 +153,15 @@ class HeadState:
         self._start = start
         self._true = start  # the positions before it can be read no better
 
-    def _step(self, features: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+    def _step(self, features: torch.Tensor, seq: list[int], start: int, end: int) -> torch.Tensor:
+        """The head over positions ``start`` .. ``end - 1`` of ``seq`` (their tokens, and prompt
+        lookup's guesses from the document's tokens before each, for a head that reads them)."""
+        guesses = None
+        if self.head.config.guess:
+            guesses = torch.tensor(lookup_guesses(seq, start, end), device=self.device)
         with torch.inference_mode():
-            out = self.head.step(features.to(self.head.rows.dtype), torch.tensor(list(tokens), device=self.device),
-                                 self.cache)
+            out = self.head.step(features.to(self.head.rows.dtype), torch.tensor(seq[start:end], device=self.device),
+                                 self.cache, guesses)
         self._outputs.extend(out)
         return out
 
