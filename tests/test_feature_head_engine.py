@@ -240,3 +240,32 @@ def test_the_loads_agreement_sample_is_read_by_the_head_at_every_position(head_p
     next_tokens(target, context, model.config.vocab_size)
     whole, _ = next_tokens(HeadState(head, target), context, model.config.vocab_size)
     assert sample.draft_next == whole
+    # and its chains' second tokens as a chain drafts them, where the head agreed and the code
+    # went on with that token
+    chained = sample.chained_next
+    assert chained is not None and len(chained) == len(context)
+    kept = [i for i, token in enumerate(chained) if token >= 0]
+    assert all(sample.target_next[i] == sample.draft_next[i] == context[i + 1] for i in kept)
+
+
+def test_a_heads_chained_second_token_is_the_one_drafting_a_chain_gives(head_pair):
+    """``HeadState.chained_next`` (the load's measure of a head's chains, batched) gives at each
+    position what drafting does: the head's first token there, then the token after it read
+    with the head's own predicted state, the target not having run it."""
+    target_dir, _, head = head_pair
+    model = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    seq = torch.randint(0, 12, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    whole = KVState(model, LeanForward(model, transposed_weights="off"))
+    tokens, confidence = HeadState(head, whole).chained_next([]) or ([], [])  # nothing to read
+    assert tokens == []
+    whole.extend(seq)  # the target runs the whole sample and keeps every state
+    tokens, confidence = HeadState(head, whole).chained_next(seq)
+    assert tokens[0] == -1 and len(tokens) == len(confidence) == len(seq)
+    for i in (3, 17, 38):
+        target = KVState(model, LeanForward(model, transposed_weights="off"))
+        state = HeadState(head, target)
+        target.extend(seq[:i], last_only=True)  # a request's target: it has run up to the token at i
+        first = int(state.logits_after(seq[:i + 1])[0].argmax())
+        row = state.logits_after(seq[:i + 1] + [first])[0]  # the chain's second token
+        assert int(row.argmax()) == tokens[i], i
+        assert float(torch.softmax(row, -1).max()) == pytest.approx(confidence[i], abs=1e-4)

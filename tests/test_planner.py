@@ -500,6 +500,28 @@ def test_agreement_counts_first_tokens_and_those_after_an_agreement():
         Agreement.of(AgreementSample([], [], []))
 
 
+def test_a_chains_own_second_tokens_set_then_where_they_were_measured():
+    """A feature head's chain reads its own predicted states, so its second token is measured as
+    a chain drafts it (``HeadState.chained_next``), kept only where the draft agreed and the code
+    went on with that token (``with_chains``); ``then`` counts those, not the teacher-forced ones."""
+    from specd.engine.speculation.agreement import Agreement, AgreementSample, with_chains
+
+    ids = [5, 1, 2, 3, 4, 5, 9, 7, 8, 9]
+    target = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # the target's next token at each position
+    draft = [1, 2, 0, 4, 5, 6, 0, 8, 9, 10]
+    chained = ([-1, 3, 0, 5, 6, 0, 0, 0, 10, 0], [0.0] + [0.9] * 9)
+    sample = with_chains(AgreementSample(target, draft, [0.9] * 10), ids, chained)
+    # kept: agreed, and the code's next token is the agreed one (positions 0, 1, 3, 4, 7, 8);
+    # position 5 agreed but the code went on with 9, not 6; position 9 has no next in the sample
+    assert sample.chained_next == [-1, 3, -1, 5, 6, -1, -1, 0, 10, -1]
+    # of the 5 measured (position 0 is the head's -1: no state before it), 1, 3, 4 and 8 were right
+    assert Agreement.of(sample).then == pytest.approx(4 / 5)
+    wrong = with_chains(AgreementSample(target, draft, [0.9] * 10), ids, ([-1, 0, 0, 5, 0, 0, 0, 0, 0, 0], [0.0] + [0.9] * 9))
+    assert Agreement.of(wrong).then == pytest.approx(1 / 5)
+    # the teacher-forced count would have said otherwise
+    assert Agreement.of(AgreementSample(target, draft, [0.9] * 10)).then == pytest.approx(5 / 7)
+
+
 def test_the_chain_stopping_confidence_is_where_agreement_stops_paying():
     """Agreement rises with the draft's confidence; the threshold is the lowest confidence whose
     (monotone-fitted) agreement reaches the break-even chance, so a draft whose unsure tokens

@@ -68,21 +68,17 @@ def window_guesses(head, windows):
 
 
 def emitted_guesses(head, windows, emitted):
-    """``lookup_guess`` of the token after ``emitted[:, t]`` [B, T - 1] where it follows
-    ``windows[:, :t + 2]`` (a chain's second position, the head's token in place of the window's);
-    None for a head that reads none."""
-    import numpy as np
+    """``chain_guesses`` per window: lookup's guess after ``emitted[:, t]`` [B, T - 1] where it
+    follows ``windows[:, :t + 2]`` (a chain's second position, the head's token in place of the
+    window's); None for a head that reads none."""
     import torch
 
-    from specd.engine.feature_head import lookup_guess
+    from specd.engine.feature_head import chain_guesses
 
     if not head.config.guess:
         return None
-    rows = []
-    for window, row in zip(windows.tolist(), emitted.tolist()):
-        history = np.asarray(window, dtype=np.int64)
-        rows.append([lookup_guess(history[:t + 2], token) for t, token in enumerate(row)])
-    return torch.tensor(rows, dtype=torch.long)
+    return torch.tensor([chain_guesses(window, row) for window, row in zip(windows.tolist(), emitted.tolist())],
+                        dtype=torch.long)
 
 
 def choose_vocab(windows, greedy, size: int, vocab_size: int):

@@ -62,6 +62,14 @@ def lookup_guesses(ids, start: int = 0, end: int | None = None) -> list[int]:
     return [lookup_guess(history[:i], int(history[i])) for i in range(start, end)]
 
 
+def chain_guesses(ids, emitted) -> list[int]:
+    """``lookup_guess`` at a chain's second position, for each t: of the token after
+    ``emitted[t]``, drafted where ``ids[:t + 2]`` came before it (``FeatureHead.second``'s
+    ``emitted_guesses``)."""
+    history = np.asarray(ids, dtype=np.int64)
+    return [lookup_guess(history[:t + 2], int(token)) for t, token in enumerate(emitted)]
+
+
 @dataclass(frozen=True)
 class HeadConfig:
     hidden: int                 # the target's hidden size (its final hidden state's width)

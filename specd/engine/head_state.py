@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import torch
 
 from specd.engine.caches import FEATURE_WINDOW, KVState, common_prefix
-from specd.engine.feature_head import FeatureHead, HeadCache, lookup_guesses
+from specd.engine.feature_head import FeatureHead, HeadCache, chain_guesses, lookup_guesses
 
 
 # Positions a head reads back from the target's last state when it starts again (a new document,
@@ -105,6 +105,30 @@ class HeadState:
         if last_only:
             states = states[-1:]
         return self._logits(states)
+
+    def chained_next(self, ids: Sequence[int]) -> tuple[list[int], list[float]] | None:
+        """For ``ids`` that the target has run whole, keeping every state: at each position i, the
+        head's greedy token (and its probability) after ``ids[:i + 1]`` and the head's own first
+        drafted token there, read as a chain reads it (the head's predicted state at i + 1, not
+        the target's); -1 (and 0.0) at position 0, which has no state before it. None where the
+        target no longer keeps every state. It leaves the head's cache as it was."""
+        n = len(ids)
+        features = self.target.features(0, n - 1) if n >= 2 else None
+        if features is None:
+            return None
+        head = self.head
+        with torch.inference_mode():
+            states = features.to(head.rows.dtype)[None]
+            tokens = torch.tensor([list(ids[1:])], device=self.device)
+            guesses = torch.tensor([lookup_guesses(ids, 1)], device=self.device) if head.config.guess else None
+            predicted = head(states, tokens, guesses)
+            emitted = head.vocab[head.scores(predicted).argmax(-1)]  # the head's first token at each position
+            after = None
+            if head.config.guess:
+                after = torch.tensor([chain_guesses(ids, emitted[0].tolist())], device=self.device)
+            top = torch.softmax(head.scores(head.second(states, tokens, predicted, emitted, guesses, after)).float(),
+                                -1).max(-1)
+        return [-1] + head.vocab[top.indices[0]].tolist(), [0.0] + top.values[0].tolist()
 
     def nbytes(self) -> int:
         return self.cache.nbytes() + sum(t.numel() * t.element_size() for t in self._outputs)

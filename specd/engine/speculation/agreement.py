@@ -7,7 +7,8 @@ every row of logits (``costs.calibrate`` does this on its context, so the target
 serves both), and their greedy next tokens are compared position by position (teacher-forced).
 
 - ``Agreement``: how often they agree (``first``), and how often again right after an
-  agreement where the draft is confident enough to draft on (``then``). It is the planner's
+  agreement where the draft is confident enough to draft on (``then``; for a feature head, whose
+  chain reads its own predicted states, its chained second token: ``HeadState.chained_next``). It is the planner's
   prior for the draft model: a pair whose draft agrees 90% of the time is priced as such from
   its first request, not at a guess the planner could only correct by running it (a draft whose
   catch-up on a long prompt looks dear at a guessed 50% might never run to be measured).
@@ -23,7 +24,7 @@ serves both), and their greedy next tokens are compared position by position (te
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -51,6 +52,11 @@ class AgreementSample:
     target_next: list[int]
     draft_next: list[int]
     draft_confidence: list[float]
+    # For a draft whose chain reads its own predictions (a feature head): at each position where
+    # it agreed and the code went on with that token, its next drafted token read as a chain
+    # reads it, and its probability; -1 elsewhere. None: a chain reads what the sample read.
+    chained_next: list[int] | None = None
+    chained_confidence: list[float] | None = None
 
     @property
     def agree(self) -> list[bool]:
@@ -74,8 +80,12 @@ class Agreement:
         agree = sample.agree
         if not agree:
             raise ValueError("no positions to compare")
-        drafts_on = [c >= confidence for c in sample.draft_confidence]
-        after = [b and on for a, b, on in zip(agree, agree[1:], drafts_on[1:]) if a]
+        if sample.chained_next is not None:  # the chain's own second tokens, where measured
+            after = [token == wanted and c >= confidence for token, wanted, c
+                     in zip(sample.chained_next, sample.target_next[1:], sample.chained_confidence) if token >= 0]
+        else:
+            drafts_on = [c >= confidence for c in sample.draft_confidence]
+            after = [b and on for a, b, on in zip(agree, agree[1:], drafts_on[1:]) if a]
         first = sum(agree) / len(agree)
         then = sum(after) / len(after) if after else first
         return cls(first, then, len(agree), confidence)
@@ -142,6 +152,18 @@ def code_sample(encode: Callable[[str], list[int]] | None, vocab_size: int) -> l
     if len(ids) < SAMPLE_TOKENS or max(ids[:SAMPLE_TOKENS]) >= vocab_size:
         return None
     return ids[:SAMPLE_TOKENS]
+
+
+def with_chains(sample: AgreementSample, ids: Sequence[int],
+                chained: tuple[list[int], list[float]]) -> AgreementSample:
+    """``sample`` with a draft's chained second tokens (``HeadState.chained_next`` over ``ids``),
+    kept where a chain would draft them: the draft agreed at i, and the code went on with that
+    token, so the target's next token in the sample is the one after the chain's first."""
+    tokens, confidence = chained
+    keep = [i + 1 < len(ids) and a == b and ids[i + 1] == a
+            for i, (a, b) in enumerate(zip(sample.target_next, sample.draft_next))]
+    return replace(sample, chained_next=[t if k else -1 for t, k in zip(tokens, keep)],
+                   chained_confidence=[c if k else 0.0 for c, k in zip(confidence, keep)])
 
 
 def next_tokens(state, ids: Sequence[int], rows: int) -> tuple[list[int], list[float]]:

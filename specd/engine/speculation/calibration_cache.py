@@ -25,7 +25,7 @@ from specd.engine.speculation.costs import CALIBRATION_WIDTHS, Calibration, Forw
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # bump when what calibrate measures, or how, changes
+CACHE_VERSION = 3  # bump when what calibrate measures, or how, changes
 
 
 def cache_dir() -> Path:
@@ -65,7 +65,8 @@ def _encode(calibration: Calibration) -> dict:
     costs, sample = calibration.costs, calibration.sample
     return {"target": {str(w): ms for w, ms in costs.target.items()}, "head_row": costs.head_row,
             "draft_step": costs.draft_step, "draft_per_token": costs.draft_per_token,
-            "sample": None if sample is None else [sample.target_next, sample.draft_next, sample.draft_confidence]}
+            "sample": None if sample is None else [sample.target_next, sample.draft_next, sample.draft_confidence,
+                                                   sample.chained_next, sample.chained_confidence]}
 
 
 def _decode(data: dict) -> Calibration:

@@ -33,7 +33,8 @@ from typing import Callable, Sequence
 import torch
 
 from specd.engine.forward.measure import median_ms
-from specd.engine.speculation.agreement import SAMPLE_TOKENS, AgreementSample, next_tokens
+from specd.engine.head_state import HeadState
+from specd.engine.speculation.agreement import SAMPLE_TOKENS, AgreementSample, next_tokens, with_chains
 
 EMA = 0.2  # weight of a new timing in the moving averages
 DECAY = 0.97  # per-record decay of acceptance counts: about the last 30 drafts of a kind matter
@@ -389,6 +390,10 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
         draft = draft_state_factory(state)
         if measure:
             sample = AgreementSample(target_next, *next_tokens(draft, context, rows))
+            # A head's chain reads its own predicted states: its second token is measured so.
+            chained = draft.chained_next(context) if isinstance(draft, HeadState) else None
+            if chained is not None:
+                sample = with_chains(sample, context, chained)
         else:
             draft.extend(context, last_only=True)
     widths = [w for w in CALIBRATION_WIDTHS if w <= max_width]
