@@ -581,6 +581,9 @@ def test_calibration_measures_the_draft_models_agreement_on_the_code_it_reads():
         def rollback(self, length):
             del self.ids[length:]
 
+        def chained_next(self, ids):
+            return None  # a chain reads what the sample read
+
     context = [i % 50 for i in range(CALIBRATION_CONTEXT)]
     measured = calibrate(Model, lambda target: Model(wrong=lambda token: token % 4 == 0), vocab_size=50, max_width=8,
                          device=torch.device("cpu"), context=context, target_rows=50)

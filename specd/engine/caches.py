@@ -281,6 +281,11 @@ class KVState:
         trail = self._trail
         return trail.first if trail is not None and trail.length else None
 
+    def chained_next(self, ids: Sequence[int]) -> None:
+        """A draft model's chain reads its own cache, as reading ``ids`` did: the teacher-forced
+        agreement on them is its chains' (``HeadState.chained_next`` answers otherwise)."""
+        return None
+
     def features(self, start: int, end: int) -> torch.Tensor | None:
         """The final hidden states [end - start, D] of positions start .. end - 1, where this
         state still keeps them (at least its last ``FEATURE_WINDOW`` positions), else None."""

@@ -13,6 +13,9 @@ is mostly finishing a word or copying a name from earlier in the code, and one l
 states cannot look a token up in the context (that takes two attention layers). So each position
 also reads ``lookup_guess``: the token that followed the last earlier occurrence of its last two
 tokens (else of its last one), the way prompt lookup drafts. The head learns when to trust it.
+It is written here rather than read from ``lookup.NgramIndex``: training asks it at every
+position of a window, and a chain at a drafted token, each from the tokens before only, and it
+falls back to a single token where the index needs a bigram.
 
 Why the head scores a reduced vocabulary: a draft step's cost is the layer plus the head, and at
 a vocabulary of tens of thousands the head would be most of it; the rows of the target's most

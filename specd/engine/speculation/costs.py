@@ -33,7 +33,6 @@ from typing import Callable, Sequence
 import torch
 
 from specd.engine.forward.measure import median_ms
-from specd.engine.head_state import HeadState
 from specd.engine.speculation.agreement import SAMPLE_TOKENS, AgreementSample, next_tokens, with_chains
 
 EMA = 0.2  # weight of a new timing in the moving averages
@@ -391,7 +390,7 @@ def calibrate(target_state_factory: Callable[[], object], draft_state_factory: C
         if measure:
             sample = AgreementSample(target_next, *next_tokens(draft, context, rows))
             # A head's chain reads its own predicted states: its second token is measured so.
-            chained = draft.chained_next(context) if isinstance(draft, HeadState) else None
+            chained = draft.chained_next(context)
             if chained is not None:
                 sample = with_chains(sample, context, chained)
         else:
