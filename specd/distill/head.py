@@ -103,14 +103,15 @@ def coverage(vocab, tokens, vocab_size: int) -> float:
 def head_loss(head, predicted, following):
     """Cross-entropy of the predicted states' scores against the target's distribution over the
     head's vocabulary (the softmax of the true next states' scores) plus smooth-L1 between the
-    states. ``predicted``, ``following``: [..., D] float32. Returns (loss, cross-entropy)."""
+    states. ``predicted``, ``following``: [..., D]; the scores are taken in their dtype (or
+    autocast's), the rest in float32. Returns (loss, cross-entropy)."""
     import torch
     import torch.nn.functional as F
 
     with torch.no_grad():
-        wanted = torch.softmax(head.scores(following), -1)
-    cross_entropy = -(wanted * torch.log_softmax(head.scores(predicted), -1)).sum(-1).mean()
-    return cross_entropy + F.smooth_l1_loss(predicted, following), cross_entropy
+        wanted = torch.softmax(head.scores(following).float(), -1)
+    cross_entropy = -(wanted * torch.log_softmax(head.scores(predicted).float(), -1)).sum(-1).mean()
+    return cross_entropy + F.smooth_l1_loss(predicted.float(), following.float()), cross_entropy
 
 
 def head_train_step(head, optimizer, windows, states, bf16: bool = False, grad_clip: float = 1.0) -> float:
@@ -131,8 +132,10 @@ def head_train_step(head, optimizer, windows, states, bf16: bool = False, grad_c
         # positions t < T - 2: the second step reads the prediction and x_{t+2}
         drafted = head.second(features[:, :-1], tokens[:, :-1], predicted[:, :-1], windows[:, 2:],
                               None if following is None else following[:, :-1], second_guesses)
-    first, _ = head_loss(head, predicted.float(), states[:, 1:].float())
-    second, _ = head_loss(head, drafted.float(), states[:, 2:].float())
+        # the scores too: over the head's vocabulary at every position they are most of a step's
+        # products (autocast still takes the softmaxes in float32)
+        first, _ = head_loss(head, predicted, states[:, 1:])
+        second, _ = head_loss(head, drafted, states[:, 2:])
     loss = first + second
     loss.backward()
     torch.nn.utils.clip_grad_norm_(head.parameters(), grad_clip)
