@@ -133,9 +133,11 @@ def head_train_step(head, optimizer, windows, states, bf16: bool = False, grad_c
         drafted = head.second(features[:, :-1], tokens[:, :-1], predicted[:, :-1], windows[:, 2:],
                               None if following is None else following[:, :-1], second_guesses)
         # the scores too: over the head's vocabulary at every position they are most of a step's
-        # products (autocast still takes the softmaxes in float32)
-        first, _ = head_loss(head, predicted, states[:, 1:])
-        second, _ = head_loss(head, drafted, states[:, 2:])
+        # products (autocast still takes the softmaxes in float32). The stored states are
+        # bfloat16: handed over as float32, so that without autocast (a CPU that only emulates
+        # bfloat16) their scores are float32 products, as the predictions' are.
+        first, _ = head_loss(head, predicted, states[:, 1:].float())
+        second, _ = head_loss(head, drafted, states[:, 2:].float())
     loss = first + second
     loss.backward()
     torch.nn.utils.clip_grad_norm_(head.parameters(), grad_clip)
