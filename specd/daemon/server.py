@@ -161,9 +161,11 @@ class Daemon:
                                             max_tokens_cap=cfg["daemon.max_tokens_cap"],
                                             default_max_tokens=cfg["engine.max_tokens"],
                                             on_document_request=self.mirror.flush)
-        # A status fetching figures, or a completion's steps on the model thread: both need the
-        # GIL the loop would hold, so long edits and large messages go slower meanwhile.
-        self._waiting_on_thread = lambda: engine_stats.waiting > 0 or self.worker.current is not None
+        # A status fetching figures, a completion's steps on the model thread, or one admitted
+        # while the worker finishes a piece of idle work it then waits for: all need the GIL the
+        # loop would hold, so long edits and large messages go slower meanwhile.
+        self._waiting_on_thread = lambda: (engine_stats.waiting > 0 or self.worker.current is not None
+                                           or len(self.scheduler) > 0)
         self.documents = DocumentMethods(self.buffers, self._document_locks, self.mirror,
                                          on_closed=self.completion.document_closed,
                                          waiting_on_thread=self._waiting_on_thread)
