@@ -33,6 +33,20 @@ def test_steps_after_a_cache_match_the_window_forward():
     torch.testing.assert_close(torch.cat(parts), whole, atol=1e-5, rtol=1e-5)
 
 
+def test_moving_a_head_moves_the_targets_embedding_table_with_it():
+    """``to``/``double``/``cpu`` reach the embedding table, a plain tensor of the head's (train-draft
+    moves a head to its device and back; the rotary tables follow the states' device)."""
+    head = _head()
+    features, tokens = torch.randn(1, 5, 32), torch.randint(0, 50, (1, 5))
+    with torch.no_grad():
+        expected = head(features, tokens).double()
+        moved = head.double()
+        assert moved is head and head.embedding.dtype == head.rows.dtype == torch.float64
+        torch.testing.assert_close(head(features.double(), tokens), expected, atol=1e-5, rtol=1e-5)
+        head.float().cpu()
+    assert head.embedding.dtype == torch.float32 and head.embedding.device.type == "cpu"
+
+
 def test_a_cropped_cache_drafts_as_if_the_rest_never_ran():
     head = _head()
     features, tokens = torch.randn(6, 32), torch.randint(0, 50, (6,))

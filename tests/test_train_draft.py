@@ -166,6 +166,24 @@ def test_no_corpus_is_a_usage_error(capsys):
     assert "--corpus" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no CUDA device")
+def test_a_device_torch_cannot_use_is_refused_in_one_line(tiny_root, folders, tmp_path, capsys):
+    from tiny import make_tiny_pair
+
+    from specd.distill.teacher import resolve_device
+
+    target, _ = make_tiny_pair(tiny_root / "llama", "llama")
+    assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
+    capsys.readouterr()
+    for device, why in (("cuda", "--device cuda: this torch"), ("cuda:1", "sees no CUDA device"),
+                        ("xpu", "--device xpu: train-draft runs on the CPU or a CUDA device"),
+                        ("toaster", "'toaster' is not a device name")):  # model.device's own check
+        assert _train(folders, target, tmp_path / device, SHORT_MINUTES, "--device", device) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("specd") and why in err and err.count("\n") == 1, err
+        assert not (tmp_path / device).exists()  # refused before any work
+
+
 def test_tokens_per_forward():
     assert tokens_per_forward(0.0, 4) == 1.0
     assert tokens_per_forward(1.0, 4) == 5.0

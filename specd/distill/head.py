@@ -64,7 +64,7 @@ def window_guesses(head, windows):
 
     if not head.config.guess:
         return None
-    return torch.tensor([lookup_guesses(row) for row in windows.tolist()], dtype=torch.long)
+    return torch.tensor([lookup_guesses(row) for row in windows.tolist()], dtype=torch.long, device=windows.device)
 
 
 def emitted_guesses(head, windows, emitted):
@@ -78,7 +78,7 @@ def emitted_guesses(head, windows, emitted):
     if not head.config.guess:
         return None
     return torch.tensor([chain_guesses(window, row) for window, row in zip(windows.tolist(), emitted.tolist())],
-                        dtype=torch.long)
+                        dtype=torch.long, device=windows.device)
 
 
 def choose_vocab(windows, greedy, size: int, vocab_size: int):
@@ -127,7 +127,7 @@ def head_train_step(head, optimizer, windows, states, bf16: bool = False, grad_c
     tokens = windows[:, 1:]
     guesses = window_guesses(head, windows)
     following, second_guesses = (None, None) if guesses is None else (guesses[:, 1:], guesses[:, 2:])
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(windows.device.type, dtype=torch.bfloat16, enabled=bf16):
         predicted = head(features, tokens, following)
         # positions t < T - 2: the second step reads the prediction and x_{t+2}
         drafted = head.second(features[:, :-1], tokens[:, :-1], predicted[:, :-1], windows[:, 2:],
@@ -160,7 +160,7 @@ def head_agreement(head, windows, states, greedy, second: bool = True) -> tuple[
         for row in range(len(windows)):  # a window at a time: scores are [T, R]
             window = windows[row:row + 1].long()
             features, tokens = states[row:row + 1, :-1].float(), window[:, 1:]
-            wanted = greedy[row:row + 1, 1:].long()
+            wanted = greedy[row:row + 1, 1:].long().to(window.device)
             guesses = window_guesses(head, window)
             predicted = head(features, tokens, None if guesses is None else guesses[:, 1:])
             right = head.vocab[head.scores(predicted).argmax(-1)] == wanted  # [1, T-1]

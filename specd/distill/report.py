@@ -25,21 +25,32 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+def _device_name(device) -> str:
+    """A torch device as TRAINING.md names it: the CPU, or the CUDA device's own name."""
+    import torch
+
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return "the CPU"
+
+
 CONTEXT = 512         # tokens in the cache before each timed forward
 DRAFT_LENGTHS = (2, 4, 8)
 REPEATS = 7
 BUDGET_MS = 4000.0    # timed forwards per figure stop once this much went into them
 
 
-def _machine_and_data(s, p, data, f, kept: str) -> list[str]:
+def _machine_and_data(run, f, kept: str) -> list[str]:
     """TRAINING.md's lines on the machine, the run's time and its data, for either kind of draft
     (``kept``: what the teacher kept of each position)."""
+    s, p, data = run.settings, run.progress, run.data
 
     import torch
     import transformers
 
     return [
-        f"Machine: {platform.processor() or platform.machine()}, {s.threads} torch threads, Python "
+        f"Machine: {platform.processor() or platform.machine()}, {s.threads} torch threads, teacher and training "
+        f"on {_device_name(run.device)}" + (" under bfloat16 autocast" if run.bf16 else "") + ", Python "
         f"{platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}.",
         "",
         f"Time: teacher {p.teacher_s / 60:.1f} min, training {p.train_s / 60:.1f} min (budget {s.minutes:g} min"
@@ -249,7 +260,7 @@ def render(run, draft_dir: Path, draft_gguf: Path | None, f: dict) -> str:
         "",
         f"Target: {target.describe()}. Draft: `{draft_dir}`" + (f", GGUF `{draft_gguf}`" if draft_gguf else "") + ".",
         "",
-        *_machine_and_data(s, p, data, f, f"its top {s.top_k} log-probabilities per position"),
+        *_machine_and_data(run, f, f"its top {s.top_k} log-probabilities per position"),
         "",
         "## Draft",
         "",
@@ -382,8 +393,6 @@ def evaluate_head_and_write(run, head_dir: Path, say: Callable[[str], None]) -> 
 
 
 def render_head(run, head_dir: Path, f: dict) -> str:
-    from specd.distill.teacher import bf16_arithmetic
-
     s, p, data, target, c = run.settings, run.progress, run.data, run.target, run.student.config
     a, a2 = f["agreement"], f["second"]
     guess = " and lookup's guess" if c.guess else ""
@@ -414,7 +423,7 @@ def render_head(run, head_dir: Path, f: dict) -> str:
         "transformers' forwards give no hidden states and are refused). In code: "
         "`FeatureHead.load(folder, target.get_input_embeddings().weight, target.get_output_embeddings().weight)`.",
         "",
-        *_machine_and_data(s, p, data, f, "its final hidden states (bfloat16) at every position"),
+        *_machine_and_data(run, f, "its final hidden states (bfloat16) at every position"),
         "",
         "## Head",
         "",
@@ -440,7 +449,7 @@ def render_head(run, head_dir: Path, f: dict) -> str:
         f"the target's greedy token at t + 1 on **{a:.1%}** of held-out positions. Its second (from its own "
         "predicted state and the target's token, attending to the true states before) is the target's at t + 2 "
         f"on **{a2:.1%}** of the positions where the first was right. The target's states and greedy tokens "
-        "are the teacher's (torch" + (", bfloat16 autocast" if bf16_arithmetic() else ", float32") + ").",
+        "are the teacher's (torch" + (", bfloat16 autocast" if run.bf16 else ", float32") + ").",
         "",
         "## Step costs",
         "",

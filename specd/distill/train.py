@@ -80,6 +80,7 @@ class Settings:
     gguf: str | None = None               # GGUF tensor type of the exported draft (None: no file)
     seed: int = 0
     threads: int = 2
+    device: str = "auto"                  # where the teacher and the training run (``teacher.resolve_device``)
     head: bool = False                    # a feature head (``specd.distill.head``) instead of a small model
     head_vocab: int = 8192                # tokens the head scores: the most frequent on the corpus
 
@@ -151,7 +152,7 @@ class Checkpoint:
     def load(self, name: str) -> Any:
         import torch
 
-        return torch.load(self.root / name, weights_only=False)
+        return torch.load(self.root / name, weights_only=False, map_location="cpu")  # a run may resume on another device
 
     def has(self, name: str) -> bool:
         return (self.root / name).is_file()
@@ -210,15 +211,18 @@ class Run:
     def run(self) -> int:
         import torch
 
-        from specd.distill.teacher import load_torch_model, resolve_target
+        from specd.distill.teacher import bf16_arithmetic, load_torch_model, resolve_device, resolve_target
 
         s = self.settings
+        self.device = resolve_device(s.device)
+        self.bf16 = bf16_arithmetic(self.device)
         torch.set_num_threads(s.threads)
         torch.manual_seed(s.seed)
         self.progress = self._resume()
         self.target = resolve_target(s.target, say=say)
-        say(f"target: {self.target.describe()}")
-        teacher = load_torch_model(self.target.folder)
+        say(f"target: {self.target.describe()}; training on {self.device}"
+            f"{' (bfloat16 autocast)' if self.bf16 else ''}")
+        teacher = load_torch_model(self.target.folder).to(self.device)
         self.data = self._corpus(teacher)
         self.student, self.optimizer = self._student(teacher)
         try:
@@ -283,9 +287,9 @@ class Run:
 
     def _heldout_teacher(self, teacher, heldout) -> dict:
         """What the teacher gives of the held-out windows [B, T]: its greedy tokens ``heldout_greedy``."""
-        from specd.distill.teacher import bf16_arithmetic, teach
+        from specd.distill.teacher import teach
 
-        top_ids, _ = teach(teacher, heldout, 1, self.settings.teacher_batch, bf16_arithmetic())
+        top_ids, _ = teach(teacher, heldout, 1, self.settings.teacher_batch, self.bf16)
         return {"heldout_greedy": top_ids[..., 0]}
 
     def _student(self, teacher):
@@ -296,7 +300,7 @@ class Run:
 
         s = self.settings
         max_positions = getattr(teacher.config, "max_position_embeddings", None) or 4096
-        student = build_student(teacher, s.shape, max_positions)
+        student = build_student(teacher, s.shape, max_positions).to(self.device)
         optimizer = make_optimizer(student, s.lr, s.weight_decay)
         if self.checkpoint.has("student.pt"):
             saved = self.checkpoint.load("student.pt")
@@ -314,11 +318,9 @@ class Run:
         import torch
         from tqdm import tqdm
 
-        from specd.distill.teacher import bf16_arithmetic
-
         s, p = self.settings, self.progress
         windows = self.data["train"]
-        bf16 = bf16_arithmetic()
+        bf16 = self.bf16
         budget = s.teacher_share * self.budget_s
         bar = tqdm(total=len(windows), initial=p.taught, desc="teacher", unit="win", file=sys.stderr,
                    dynamic_ncols=True)
@@ -374,10 +376,8 @@ class Run:
         import torch
         from tqdm import tqdm
 
-        from specd.distill.teacher import bf16_arithmetic
-
         s, p = self.settings, self.progress
-        bf16 = bf16_arithmetic()
+        bf16 = self.bf16
         taught = self._taught()
         windows = self.data["train"][:p.taught]
         if not taught or not len(windows):
@@ -388,7 +388,7 @@ class Run:
         rng = random.Random(s.seed + p.step)
         # a few windows spread over the held-out set (its first file may be one long table)
         every = max(1, len(self.data["heldout"]) // PROGRESS_EVAL_WINDOWS)
-        probe = self.data["heldout"][::every][:PROGRESS_EVAL_WINDOWS].long()
+        probe = self.data["heldout"][::every][:PROGRESS_EVAL_WINDOWS].long().to(self.device)
         probe_greedy = self.data["heldout_greedy"][::every][:PROGRESS_EVAL_WINDOWS]
         next_eval = int(p.train_s / budget * PROGRESS_EVALS) + 1
         ema = p.rows[-1].loss if p.rows else None
@@ -401,7 +401,8 @@ class Run:
                 for group in self.optimizer.param_groups:
                     group["lr"] = s.lr * scale
                 pick = torch.tensor([rng.randrange(len(windows)) for _ in range(rows_per_step)])
-                loss = self._train_step(windows[pick].long(), {key: t[pick] for key, t in taught.items()}, bf16)
+                loss = self._train_step(windows[pick].long().to(self.device),
+                                        {key: t[pick].to(self.device) for key, t in taught.items()}, bf16)
                 p.step += 1
                 p.tokens += rows_per_step * s.seq_len
                 ema = loss if ema is None else 0.95 * ema + 0.05 * loss
@@ -456,7 +457,7 @@ class Run:
 
         s = self.settings
         draft_dir = self.out / DRAFT_SUBDIR
-        self.student.eval()
+        self.student = self.student.cpu().eval()  # saved and judged on the CPU, as the engine reads it
         save_student(self.student, self.target.folder, draft_dir,
                      {"distilled_from": str(self.target.gguf or self.target.folder), "by": "specd train-draft"})
         say(f"wrote {draft_dir}")
@@ -478,9 +479,9 @@ class HeadRun(Run):
     label = "head"
 
     def _heldout_teacher(self, teacher, heldout) -> dict:
-        from specd.distill.teacher import bf16_arithmetic, teach_states
+        from specd.distill.teacher import teach_states
 
-        states, greedy = teach_states(teacher, heldout, self.settings.teacher_batch, bf16_arithmetic())
+        states, greedy = teach_states(teacher, heldout, self.settings.teacher_batch, self.bf16)
         return {"heldout_greedy": greedy, "heldout_states": states}
 
     def _teach_batch(self, teacher, batch, bf16: bool) -> dict:
@@ -504,6 +505,7 @@ class HeadRun(Run):
         saved = self.checkpoint.load(head_training.HEAD_CHECKPOINT)
         head = head_training.build_head(self.config, saved["model"]["vocab"], self.rows_all, self.embedding)
         head.load_state_dict(saved["model"])
+        head = head.to(self.device)
         optimizer = head_training.make_optimizer(head, self.settings)
         optimizer.load_state_dict(saved["optimizer"])
         torch.set_rng_state(saved["rng"])
@@ -527,7 +529,7 @@ class HeadRun(Run):
             return
         vocab = head_training.choose_vocab(self.data["train"][:self.progress.taught], taught["greedy"],
                                            self.settings.head_vocab, self.config.vocab_size)
-        self.student = head_training.build_head(self.config, vocab, self.rows_all, self.embedding).train()
+        self.student = head_training.build_head(self.config, vocab, self.rows_all, self.embedding).to(self.device).train()
         self.optimizer = head_training.make_optimizer(self.student, self.settings)
         self._announce(self.student)
 
@@ -539,7 +541,7 @@ class HeadRun(Run):
     def _probe_agreement(self, probe, probe_greedy, every: int) -> float:
         from specd.distill.head import head_agreement
 
-        states = self.data["heldout_states"][::every][:PROGRESS_EVAL_WINDOWS]
+        states = self.data["heldout_states"][::every][:PROGRESS_EVAL_WINDOWS].to(self.device)
         first, _ = head_agreement(self.student, probe, states, probe_greedy, second=False)
         return first
 
@@ -559,7 +561,7 @@ class HeadRun(Run):
         from specd.distill.head import HEAD_SUBDIR
         from specd.distill.report import evaluate_head_and_write
 
-        self.student.eval()
+        self.student = self.student.cpu().eval()  # judged on the CPU, as the engine's CPU paths read it
         evaluate_head_and_write(self, self.out / HEAD_SUBDIR, say)
         say(f"wrote {self.out / REPORT}; use the head with: model.draft = {self.out / HEAD_SUBDIR}")
         return 0
@@ -570,7 +572,7 @@ def train_step(model, optimizer, inputs, teacher_ids, teacher_logprobs, bf16: bo
     under bfloat16 autocast (the head's over the whole vocabulary are most of a step)."""
     import torch
 
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.autocast(inputs.device.type, dtype=torch.bfloat16, enabled=bf16):
         logits = model(input_ids=inputs).logits  # [B, T, V]
         loss = distill_loss(logits.flatten(0, 1), teacher_ids.flatten(0, 1), teacher_logprobs.flatten(0, 1))
     loss.backward()
@@ -591,7 +593,7 @@ def greedy_agreement(model, windows, greedy) -> float:
     with torch.no_grad():
         for row in range(len(windows)):
             picks = model(input_ids=windows[row:row + 1]).logits[0].argmax(-1)
-            same += int((picks == greedy[row].long()).sum())
+            same += int((picks == greedy[row].long().to(picks.device)).sum())
             total += picks.numel()
     model.train(was_training)
     return same / max(total, 1)
@@ -633,6 +635,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=Settings.seq_len,
                         help="tokens per training window (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=Settings.threads, help="torch threads (default: %(default)s)")
+    parser.add_argument("--device", default=None, metavar="DEVICE",
+                        help="where the teacher and the training run: auto (a CUDA device where torch has "
+                             "one, else the CPU), cpu, cuda or cuda:N (default: model.device, auto)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -650,6 +655,11 @@ def settings_from_args(args: argparse.Namespace, cfg: Any = None) -> Settings:
         if shaping:
             raise ValueError(f"--head trains a feature head shaped by the target: {', '.join(shaping)} "
                              "shape the small draft, not the head")
+    device = getattr(args, "device", None) or (cfg["model.device"] if cfg is not None else Settings.device)
+    if device != "auto":  # a device torch cannot use is refused before any work (auto always resolves)
+        from specd.distill.teacher import resolve_device
+
+        resolve_device(device)
     hidden = args.hidden or Shape.hidden
     heads = max(1, hidden // 64)
     shape = Shape(hidden=hidden, layers=args.layers or Shape.layers, heads=heads, kv_heads=max(1, heads // 2),
@@ -658,7 +668,8 @@ def settings_from_args(args: argparse.Namespace, cfg: Any = None) -> Settings:
     settings = replace(base, target=target, corpus=tuple(str(Path(c).expanduser().resolve()) for c in corpus),
                        heldout=tuple(str(Path(h).expanduser().resolve()) for h in args.heldout or ()),
                        minutes=args.minutes, shape=shape, seq_len=args.seq_len, gguf=args.gguf, seed=args.seed,
-                       threads=args.threads, tokens_per_step=max(base.tokens_per_step, args.seq_len))
+                       threads=args.threads, tokens_per_step=max(base.tokens_per_step, args.seq_len),
+                       device=device)
     if head:
         from specd.distill.head import head_settings
 
@@ -716,6 +727,8 @@ def _argv(args: argparse.Namespace, settings: Settings, out: Path) -> list[str]:
         parts.append(f"--hidden {settings.shape.hidden} --layers {settings.shape.layers}")
     if settings.seq_len != Settings.seq_len:
         parts.append(f"--seq-len {settings.seq_len}")
+    if settings.device != Settings.device:
+        parts.append(f"--device {settings.device}")
     return [p for p in parts if p]
 
 

@@ -103,8 +103,8 @@ class RMSNorm(nn.Module):
 def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary positions (rotate-half, as Llama) of ``x`` [..., T, d] at ``positions`` [T]."""
     d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
-    angles = positions[:, None].float() * inv[None]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    angles = positions.to(x.device)[:, None].float() * inv[None]
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
@@ -192,6 +192,14 @@ class FeatureHead(nn.Module):
         with torch.no_grad():  # start as "the next state is this one": a sensible first guess
             self.fc.weight.zero_()
             self.fc.weight[:, :d] = torch.eye(d)
+
+    def _apply(self, fn, recurse=True):
+        """``to``, ``cpu``, ``float`` and the like move the target's embedding table too (a plain
+        tensor here, so the module's own machinery would leave it where it was)."""
+        module = super()._apply(fn, recurse)
+        if self.embedding is not None:
+            self.embedding = fn(self.embedding)
+        return module
 
     def _split(self, x: torch.Tensor, positions: torch.Tensor):
         c = self.config
