@@ -135,33 +135,6 @@ def test_while_typing_in_a_window_idle_time_brings_the_window_along_and_the_full
     assert len(engine.caches.peek(URI).target.ids) > full_before
 
 
-def test_idle_time_fills_a_window_in_pieces_a_request_waits_for_at_most(llama_pair, sample_source):
-    """The window is up to a first suggestion's budget of prefill: idle time fills it a piece
-    (``ColdStart.piece_tokens``) per slice, so another connection's request never waits for all
-    of it, and the pieces end with the same cache as a window filled at once."""
-    target, _ = llama_pair
-    engine = make_engine(target, None)
-    engine.cold = SlowMachine(1000, 10.0)
-    piece = engine.cold.piece_tokens()
-    text, offset = long_document(sample_source)
-    engine.open_document(URI, text)
-    assert engine.focus_document(URI, offset)
-    sizes = []
-    while not engine.stats()["first_suggestion"]["windows_prefilled_ahead"] and len(sizes) < MIN_WINDOW:
-        assert engine.prefill_pending(0.0)  # a zero budget: one piece per slice
-        narrow = engine.caches.peek(narrow_key(URI))
-        sizes.append(len(narrow.target.ids))
-    assert len(sizes) > 1 and sizes[0] == piece
-    assert all(0 < later - earlier <= piece for earlier, later in zip(sizes, sizes[1:]))
-    assert engine.stats()["first_suggestion"]["windows_prefilled_ahead"] == 1
-    assert engine.caches.peek(URI) is None  # the full prompt's turn comes after the window
-    asked = engine.build_prompt(URI, text, offset, window=narrow.window).ids[:-1]
-    assert narrow.target.ids == asked
-    first = engine.complete(CompletionRequest(uri=URI, offset=offset, max_tokens=12))
-    assert first.window_tokens == MIN_WINDOW and first.prefill_computed <= 1
-    assert_lossless(engine, first, 12)
-
-
 @pytest.mark.parametrize("how", ["text sent with it", "first_suggestion_ms = 0"])
 def test_one_shot_requests_and_a_zero_budget_wait_for_the_full_prompt(llama_pair, sample_source, how):
     target, _ = llama_pair

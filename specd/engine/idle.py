@@ -77,7 +77,7 @@ class IdleWork:
         ids = engine.build_prompt(uri, text, offset, chunks, uri).ids
         prompt = ids[:-1]  # the last token rides with the request's first step
         caches = engine.caches
-        if self._narrow_first(uri, text, offset, ids, budget_s):
+        if self._narrow_first(uri, text, offset, ids):
             documents.resume_edited(uri, offset)  # the full prompt next
             return True
         since = documents.edited_ago(uri)
@@ -102,13 +102,11 @@ class IdleWork:
         caches.enforce_budget(keep=uri)
         return not done or documents.edits_waiting()
 
-    def _narrow_first(self, uri: str, text: str, offset: int, prompt: list[int], budget_s: float) -> bool:
+    def _narrow_first(self, uri: str, text: str, offset: int, prompt: list[int]) -> bool:
         """Where a request at ``offset`` would answer from a narrow window (``caches.cold_window``:
         the full ``prompt`` needs more prefill than the first suggestion's budget affords),
         prefill that window's prompt first, into the window's own cache: the keystroke there then
-        finds it ready. For about ``budget_s``, in pieces (``ColdStart.piece_tokens``); True while
-        the window is being filled, False once it is (or where no window would serve): the full
-        prompt's turn."""
+        finds it ready. False once it is (or where no window would serve): the full prompt's turn."""
         engine = self.engine
         caches = engine.caches
         window = cold_window(engine.cold, caches, uri, prompt)
@@ -124,13 +122,12 @@ class IdleWork:
             caches.put(key, narrow)
         narrow.window = window.tokens
         before, started = common_prefix(narrow.target.ids, ids), time.monotonic()
-        # In idle pieces like the full prompt's: the window is up to a first suggestion's budget
-        # of prefill, which in one forward would keep another connection's request waiting that
-        # long. A keystroke here meanwhile prefills what is left of it itself.
-        done = narrow.prefill(ids, deadline=started + budget_s, piece=engine.cold.piece_tokens())
+        # In one forward, not in idle pieces: the window is what the budget affords, a request
+        # at this cursor would prefill the same tokens itself, and one wide forward costs less
+        # per token than several narrow ones.
+        narrow.prefill(ids)
         engine.cold.observe(len(narrow.target.ids) - before, time.monotonic() - started)
-        if done:
-            engine.cold.prefilled_ahead(window.tokens, uri)
+        engine.cold.prefilled_ahead(window.tokens, uri)
         caches.enforce_budget(keep=key)
         return True
 
