@@ -96,8 +96,8 @@ def coverage(vocab, tokens, vocab_size: int) -> float:
     import torch
 
     held = torch.zeros(vocab_size, dtype=torch.bool)
-    held[vocab] = True
-    return float(held[tokens.flatten().long()].float().mean())
+    held[vocab.cpu()] = True  # a head's vocabulary may sit on its training device
+    return float(held[tokens.flatten().long().cpu()].float().mean())
 
 
 def head_loss(head, predicted, following):
