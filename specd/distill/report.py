@@ -25,6 +25,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+CONTEXT = 512         # tokens in the cache before each timed forward
+DRAFT_LENGTHS = (2, 4, 8)
+REPEATS = 7
+BUDGET_MS = 4000.0    # timed forwards per figure stop once this much went into them
+
+
 def _device_name(device) -> str:
     """A torch device as TRAINING.md names it: the CPU, or the CUDA device's own name."""
     import torch
@@ -34,20 +40,13 @@ def _device_name(device) -> str:
     return "the CPU"
 
 
-CONTEXT = 512         # tokens in the cache before each timed forward
-DRAFT_LENGTHS = (2, 4, 8)
-REPEATS = 7
-BUDGET_MS = 4000.0    # timed forwards per figure stop once this much went into them
-
-
 def _machine_and_data(run, f, kept: str) -> list[str]:
     """TRAINING.md's lines on the machine, the run's time and its data, for either kind of draft
     (``kept``: what the teacher kept of each position)."""
-    s, p, data = run.settings, run.progress, run.data
-
     import torch
     import transformers
 
+    s, p, data = run.settings, run.progress, run.data
     return [
         f"Machine: {platform.processor() or platform.machine()}, {s.threads} torch threads, teacher and training "
         f"on {_device_name(run.device)}" + (" under bfloat16 autocast" if run.bf16 else "") + ", Python "
