@@ -32,6 +32,7 @@ from specd.engine.options import FORWARD_OPTIONS, EngineOptions
 from specd.engine.resident import (agreement_line, gc_paused, install, load_from_options, new_state,
                                    resolve_models, set_cpu_threads, widest_verify)
 from specd.engine.speculation.agreement import Agreement
+from specd.engine.speculation.costs import THEN_DEPTHS
 from specd.engine.speculation.planner import PlannerMemory
 from specd.engine.types import (CompletionRequest, CompletionResult, EngineError, Progress, SourceStats,
                                 run_to_end)
@@ -278,5 +279,6 @@ class Engine(Fronted):
                 "draft_confidence": self.draft_confidence,
                 "break_even_agreement": round(memory.costs.break_even_agreement(), 4) if self.pair.draft is not None
                 else None,
-                "acceptance": {kind: {"first": round(a.first, 3), "then": round(a.then, 3)}
+                "acceptance": {kind: {"first": round(a.first, 3), "then": round(a.then, 3),
+                                      "then_from_depth": {depth: round(a.then_at(depth), 3) for depth in THEN_DEPTHS}}
                                for kind, a in sorted(memory.acceptance.items())}}

@@ -11,11 +11,11 @@ millisecond, so it needs two things per loaded pair:
   by ``calibrate`` at load (a few forwards of each width, off the request path) and kept current
   by every step the engine runs (exponential moving averages).
 - ``Acceptance``: per kind of draft, the probability that a draft's first token stands
-  (``first``) and that each later one does once the one before it stood (``then``), from
-  decayed counts so the estimate follows the text being written.
+  (``first``) and that a later one does once every one before it stood (``then_at(depth)``,
+  by ranges of depth), from decayed counts so the estimate follows the text being written.
 
-Expected tokens of a step that verifies k drafted tokens: 1 + first (1 + then (1 - then^(k-1))
-/ (1 - then)) (the accepted prefix plus the target's own token after it).
+Expected tokens of a step that verifies k drafted tokens: 1 + first (1 + t(1) + t(1) t(2) + ...
++ t(1) ... t(k-1)), t = ``then_at`` (the accepted prefix plus the target's own token after it).
 
 The costs may also be another machine's (``CostProfile``, ``SimulatedCosts``): the planner then
 decides as it would there while the forwards run here, and ``ForwardTally`` (what the steps ran,
@@ -51,14 +51,31 @@ CALIBRATION_BUDGET_MS = 1500.0
 CATCH_UP_MEASURED = 32
 
 
+# Depths (a draft token's index; the first is depth 0) from which each ``Acceptance.then_at``
+# rate holds, up to the next: a match that has stood for a few tokens goes on standing more
+# often than one that has just begun (docs/engine.md, "Planning each step", has the rates).
+THEN_DEPTHS = (1, 2, 3, 5, 9)
+DEPTH_WEIGHT = 4.0  # pseudo-drafts at the range before's rate behind each deeper range's estimate
+
+
+def _depth_bucket(depth: int) -> int:
+    """The ``THEN_DEPTHS`` bucket of a later token at ``depth`` >= 1."""
+    return bisect.bisect_right(THEN_DEPTHS, depth) - 1
+
+
 @dataclass
 class Acceptance:
-    """Acceptance of one kind of draft as two rates, from decayed counts (the prior is a few
-    pseudo-drafts): ``first``, that a draft's first token stands, and ``then``, that each later
-    token stands given the one before it did. Drafts are mostly right or wrong from the start (a
-    lookup match that holds, holds for a while): one geometric rate would price a kind whose
-    drafts stand 40% of the time but run long when they do as if every token were a coin toss,
-    and cut its drafts to a token or two.
+    """Acceptance of one kind of draft, from decayed counts (the prior is a few pseudo-drafts):
+    ``first``, that a draft's first token stands, and ``then_at(depth)``, that a later token
+    stands given every one before it did, learnt apart for a few ranges of depth
+    (``THEN_DEPTHS``): the first range from the prior and what drafts showed, each deeper one
+    from what drafts showed there, shrunk toward the range before it (where no draft reached
+    it yet, it is that range's rate). Drafts are mostly right or wrong from the start (a lookup match that
+    holds, holds for a while): one geometric rate would price a kind whose drafts stand 40% of
+    the time but run long when they do as if every token were a coin toss, and cut its drafts to
+    a token or two. And the longer a draft has stood, the likelier its next token is to stand:
+    one rate for every later token, learnt mostly from the second and third tokens that short
+    drafts reach, would price the eighth as the second and keep drafts short where they run on.
 
     A kind the planner stops choosing would never be measured again, and one bad stretch (a
     file where lookup misses) would switch it off for good: so while it goes unchosen its counts
@@ -67,8 +84,8 @@ class Acceptance:
 
     first_hits: float
     first_misses: float
-    then_hits: float
-    then_misses: float
+    then_hits: list[float]  # per THEN_DEPTHS bucket: the first with the prior's pseudo-counts,
+    then_misses: list[float]  # ... the deeper ones what drafts showed alone
     prior_first: float = 0.5
     prior_then: float = 0.5
     prior_weight: float = 4.0
@@ -76,15 +93,19 @@ class Acceptance:
     @classmethod
     def prior(cls, first: float, then: float | None = None, weight: float = 4.0) -> "Acceptance":
         then = first if then is None else then
-        return cls(first * weight, (1.0 - first) * weight, then * weight, (1.0 - then) * weight,
-                   first, then, weight)
+        deeper = [0.0] * (len(THEN_DEPTHS) - 1)
+        return cls(first * weight, (1.0 - first) * weight, [then * weight, *deeper],
+                   [(1.0 - then) * weight, *deeper], first, then, weight)
 
     def relax(self) -> None:
         w = self.prior_weight
         self.first_hits += RELAX * (self.prior_first * w - self.first_hits)
         self.first_misses += RELAX * ((1.0 - self.prior_first) * w - self.first_misses)
-        self.then_hits += RELAX * (self.prior_then * w - self.then_hits)
-        self.then_misses += RELAX * ((1.0 - self.prior_then) * w - self.then_misses)
+        self.then_hits[0] += RELAX * (self.prior_then * w - self.then_hits[0])
+        self.then_misses[0] += RELAX * ((1.0 - self.prior_then) * w - self.then_misses[0])
+        for b in range(1, len(THEN_DEPTHS)):  # toward the range before it
+            self.then_hits[b] -= RELAX * self.then_hits[b]
+            self.then_misses[b] -= RELAX * self.then_misses[b]
 
     @property
     def first(self) -> float:
@@ -92,19 +113,45 @@ class Acceptance:
 
     @property
     def then(self) -> float:
-        return self.then_hits / (self.then_hits + self.then_misses)
+        """That a draft's second token stands once its first did (``then_at(1)``)."""
+        return self.then_at(1)
+
+    def then_at(self, depth: int) -> float:
+        """That the token at ``depth`` >= 1 stands once every one before it did."""
+        rate = self.then_hits[0] / (self.then_hits[0] + self.then_misses[0])
+        for b in range(1, _depth_bucket(depth) + 1):
+            rate = (self.then_hits[b] + DEPTH_WEIGHT * rate) / (self.then_hits[b] + self.then_misses[b] + DEPTH_WEIGHT)
+        return rate
 
     def record(self, proposed: int, accepted: int) -> None:
         self.first_hits = self.first_hits * DECAY + (1.0 if accepted > 0 else 0.0)
         self.first_misses = self.first_misses * DECAY + (0.0 if accepted > 0 else 1.0)
-        if accepted > 0 and proposed > 1:
-            self.then_hits = self.then_hits * DECAY + (accepted - 1)
-            self.then_misses = self.then_misses * DECAY + (1.0 if accepted < proposed else 0.0)
+        if accepted == 0:
+            return
+        # Later tokens reached: depths 1 .. accepted (the one at ``accepted`` failed, if proposed).
+        reached: dict[int, tuple[int, int]] = {}
+        for depth in range(1, min(accepted, proposed - 1) + 1):
+            hits, misses = reached.get(_depth_bucket(depth), (0, 0))
+            stood = depth < accepted
+            reached[_depth_bucket(depth)] = (hits + stood, misses + (not stood))
+        for b, (hits, misses) in reached.items():
+            self.then_hits[b] = self.then_hits[b] * DECAY + hits
+            self.then_misses[b] = self.then_misses[b] * DECAY + misses
+
+    def reach(self, depth: int) -> float:
+        """That the first ``depth`` tokens of a draft all stand."""
+        p = self.first if depth > 0 else 1.0
+        for d in range(1, depth):
+            p *= self.then_at(d)
+        return p
 
     def expected_after_first(self, k: int) -> float:
         """Expected later tokens standing, of k - 1, given the first stood."""
-        a = min(self.then, 0.999)
-        return a * (1.0 - a ** (k - 1)) / (1.0 - a)
+        total, p = 0.0, 1.0
+        for depth in range(1, k):
+            p *= min(self.then_at(depth), 0.999)
+            total += p
+        return total
 
     def expected(self, k: int) -> float:
         """Expected accepted tokens of a k-token draft."""

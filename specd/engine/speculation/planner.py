@@ -89,7 +89,7 @@ class DraftPlanner:
         priced drafter's k tokens cost ``draft_step_ms`` each, plus its catch-up ``catch_up_ms``
         spread over the steps the rest of the completion (``room`` tokens) should take."""
         acceptance, costs = self.memory.of(kind), self.memory.costs
-        first, then = acceptance.first, min(acceptance.then, 0.999)
+        first = acceptance.first
         step_ms, head_row = costs.target_table(available + 1), costs.head_row
         best_k, best_rate = 0, 0.0
         later, power = 0.0, 1.0  # acceptance.expected_after_first(k), summed as k grows
@@ -99,7 +99,7 @@ class DraftPlanner:
             rate = tokens / (step_ms[k + 1] + head_row * tokens + drafting)
             if rate > best_rate:
                 best_k, best_rate = k, rate
-            power *= then
+            power *= min(acceptance.then_at(k), 0.999)
             later += power
         return best_k, best_rate
 
@@ -193,8 +193,9 @@ class DraftPlanner:
         shared tokens, P(the chosen draft's first m stand) P(the branch's next token stands)
         (1 + its later tokens expected): that next-token probability is its kind's rate as a
         rival in a contest when it leaves at the first token (and the chosen draft's first token is
-        then priced at its kind's contested rate), else its kind's ``then``; capped by what the
-        branches leaving at the same point leave (only one token stands there)."""
+        then priced at its kind's contested rate), else its kind's rate at that depth
+        (``then_at``); capped by what the branches leaving at the same point leave (only one
+        token stands there)."""
         self.contest = []
         if not (self.trees and chosen.tokens and alternatives):
             return chosen
@@ -215,7 +216,7 @@ class DraftPlanner:
         width = 1 + len(chosen)
         rate = tokens / costs.step_ms(width, tokens)
         branches, taken = [chosen], set()
-        left = [1.0 - main.first] + [1.0 - main.then] * (len(chosen) - 1)  # per point of leaving
+        left = [1.0 - main.first] + [1.0 - main.then_at(d) for d in range(1, len(chosen))]  # per point of leaving
         for draft in alternatives:
             if len(branches) >= TREE_BRANCHES:
                 break
@@ -223,8 +224,8 @@ class DraftPlanner:
             if shared >= min(len(draft), len(chosen)) or (shared, draft.tokens[shared]) in taken:
                 continue
             acceptance = self.memory.of(draft.kind)
-            reach = 1.0 if shared == 0 else main.first * main.then ** (shared - 1)
-            next_stands = self.memory.of(rivals[draft.tokens[0]]).first if shared == 0 else acceptance.then
+            reach = main.reach(shared)
+            next_stands = self.memory.of(rivals[draft.tokens[0]]).first if shared == 0 else acceptance.then_at(shared)
             odds = min(next_stands, left[shared])
             best_k, best_rate = 0, rate
             longest = len(draft) - shared if widest is None else min(len(draft) - shared, widest + 1 - width)
