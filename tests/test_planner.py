@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specd.engine.lookup import NgramIndex
-from specd.engine.speculation.costs import CATCH_UP_MEASURED, Acceptance, ForwardCosts
+from specd.engine.speculation.costs import CATCH_UP_MEASURED, Acceptance, ForwardCosts, depth_ranges
 from specd.engine.speculation.drafters import ContinuationDrafter, Draft, LookupDrafter, ModelDrafter
 from specd.engine.speculation.planner import PROBE_EVERY, DraftPlanner, PlannerMemory
 from specd.engine.speculation.sampling import SamplingParams
@@ -234,6 +234,8 @@ def test_later_tokens_are_learnt_by_depth_and_a_depth_not_reached_takes_the_one_
     assert failing.then < 0.1
     assert failing.then_at(2) == pytest.approx(failing.then) and failing.then_at(20) == pytest.approx(failing.then)
     assert failing.expected(8) < 1.1
+    # As specd status names the ranges (engine.planner.acceptance[kind].then_by_depth)
+    assert [name for name, _ in depth_ranges()] == ["1", "2", "3-4", "5-8", "9+"]
 
 
 def test_a_kind_whose_long_drafts_run_on_is_drafted_longer_than_its_second_token_alone_suggests():

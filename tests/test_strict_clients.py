@@ -88,4 +88,5 @@ def test_every_answer_decodes_with_a_default_unpacker(daemon):
     assert answers["status"][3]["state"] == "ready"
     planner = answers["status"][3].get("engine", {}).get("planner", {})
     assert planner.get("target_ms_by_width"), answers["status"][3]  # the map that had int keys
+    assert planner["acceptance"] and all(a["then_by_depth"] for a in planner["acceptance"].values()), planner
     assert string_keyed(peer.notifications) == []

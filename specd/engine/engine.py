@@ -32,7 +32,7 @@ from specd.engine.options import FORWARD_OPTIONS, EngineOptions
 from specd.engine.resident import (agreement_line, gc_paused, install, load_from_options, new_state,
                                    resolve_models, set_cpu_threads, widest_verify)
 from specd.engine.speculation.agreement import Agreement
-from specd.engine.speculation.costs import THEN_DEPTHS
+from specd.engine.speculation.costs import depth_ranges
 from specd.engine.speculation.planner import PlannerMemory
 from specd.engine.types import (CompletionRequest, CompletionResult, EngineError, Progress, SourceStats,
                                 run_to_end)
@@ -280,5 +280,5 @@ class Engine(Fronted):
                 "break_even_agreement": round(memory.costs.break_even_agreement(), 4) if self.pair.draft is not None
                 else None,
                 "acceptance": {kind: {"first": round(a.first, 3), "then": round(a.then, 3),
-                                      "then_from_depth": {depth: round(a.then_at(depth), 3) for depth in THEN_DEPTHS}}
+                                      "then_by_depth": {name: round(a.then_at(depth), 3) for name, depth in depth_ranges()}}
                                for kind, a in sorted(memory.acceptance.items())}}

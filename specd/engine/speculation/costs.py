@@ -58,6 +58,13 @@ THEN_DEPTHS = (1, 2, 3, 5, 9)
 DEPTH_WEIGHT = 4.0  # pseudo-drafts at the range before's rate behind each deeper range's estimate
 
 
+def depth_ranges() -> list[tuple[str, int]]:
+    """Each ``THEN_DEPTHS`` range as it is shown ("1", "3-4", "9+") with its first depth."""
+    ends = [*(start - 1 for start in THEN_DEPTHS[1:]), None]
+    return [(str(start) if end == start else f"{start}+" if end is None else f"{start}-{end}", start)
+            for start, end in zip(THEN_DEPTHS, ends)]
+
+
 def _depth_bucket(depth: int) -> int:
     """The ``THEN_DEPTHS`` bucket of a later token at ``depth`` >= 1."""
     return bisect.bisect_right(THEN_DEPTHS, depth) - 1
