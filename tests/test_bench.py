@@ -310,6 +310,30 @@ def _runs(outputs: list[list[int]], ms: float) -> list[Run]:
     return [Run(tokens, ms, max(1, len(tokens)), ms / 4, 100, 0) for tokens in outputs]
 
 
+def test_against_llamacpp_a_flip_at_a_near_tie_leaves_a_goal_met_and_a_defect_does_not():
+    """On a quantized file llama.cpp's kernels round a wide verify otherwise than a step: an
+    output that parts from its greedy at a near-tie still counts, one that parts elsewhere
+    (a defect) fails every goal of its workload, whatever the speed."""
+    labels = ["cold/a.py@3", "cold/b.py@9"]
+    summary = summarize_workload({"llamacpp": _runs([[1, 2, 3], [5, 6, 7]], 100.0),
+                                  "specd": _runs([[1, 2, 3], [5, 6, 8]], 50.0)}, [50, 50], labels, "llamacpp")
+    specd = summary["methods"]["specd"]
+    assert not specd["identical"] and specd["matched_nonempty"] == 1
+
+    def met(flips: dict | None) -> bool:
+        if flips is None:
+            specd.pop("near_ties", None)
+        else:
+            specd["near_ties"] = flips
+        [goal] = [g for g in goals({"cold": summary}) if g["goal"] == "specd speedup vs llamacpp"]
+        assert goal["measured"] == pytest.approx(2.0)
+        return goal["met"]
+
+    assert met({"flips": 1, "near_ties": 1, "defects": 0})
+    assert not met({"flips": 1, "near_ties": 0, "defects": 1})
+    assert not met(None)  # flips nobody measured prove nothing
+
+
 def test_ablation_engines_share_the_forward_paths_their_options_leave_alike(llama_pair):
     """specd_no_tree's engine runs on specd's own forward paths (one copy of the transposed
     weights, one measured choice of routes); an engine whose options change the paths builds
