@@ -77,12 +77,13 @@ class Acceptance:
     stands given every one before it did, learnt apart for a few ranges of depth
     (``THEN_DEPTHS``): the first range from the prior and what drafts showed, each deeper one
     from what drafts showed there, shrunk toward the range before it (where no draft reached
-    it yet, it is that range's rate). Drafts are mostly right or wrong from the start (a lookup match that
-    holds, holds for a while): one geometric rate would price a kind whose drafts stand 40% of
-    the time but run long when they do as if every token were a coin toss, and cut its drafts to
-    a token or two. And the longer a draft has stood, the likelier its next token is to stand:
-    one rate for every later token, learnt mostly from the second and third tokens that short
-    drafts reach, would price the eighth as the second and keep drafts short where they run on.
+    it yet, it is that range's rate). Drafts are mostly right or wrong from the start (a lookup
+    match that holds, holds for a while): one geometric rate would price a kind whose drafts
+    stand 40% of the time but run long when they do as if every token were a coin toss, and cut
+    its drafts to a token or two. And the longer a draft has stood, the likelier its next token
+    is to stand: one rate for every later token, learnt mostly from the second and third tokens
+    that short drafts reach, would price the eighth as the second and keep drafts short where
+    they run on.
 
     A kind the planner stops choosing would never be measured again, and one bad stretch (a
     file where lookup misses) would switch it off for good: so while it goes unchosen its counts
@@ -127,7 +128,8 @@ class Acceptance:
         """That the token at ``depth`` >= 1 stands once every one before it did."""
         rate = self.then_hits[0] / (self.then_hits[0] + self.then_misses[0])
         for b in range(1, _depth_bucket(depth) + 1):
-            rate = (self.then_hits[b] + DEPTH_WEIGHT * rate) / (self.then_hits[b] + self.then_misses[b] + DEPTH_WEIGHT)
+            seen = self.then_hits[b] + self.then_misses[b]
+            rate = (self.then_hits[b] + DEPTH_WEIGHT * rate) / (seen + DEPTH_WEIGHT)
         return rate
 
     def record(self, proposed: int, accepted: int) -> None:
