@@ -221,8 +221,9 @@ def goals(workloads: dict[str, Any]) -> list[dict[str, Any]]:
         if "specd" not in methods:
             continue
         specd = methods["specd"]
-        # Speed counts only for output that is provably the reference's: identical everywhere, with
-        # at least one non-empty reference matched (empty-vs-empty pairs prove nothing).
+        # Speed counts only for output that is provably the reference's: identical everywhere (or
+        # parting from llama.cpp's greedy at near-ties alone), with at least one non-empty
+        # reference matched (empty-vs-empty pairs prove nothing).
         evidence = specd["matched_nonempty"]
         flips = specd.get("near_ties")
         lossless = evidence > 0 and (specd["identical"] or (flips is not None and flips["defects"] == 0))

@@ -25,6 +25,7 @@ by width) priced at those costs projects the time they would take there.
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -124,41 +125,46 @@ class Acceptance:
         """That a draft's second token stands once its first did (``then_at(1)``)."""
         return self.then_at(1)
 
+    def _range_rates(self) -> list[float]:
+        """``then_at`` of each ``THEN_DEPTHS`` range, each deeper one shrunk toward the one before."""
+        rates = [self.then_hits[0] / (self.then_hits[0] + self.then_misses[0])]
+        for hits, misses in zip(self.then_hits[1:], self.then_misses[1:]):
+            rates.append((hits + DEPTH_WEIGHT * rates[-1]) / (hits + misses + DEPTH_WEIGHT))
+        return rates
+
     def then_at(self, depth: int) -> float:
         """That the token at ``depth`` >= 1 stands once every one before it did."""
-        rate = self.then_hits[0] / (self.then_hits[0] + self.then_misses[0])
-        for b in range(1, _depth_bucket(depth) + 1):
-            seen = self.then_hits[b] + self.then_misses[b]
-            rate = (self.then_hits[b] + DEPTH_WEIGHT * rate) / (seen + DEPTH_WEIGHT)
-        return rate
+        return self._range_rates()[_depth_bucket(depth)]
+
+    def later_rates(self, k: int) -> list[float]:
+        """``then_at`` of depths 1 .. k - 1: a k-token draft's later tokens, in order."""
+        rates = self._range_rates()
+        return [rates[_depth_bucket(depth)] for depth in range(1, k)]
 
     def record(self, proposed: int, accepted: int) -> None:
         self.first_hits = self.first_hits * DECAY + (1.0 if accepted > 0 else 0.0)
         self.first_misses = self.first_misses * DECAY + (0.0 if accepted > 0 else 1.0)
-        if accepted == 0:
-            return
         # Later tokens reached: depths 1 .. accepted (the one at ``accepted`` failed, if proposed).
-        reached: dict[int, tuple[int, int]] = {}
+        hits, misses = [0] * len(THEN_DEPTHS), [0] * len(THEN_DEPTHS)
         for depth in range(1, min(accepted, proposed - 1) + 1):
-            hits, misses = reached.get(_depth_bucket(depth), (0, 0))
-            stood = depth < accepted
-            reached[_depth_bucket(depth)] = (hits + stood, misses + (not stood))
-        for b, (hits, misses) in reached.items():
-            self.then_hits[b] = self.then_hits[b] * DECAY + hits
-            self.then_misses[b] = self.then_misses[b] * DECAY + misses
+            if depth < accepted:
+                hits[_depth_bucket(depth)] += 1
+            else:
+                misses[_depth_bucket(depth)] += 1
+        for b in range(len(THEN_DEPTHS)):
+            if hits[b] or misses[b]:  # a range no token reached keeps its counts undecayed
+                self.then_hits[b] = self.then_hits[b] * DECAY + hits[b]
+                self.then_misses[b] = self.then_misses[b] * DECAY + misses[b]
 
     def reach(self, depth: int) -> float:
         """That the first ``depth`` tokens of a draft all stand."""
-        p = self.first if depth > 0 else 1.0
-        for d in range(1, depth):
-            p *= self.then_at(d)
-        return p
+        return math.prod(self.later_rates(depth), start=self.first) if depth > 0 else 1.0
 
     def expected_after_first(self, k: int) -> float:
         """Expected later tokens standing, of k - 1, given the first stood."""
         total, p = 0.0, 1.0
-        for depth in range(1, k):
-            p *= min(self.then_at(depth), 0.999)
+        for rate in self.later_rates(k):
+            p *= min(rate, 0.999)
             total += p
         return total
 

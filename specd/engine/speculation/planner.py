@@ -93,13 +93,14 @@ class DraftPlanner:
         step_ms, head_row = costs.target_table(available + 1), costs.head_row
         best_k, best_rate = 0, 0.0
         later, power = 0.0, 1.0  # acceptance.expected_after_first(k), summed as k grows
+        rates = acceptance.later_rates(available + 1)
         for k in range(1, available + 1):
             tokens = 1.0 + first * (1.0 + later)  # 1 + acceptance.expected(k): also the rows read
             drafting = k * draft_step_ms + catch_up_ms * min(1.0, tokens / room)
             rate = tokens / (step_ms[k + 1] + head_row * tokens + drafting)
             if rate > best_rate:
                 best_k, best_rate = k, rate
-            power *= min(acceptance.then_at(k), 0.999)
+            power *= min(rates[k - 1], 0.999)  # the token at depth k, should the draft grow to k + 1
             later += power
         return best_k, best_rate
 
@@ -216,7 +217,7 @@ class DraftPlanner:
         width = 1 + len(chosen)
         rate = tokens / costs.step_ms(width, tokens)
         branches, taken = [chosen], set()
-        left = [1.0 - main.first] + [1.0 - main.then_at(d) for d in range(1, len(chosen))]  # per point of leaving
+        left = [1.0 - main.first] + [1.0 - rate for rate in main.later_rates(len(chosen))]  # per point of leaving
         for draft in alternatives:
             if len(branches) >= TREE_BRANCHES:
                 break
